@@ -1,0 +1,35 @@
+# Two entry points: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+TORCH  := torch==2.13.0
+DATA   ?= $(abspath ../shared/data)
+
+.PHONY: demo test test-all install install-test bench clean
+
+$(VENV)/.core: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first: the pinned CPU build; an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install $(TORCH)
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.core
+	$(PIP) install -e ".[test,baselines]"
+	touch $@
+
+install: $(VENV)/.core
+install-test: $(VENV)/.test
+
+demo: $(VENV)/.core
+	$(VENV)/bin/ngra train --model gcn --dataset sbm --epochs 100 --seed 0 --out demo_result.json
+
+test: $(VENV)/.test
+	NGRA_DATA=$(DATA) $(PY) -m pytest -q -m "not slow"
+
+test-all: $(VENV)/.test
+	NGRA_DATA=$(DATA) $(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

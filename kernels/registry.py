@@ -1,0 +1,100 @@
+"""One registry for every sparse kernel: implementations keyed by ``(op, backend)``.
+
+Backends: ``"ref"`` (plain torch, the specification), ``"cpu"`` (numba), ``"gpu"``
+(torch/triton on CUDA). Backend modules register themselves on import; a backend
+whose dependencies are missing is skipped with a log line, never an import error.
+Callers ask :func:`lookup` for ``(op, device)`` and never branch on backends.
+
+The choice for a device is ``"auto"`` unless overridden with :func:`use_backend`
+(a context manager) or the ``NGRA_KERNEL_BACKEND`` environment variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+
+__all__ = ["register", "lookup", "use_backend", "available", "BACKENDS"]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("ref", "cpu", "gpu")
+_MODULES = {"ref": "ngra.kernels.ref", "cpu": "ngra.kernels.cpu", "gpu": "ngra.kernels.gpu"}
+_IMPLS: dict[tuple[str, str], Callable] = {}
+_loaded: dict[str, bool] = {}
+_state = threading.local()
+
+
+def register(op: str, backend: str) -> Callable[[Callable], Callable]:
+    """Decorator: register ``fn`` as the ``backend`` implementation of ``op``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
+
+    def deco(fn: Callable) -> Callable:
+        _IMPLS[(op, backend)] = fn
+        return fn
+
+    return deco
+
+
+def _load(backend: str) -> bool:
+    if backend not in _loaded:
+        try:
+            importlib.import_module(_MODULES[backend])
+            _loaded[backend] = True
+        except ImportError as exc:  # an optional backend must never break import
+            log.info("kernel backend %r unavailable: %s", backend, exc)
+            _loaded[backend] = False
+    return _loaded[backend]
+
+
+def _requested() -> str:
+    req = getattr(_state, "backend", None) or os.environ.get("NGRA_KERNEL_BACKEND", "auto")
+    if req not in BACKENDS + ("auto",):
+        raise ValueError(f"NGRA_KERNEL_BACKEND must be one of {BACKENDS + ('auto',)}; got {req!r}.")
+    return req
+
+
+def lookup(op: str, device: torch.device | str = "cpu") -> Callable:
+    """The implementation of ``op`` for tensors on ``device``.
+
+    ``auto`` picks ``gpu`` on CUDA and ``cpu`` (numba) elsewhere, falling back to
+    ``ref`` when the preferred backend is missing or lacks ``op``.
+    """
+    device = torch.device(device)
+    req = _requested()
+    if req == "auto":
+        order = ["gpu", "ref"] if device.type == "cuda" else ["cpu", "ref"]
+    else:
+        order = [req]
+    for backend in order:
+        if _load(backend) and (op, backend) in _IMPLS:
+            return _IMPLS[(op, backend)]
+    known = sorted({o for o, _ in _IMPLS})
+    raise NotImplementedError(
+        f"no kernel for op {op!r} on backend(s) {order} (device {device}); known ops: {known}."
+    )
+
+
+def available(op: str) -> list[str]:
+    """Backends that implement ``op`` on this machine."""
+    return [b for b in BACKENDS if _load(b) and (op, b) in _IMPLS]
+
+
+@contextlib.contextmanager
+def use_backend(backend: str) -> Iterator[None]:
+    """Force a backend (``"ref"``, ``"cpu"``, ``"gpu"`` or ``"auto"``) inside the block."""
+    if backend not in BACKENDS + ("auto",):
+        raise ValueError(f"backend must be one of {BACKENDS + ('auto',)}; got {backend!r}.")
+    prev = getattr(_state, "backend", None)
+    _state.backend = backend
+    try:
+        yield
+    finally:
+        _state.backend = prev

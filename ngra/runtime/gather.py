@@ -1,0 +1,165 @@
+"""Gather accumulators: how per-edge results are reduced per destination.
+
+Each accumulator works tile by tile so that the same code serves whole-graph
+execution (one tile) and chunked streaming (many tiles per destination column):
+
+* ``partial(indptr, msg)`` reduces one tile's edge results ``[E_t, ...]`` over
+  the tile's local CSC (``indptr`` over the destination interval) into a
+  partial state;
+* ``combine(state, partial)`` merges partial states of tiles in the same column;
+* ``finalize(state, in_degree)`` turns the column's state into the accumulator
+  ``acc`` handed to ``apply_vertex``. Destinations without in-edges get 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ngra import kernels
+
+__all__ = ["Accumulator", "make_accumulator"]
+
+
+class Accumulator:
+    """Sum (and the base of the linear accumulators)."""
+
+    name = "sum"
+    linear = True
+
+    def partial(self, indptr: torch.Tensor, msg: Any) -> Any:
+        return _map(msg, lambda m: kernels.segment_reduce(indptr, m, "sum"))
+
+    def combine(self, state: Any, part: Any) -> Any:
+        if state is None:
+            return part
+        return _map2(state, part, torch.add)
+
+    def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
+        return state
+
+
+class MeanAccumulator(Accumulator):
+    name = "mean"
+
+    def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
+        def div(s: torch.Tensor) -> torch.Tensor:
+            d = in_degree.clamp(min=1).to(s.dtype)
+            return s / d.view(-1, *([1] * (s.dim() - 1)))
+
+        return _map(state, div)
+
+
+class ExtremeAccumulator(Accumulator):
+    """Max or min: partial states carry which destinations had edges in the tile."""
+
+    linear = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._pick = torch.maximum if name == "max" else torch.minimum
+
+    def partial(self, indptr: torch.Tensor, msg: Any) -> Any:
+        has = indptr[1:] > indptr[:-1]
+        return (_map(msg, lambda m: kernels.segment_reduce(indptr, m, self.name)), has)
+
+    def combine(self, state: Any, part: Any) -> Any:
+        if state is None:
+            return part
+        (a, ha), (b, hb) = state, part
+
+        def merge(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            shape = (-1,) + (1,) * (x.dim() - 1)
+            both = self._pick(x, y)
+            return torch.where((ha & hb).view(shape), both, torch.where(hb.view(shape), y, x))
+
+        return (_map2(a, b, merge), ha | hb)
+
+    def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
+        return state[0]
+
+
+class SoftmaxAccumulator(Accumulator):
+    """Softmax-weighted sum with an online (max, sum) merge across tiles.
+
+    Messages are ``(score, value)`` with ``score`` ``[E, H]`` (or ``[E]``) and
+    ``value`` ``[E, H, D]`` (or ``[E, D]``); the result has ``value``'s shape per
+    destination.
+    """
+
+    name = "softmax"
+    linear = False
+
+    def partial(self, indptr: torch.Tensor, msg: Any) -> Any:
+        score, value = _split_softmax_msg(msg)
+        m = kernels.segment_reduce(indptr, score.detach(), "max")
+        dst = _edge_dst(indptr)
+        w = torch.exp(score - m.index_select(0, dst))
+        s = kernels.segment_reduce(indptr, w, "sum")
+        o = kernels.segment_reduce(indptr, _bcast(w, value) * value, "sum")
+        return (m, s, o)
+
+    def combine(self, state: Any, part: Any) -> Any:
+        if state is None:
+            return part
+        (m1, s1, o1), (m2, s2, o2) = state, part
+        m = torch.maximum(m1, m2)
+        # Scores of empty rows are 0 in both, and so are their sums: the rescale is harmless.
+        a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+        return (m, s1 * a1 + s2 * a2, o1 * _bcast(a1, o1) + o2 * _bcast(a2, o2))
+
+    def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
+        _, s, o = state
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        return o / _bcast(s, o)
+
+
+def make_accumulator(name: str) -> Accumulator:
+    if name == "sum":
+        return Accumulator()
+    if name == "mean":
+        return MeanAccumulator()
+    if name in ("max", "min"):
+        return ExtremeAccumulator(name)
+    if name == "softmax":
+        return SoftmaxAccumulator()
+    raise ValueError(f"gather must be one of sum, mean, max, min, softmax; got {name!r}.")
+
+
+def _split_softmax_msg(msg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (isinstance(msg, tuple) and len(msg) == 2):
+        raise TypeError(
+            "with gather = 'softmax', apply_edge must return (score, value); "
+            f"got {type(msg).__name__}."
+        )
+    score, value = msg
+    if score.dim() > value.dim() or tuple(score.shape) != tuple(value.shape[: score.dim()]):
+        raise ValueError(
+            "softmax gather: score must match value's leading dimensions, e.g. score [E, H] "
+            f"with value [E, H, D]; got score {list(score.shape)} and value {list(value.shape)}."
+        )
+    return score, value
+
+
+def _bcast(w: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return w.reshape(tuple(w.shape) + (1,) * (like.dim() - w.dim()))
+
+
+def _edge_dst(indptr: torch.Tensor) -> torch.Tensor:
+    n = indptr.numel() - 1
+    deg = indptr[1:] - indptr[:-1]
+    return torch.repeat_interleave(torch.arange(n, device=indptr.device), deg)
+
+
+def _map(x: Any, fn: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {k: fn(v) for k, v in x.items()}
+    return fn(x)
+
+
+def _map2(x: Any, y: Any, fn: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {k: fn(x[k], y[k]) for k in x}
+    return fn(x, y)

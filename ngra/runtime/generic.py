@@ -1,0 +1,69 @@
+"""The generic plan: runs any SAGA program with edge tensors materialized.
+
+This is the semantics every compiled plan must reproduce, and the fallback for
+programs the compiler cannot fuse: Scatter gathers the vertex rows each edge
+reads, ``apply_edge`` runs on the tile's edges, and the accumulator reduces the
+result per destination.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ngra.runtime.gather import make_accumulator
+from ngra.runtime.tiles import TileView
+from ngra.saga import Edge, SagaLayer, index_rows
+
+__all__ = ["GenericPlan"]
+
+
+class GenericPlan:
+    """Edge stage = ``apply_edge`` on materialized per-edge rows."""
+
+    kind = "generic"
+
+    def __init__(self, layer: SagaLayer, reason: str = "generic executor requested") -> None:
+        self.layer = layer
+        self.accumulator = make_accumulator(layer.gather)
+        self.reason = reason
+
+    def pre(self, x: Any) -> Any:
+        return x
+
+    def edge(self, tile: TileView, terms: Any, edata: Any) -> Any:
+        data = index_rows(edata, tile.edge_ids)
+        msg = self.layer.apply_edge(Edge(terms, terms, tile.src_idx, tile.dst_idx, data))
+        _check_messages(self.layer, msg, tile.num_edges)
+        return self.accumulator.partial(tile.indptr, msg)
+
+    def post(self, x: Any, acc: Any) -> Any:
+        return self.layer.apply_vertex(x, acc)
+
+    def describe(self) -> list[str]:
+        return [
+            f"plan: generic UDF executor ({self.reason})",
+            "  scatter: gather edge.src/edge.dst rows per edge ([E, F] materialized)",
+            f"  apply_edge: {type(self.layer).__name__}.apply_edge on each tile's edges",
+            f"  gather: {self.accumulator.name} via segment_reduce",
+            f"  apply_vertex: {type(self.layer).__name__}.apply_vertex",
+        ]
+
+
+def _check_messages(layer: SagaLayer, msg: Any, num_edges: int) -> None:
+    name = type(layer).__name__
+    parts = msg if isinstance(msg, tuple) else (msg,)
+    if isinstance(msg, dict):
+        parts = tuple(msg.values())
+    for m in parts:
+        if not isinstance(m, torch.Tensor):
+            raise TypeError(
+                f"{name}.apply_edge must return a tensor (or a dict of tensors, or "
+                f"(score, value) for softmax); got {type(m).__name__}."
+            )
+        if m.dim() == 0 or m.shape[0] != num_edges:
+            raise ValueError(
+                f"{name}.apply_edge must return one row per edge ([{num_edges}, ...]); "
+                f"got shape {list(m.shape)}."
+            )

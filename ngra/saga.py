@@ -1,0 +1,144 @@
+"""The SAGA-NN programming model: Scatter, ApplyEdge, Gather, ApplyVertex.
+
+A GNN layer is a :class:`SagaLayer` subclass with two ordinary methods and a
+Gather accumulator name::
+
+    class GCN(ngra.SagaLayer):
+        gather = "sum"
+        def __init__(self, f_in, f_out):
+            super().__init__()
+            self.lin = nn.Linear(f_in, f_out)
+        def apply_edge(self, edge):          # edge.src, edge.dst: vertex rows per edge
+            return edge.src * edge.data      # edge.data: per-edge tensor (or None)
+        def apply_vertex(self, vertex, acc):  # vertex: layer input rows; acc: gathered [N, ...]
+            return self.lin(acc)
+
+    out = GCN(16, 8)(graph, x)               # [num_nodes, 8]
+
+Scatter is implied by what ``apply_edge`` reads (``edge.src`` / ``edge.dst``).
+Gather reduces ``apply_edge``'s result over each destination's in-edges with
+``sum``, ``mean``, ``max``, ``min`` or ``softmax``; for ``softmax``, ``apply_edge``
+returns ``(score, value)`` and the values are summed with weights
+``softmax(score)`` over the in-edges (GAT). Destinations with no in-edges get
+the accumulator's identity, 0. Vertex and edge data may be tensors or dicts of
+named tensors.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["SagaLayer", "Edge", "GATHERS"]
+
+GATHERS = ("sum", "mean", "max", "min", "softmax")
+
+
+class Edge:
+    """What ``apply_edge`` sees: per-edge views of vertex and edge data.
+
+    Attributes:
+        src: source-vertex rows per edge, ``[E, ...]`` (a dict when vertex data is a dict).
+        dst: destination-vertex rows per edge, ``[E, ...]``.
+        data: per-edge data ``[E, ...]``, a dict, or ``None``.
+
+    ``src`` and ``dst`` are gathered on first access, so a program that never
+    reads ``edge.dst`` never pays for it.
+    """
+
+    __slots__ = ("_vsrc", "_vdst", "_src_idx", "_dst_idx", "_src", "_dst", "data")
+
+    def __init__(self, src_data: Any, dst_data: Any, src_idx: torch.Tensor | None,
+                 dst_idx: torch.Tensor | None, data: Any) -> None:
+        self._vsrc, self._vdst = src_data, dst_data
+        self._src_idx, self._dst_idx = src_idx, dst_idx
+        self._src = self._dst = None
+        self.data = data
+
+    @property
+    def src(self) -> Any:
+        if self._src is None:
+            self._src = index_rows(self._vsrc, self._src_idx)
+        return self._src
+
+    @property
+    def dst(self) -> Any:
+        if self._dst is None:
+            self._dst = index_rows(self._vdst, self._dst_idx)
+        return self._dst
+
+
+def index_rows(data: Any, idx: torch.Tensor | None) -> Any:
+    """``data[idx]`` for a tensor or each tensor of a dict; ``idx=None`` means all rows."""
+    if idx is None or data is None:
+        return data
+    if isinstance(data, Mapping):
+        return {k: v.index_select(0, idx) for k, v in data.items()}
+    return data.index_select(0, idx)
+
+
+class SagaLayer(nn.Module):
+    """Base class of a GNN layer written as a SAGA-NN vertex program.
+
+    Subclasses set ``gather`` and override ``apply_edge(self, edge)`` and/or
+    ``apply_vertex(self, vertex, acc)``. The defaults copy the source row
+    (``edge.src``) and return the accumulator unchanged.
+
+    Calling the layer, ``layer(graph, x, edge_data=None)``:
+
+    Args:
+        graph: an :class:`ngra.Graph` with ``N`` vertices and ``E`` edges.
+        x: vertex data, ``[N, ...]`` or a dict of such tensors.
+        edge_data: per-edge data ``[E, ...]`` (or dict) in the graph's original
+            edge order (default: the graph's edge weights, or ``None``).
+
+    Returns:
+        ``apply_vertex``'s result, ``[N, ...]``.
+    """
+
+    gather: str = "sum"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.gather not in GATHERS:
+            raise TypeError(
+                f"{cls.__name__}.gather must be one of {GATHERS}; got {cls.gather!r}."
+            )
+        _check_signature(cls, "apply_edge", ("edge",))
+        _check_signature(cls, "apply_vertex", ("vertex", "acc"))
+
+    def apply_edge(self, edge: Edge) -> Any:
+        return edge.src
+
+    def apply_vertex(self, vertex: Any, acc: torch.Tensor) -> Any:
+        return acc
+
+    def forward(self, graph: Any, x: Any, edge_data: Any = None) -> Any:
+        from ngra.runtime.executor import execute
+
+        return execute(self, graph, x, edge_data)
+
+
+def _check_signature(cls: type, name: str, expected: tuple[str, ...]) -> None:
+    fn = cls.__dict__.get(name)
+    if fn is None:
+        return
+    if not callable(fn):
+        raise TypeError(f"{cls.__name__}.{name} must be a method; got {type(fn).__name__}.")
+    params = list(inspect.signature(fn).parameters.values())
+    if params and params[0].name == "self":
+        params = params[1:]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    has_var = any(p.kind == p.VAR_POSITIONAL for p in params)
+    if len(required) > len(expected) or (len(positional) < len(expected) and not has_var):
+        got = ", ".join(p.name for p in params) or "no parameters"
+        want = ", ".join(expected)
+        raise TypeError(
+            f"{cls.__name__}.{name} must take ({want}) after self; it takes ({got}). "
+            f"Define it as `def {name}(self, {want}):`."
+        )
