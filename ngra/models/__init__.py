@@ -6,11 +6,12 @@ from ngra.models.gcn import GCNConv
 from ngra.models.ggcn import GGCNConv
 from ngra.models.ggnn import GGNNConv
 from ngra.models.gin import GINConv
+from ngra.models.mpnn import MPNNConv
 from ngra.models.rgcn import RGCNConv
 from ngra.models.sage import SAGEConv
 from ngra.models.zoo import GNN, MODELS, ModelSpec, build_model, prepare, relation_norm
 
 __all__ = [
     "GCNConv", "SAGEConv", "GATConv", "GINConv", "GGCNConv", "CommNetConv", "GGNNConv",
-    "RGCNConv", "GNN", "MODELS", "ModelSpec", "build_model", "prepare", "relation_norm",
+    "RGCNConv", "MPNNConv", "GNN", "MODELS", "ModelSpec", "build_model", "prepare", "relation_norm",
 ]

@@ -20,6 +20,7 @@ from ngra.models.gcn import GCNConv
 from ngra.models.ggcn import GGCNConv
 from ngra.models.ggnn import GGNNConv
 from ngra.models.gin import GINConv
+from ngra.models.mpnn import MPNNConv
 from ngra.models.rgcn import RGCNConv
 from ngra.models.sage import SAGEConv
 
@@ -35,7 +36,7 @@ class ModelSpec:
         heads: attention heads of hidden layers (GAT only).
         self_loops: add a self-loop to every vertex before training.
         edge_data: what the layers read as ``edge.data``: "none", "gcn_norm",
-            "type" or "type_norm".
+            "type", "type_norm" or "norm_feat" (the GCN weight as a [E, 1] feature).
     """
 
     hidden: int = 64
@@ -57,6 +58,7 @@ MODELS: dict[str, ModelSpec] = {
     "commnet": ModelSpec(hidden=64),
     "ggnn": ModelSpec(hidden=64, edge_data="type"),
     "rgcn": ModelSpec(hidden=64, edge_data="type_norm"),
+    "mpnn": ModelSpec(hidden=64, edge_data="norm_feat"),
 }
 
 
@@ -114,6 +116,8 @@ def build_model(name: str, in_dim: int, num_classes: int, *, hidden: int | None 
         return GNN(name, [GGCNConv(a, b) for a, b in pairs], p, lambda t: t)
     if name == "commnet":
         return GNN(name, [CommNetConv(a, b) for a, b in pairs], p, lambda t: t)
+    if name == "mpnn":
+        return GNN(name, [MPNNConv(a, b, edge_dim=1, hidden=h) for a, b in pairs], p, F.relu)
     if name == "rgcn":
         return GNN(name, [RGCNConv(a, b, num_edge_types) for a, b in pairs], p, F.relu)
     if name == "gat":
@@ -146,6 +150,9 @@ def prepare(name: str, graph: Graph, edge_type: torch.Tensor | None = None,
     spec = MODELS[name]
     if spec.edge_data == "gcn_norm":
         return graph.gcn_norm(add_self_loops=True), None
+    if spec.edge_data == "norm_feat":
+        g = graph.gcn_norm(add_self_loops=True)
+        return g, g.edge_weight_original().unsqueeze(-1)
     if spec.self_loops:
         graph = graph.remove_self_loops().add_self_loops()
     if spec.edge_data in ("type", "type_norm"):

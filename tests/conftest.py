@@ -1,0 +1,30 @@
+"""Shared fixtures: the real-data root and optional baselines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def data_root() -> Path:
+    """``$NGRA_DATA`` or ``<repo>/../shared/data``."""
+    return Path(os.environ.get("NGRA_DATA") or (REPO.parent / "shared" / "data")).resolve()
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    root = data_root()
+    if not (root / "planetoid").is_dir():
+        pytest.skip(f"real datasets not found under {root} (set NGRA_DATA)")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(2)
+    yield
