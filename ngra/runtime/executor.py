@@ -4,45 +4,76 @@
 compiler for the layer's plan (cached per input signature), and walks the grid
 column by column: the vertex-side ``pre`` stage, each tile's ``edge`` stage
 merged into the column's accumulator, then ``post`` (``apply_vertex``).
-Whole-graph execution is the 1 x 1 grid.
+Whole-graph execution is the 1 x 1 grid; a memory budget picks a finer grid.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ngra.graph import Graph
+from ngra.runtime import probes
+from ngra.runtime.budget import current_budget, forced_grid, grid_for
+from ngra.runtime.stream import plan_parameters, propagate, run_streamed
 from ngra.runtime.tiles import Grid, whole_graph_grid
 
-__all__ = ["execute", "run_plan", "edge_data_csc"]
+__all__ = ["execute", "run_plan", "choose_runtime_grid", "edge_data_csc"]
+
+log = logging.getLogger(__name__)
 
 
 def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None) -> Any:
-    """Run SAGA ``layer`` on ``graph`` with vertex data ``x`` (see :class:`ngra.SagaLayer`)."""
+    """Run SAGA ``layer`` on ``graph`` with vertex data ``x`` (see :class:`ngra.SagaLayer`).
+
+    Inside ``with ngra.memory_budget(...)`` the graph is tiled into the smallest
+    grid whose tiles fit the budget and propagation streams tile by tile.
+    """
     from ngra.compiler import compile_layer
 
     _check_vertex_data(layer, graph, x)
     edata = edge_data_csc(graph, edge_data, type(layer).__name__)
     plan = compile_layer(layer, graph, x, edata)
-    return run_plan(plan, graph, whole_graph_grid(graph), x, edata)
+    return run_plan(plan, graph, None, x, edata)
 
 
-def run_plan(plan: Any, graph: Graph, grid: Grid, x: Any, edata: Any) -> Any:
-    """Walk ``grid`` column by column; each column's accumulator stays resident."""
-    terms = plan.pre(x)
-    acc = plan.accumulator
-    in_deg = graph.in_degrees()
-    cols = []
-    for column in grid.columns:
-        state = None
-        for tile in column:
-            state = acc.combine(state, plan.edge(tile, terms, edata))
-        lo, hi = column[0].dst_lo, column[0].dst_hi
-        cols.append(acc.finalize(state, in_deg[lo:hi]))
-    return plan.post(x, cols[0] if len(cols) == 1 else _cat(cols))
+def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any) -> Any:
+    """Run ``plan``: ``pre``, the column walk over ``grid``, then ``post``.
+
+    ``grid=None`` picks the grid: the 1 x 1 grid, or under an active memory
+    budget the smallest grid that fits it. A grid of several tiles propagates
+    inside :class:`ngra.runtime.stream.StreamedPropagation` (recompute in
+    backward); the 1 x 1 grid runs the same walk under plain autograd. Stages
+    are timed by :mod:`ngra.runtime.probes` when a recorder is active.
+    """
+    probes.annotate("plan", plan)
+    with probes.stage("pre") as s:
+        terms = s.outputs(plan.pre(s.inputs(x)))
+    if grid is None:
+        grid = choose_runtime_grid(plan, graph, terms, edata)
+    if grid.num_tiles > 1 and torch.is_grad_enabled():
+        acc = run_streamed(plan, graph, grid, terms, edata)
+    else:
+        acc = propagate(plan, graph, grid, terms, edata)
+    with probes.stage("post") as s:
+        return s.outputs(plan.post(s.inputs(x), acc))
+
+
+def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> Grid:
+    """The 1 x 1 grid, or the budget's grid when ``ngra.memory_budget`` is active."""
+    forced = forced_grid(graph)
+    if forced is not None:
+        return forced
+    budget = current_budget()
+    if budget is None:
+        return whole_graph_grid(graph)
+    grid, choice = grid_for(plan, graph, terms, edata, plan_parameters(plan), budget)
+    probes.annotate("grid", choice)
+    log.debug("%s: %s", type(getattr(plan, "layer", plan)).__name__, choice.describe())
+    return grid
 
 
 def edge_data_csc(graph: Graph, edge_data: Any, who: str = "layer") -> Any:
@@ -79,9 +110,3 @@ def _check_vertex_data(layer: Any, graph: Any, x: Any) -> None:
                 f"{who}: vertex data {k!r} must have one row per vertex "
                 f"([{graph.num_nodes}, ...]); got shape {list(v.shape)}."
             )
-
-
-def _cat(cols: list[Any]) -> Any:
-    if isinstance(cols[0], Mapping):
-        return {k: torch.cat([c[k] for c in cols]) for k in cols[0]}
-    return torch.cat(cols)

@@ -9,6 +9,13 @@ execution (one tile) and chunked streaming (many tiles per destination column):
 * ``combine(state, partial)`` merges partial states of tiles in the same column;
 * ``finalize(state, in_degree)`` turns the column's state into the accumulator
   ``acc`` handed to ``apply_vertex``. Destinations without in-edges get 0.
+
+For backward under chunked streaming (recompute one tile at a time),
+``final_stats(state, acc)`` keeps what a tile needs to know about its whole
+column (nothing for sum/mean, the final extremes for max/min, the log-sum-exp
+and output for softmax), and ``contribution(part, final, in_degree)`` turns a
+recomputed tile partial into a tensor whose gradient, given the gradient of
+``acc``, is exactly the tile's share of the gradient.
 """
 
 from __future__ import annotations
@@ -39,6 +46,13 @@ class Accumulator:
 
     def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
         return state
+
+    def final_stats(self, state: Any, acc: torch.Tensor) -> Any:
+        return None
+
+    def contribution(self, part: Any, final: Any, in_degree: torch.Tensor) -> torch.Tensor:
+        # Linear accumulators: the tile's share of acc is its own finalized partial.
+        return self.finalize(part, in_degree)
 
 
 class MeanAccumulator(Accumulator):
@@ -80,6 +94,16 @@ class ExtremeAccumulator(Accumulator):
     def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
         return state[0]
 
+    def final_stats(self, state: Any, acc: torch.Tensor) -> Any:
+        return acc.detach()
+
+    def contribution(self, part: Any, final: Any, in_degree: torch.Tensor) -> torch.Tensor:
+        # Only the tile holding a destination's extreme receives its gradient.
+        values, has = part
+        shape = (-1,) + (1,) * (values.dim() - 1)
+        mask = has.view(shape) & (values.detach() == final)
+        return torch.where(mask, values, torch.zeros_like(values))
+
 
 class SoftmaxAccumulator(Accumulator):
     """Softmax-weighted sum with an online (max, sum) merge across tiles.
@@ -114,6 +138,21 @@ class SoftmaxAccumulator(Accumulator):
         _, s, o = state
         s = torch.where(s > 0, s, torch.ones_like(s))
         return o / _bcast(s, o)
+
+    def final_stats(self, state: Any, acc: torch.Tensor) -> Any:
+        m, s, _ = state
+        lse = m + torch.log(torch.where(s > 0, s, torch.ones_like(s)))
+        return lse.detach(), acc.detach()
+
+    def contribution(self, part: Any, final: Any, in_degree: torch.Tensor) -> torch.Tensor:
+        # With L and out fixed, d[exp(m - L) (o - s out)] equals the tile's share of
+        # d out for any differentiable partial state (m, s, o): the normalizer's
+        # gradient enters through -s * out.
+        m, s, o = part
+        lse, out = final
+        # Rows without edges in this tile (s = 0) contribute nothing, whatever m holds.
+        w = torch.exp(torch.where(s > 0, m - lse, torch.full_like(lse, float("-inf"))))
+        return _bcast(w, o) * (o - _bcast(s, o) * out)
 
 
 def make_accumulator(name: str) -> Accumulator:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ngra.runtime import probes
 from ngra.runtime.gather import make_accumulator
 from ngra.runtime.tiles import TileView
 from ngra.saga import Edge, SagaLayer, index_rows
@@ -34,9 +35,13 @@ class GenericPlan:
 
     def edge(self, tile: TileView, terms: Any, edata: Any) -> Any:
         data = index_rows(edata, tile.edge_ids)
-        msg = self.layer.apply_edge(Edge(terms, terms, tile.src_idx, tile.dst_idx, data))
+        edge_view = _ProbedEdge if probes.active() else Edge
+        with probes.stage("apply_edge") as s:
+            msg = s.outputs(self.layer.apply_edge(
+                edge_view(terms, terms, tile.src_idx, tile.dst_idx, data)))
         _check_messages(self.layer, msg, tile.num_edges)
-        return self.accumulator.partial(tile.indptr, msg)
+        with probes.stage("gather") as s:
+            return s.outputs(self.accumulator.partial(tile.indptr, msg))
 
     def post(self, x: Any, acc: Any) -> Any:
         return self.layer.apply_vertex(x, acc)
@@ -49,6 +54,23 @@ class GenericPlan:
             f"  gather: {self.accumulator.name} via segment_reduce",
             f"  apply_vertex: {type(self.layer).__name__}.apply_vertex",
         ]
+
+
+class _ProbedEdge(Edge):
+    """An :class:`Edge` whose lazy row gathers are timed as the ``scatter`` stage
+    (they run inside ``apply_edge``, whose exclusive time excludes them)."""
+
+    __slots__ = ()
+
+    @property
+    def src(self) -> Any:
+        with probes.stage("scatter") as s:
+            return s.outputs(Edge.src.fget(self))
+
+    @property
+    def dst(self) -> Any:
+        with probes.stage("scatter") as s:
+            return s.outputs(Edge.dst.fget(self))
 
 
 def _check_messages(layer: SagaLayer, msg: Any, num_edges: int) -> None:

@@ -1,0 +1,174 @@
+"""Memory budgets: ``with ngra.memory_budget("1GB"): ...`` streams every layer call.
+
+Inside the context the executor describes the layer's per-tile working set as a
+:class:`ngra.partition.TileCost` and asks :func:`ngra.partition.choose_grid` for
+the smallest grid whose largest tile fits. The coefficients are measured, not
+guessed: the plan's edge stage runs once on a sample tile (the first ~4096
+edges) under autograd with saved-tensor hooks, which count the bytes a tile
+keeps per edge and per destination row:
+
+* ``bytes_per_edge = 2 * saved_per_edge + message_per_edge + 40`` -- saved
+  activations, their gradients in the recomputing backward, the edge stage's
+  result, and five int64 index arrays of the tile view
+  (source, destination, edge id, reverse indices, reverse permutation);
+* ``bytes_per_dst_row = 4 * partial_per_row`` -- the resident accumulator, the
+  tile partial, the merge temporary and the gradient rows;
+* ``bytes_per_src_row`` = one row of the vertex-side terms (what a device copy
+  of a source row costs; ``prefetch_factor = 2`` for double buffering);
+* ``fixed = 3 * parameter bytes + 16 * (N + 1)`` -- parameters with their
+  gradients and in-flight copies, and the tile's reverse offsets over sources.
+
+Vertex arrays of size ``N x F`` (layer inputs, outputs, their gradients) live
+outside the budget, as in NeuGraph, where they stay in host memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ngra.graph import Graph
+from ngra.partition import GridChoice, TileCost, choose_grid, parse_bytes, tile_graph
+from ngra.runtime.tiles import Grid, TileView, grid_from_tiles
+
+__all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
+           "grid_for"]
+
+_state = threading.local()
+SAMPLE_EDGES = 4096
+
+
+@contextlib.contextmanager
+def memory_budget(size: int | float | str) -> Iterator[int]:
+    """Run every layer call inside the block within ``size`` bytes of tile working set.
+
+    Args:
+        size: bytes, or a string such as ``"2GB"``, ``"512MB"``, ``"1.5GiB"``.
+    Yields:
+        The budget in bytes.
+    """
+    budget = parse_bytes(size)
+    prev = getattr(_state, "budget", None)
+    _state.budget = budget
+    try:
+        yield budget
+    finally:
+        _state.budget = prev
+
+
+def current_budget() -> int | None:
+    """The innermost active budget in bytes, or ``None``."""
+    return getattr(_state, "budget", None)
+
+
+@contextlib.contextmanager
+def grid_shape(num_dst_parts: int, num_src_parts: int) -> Iterator[None]:
+    """Force a ``P x Q`` grid (edge-balanced intervals) for every layer call in the block.
+
+    For tests, benchmarks and experiments; it takes precedence over a memory budget.
+    """
+    for name, v in (("num_dst_parts", num_dst_parts), ("num_src_parts", num_src_parts)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {v!r}.")
+    prev = getattr(_state, "shape", None)
+    _state.shape = (num_dst_parts, num_src_parts)
+    try:
+        yield
+    finally:
+        _state.shape = prev
+
+
+def forced_grid(graph: Graph) -> Grid | None:
+    """The grid forced by :func:`grid_shape` for ``graph`` (cached on it), or ``None``."""
+    shape = getattr(_state, "shape", None)
+    if shape is None:
+        return None
+    p, q = min(shape[0], max(graph.num_nodes, 1)), min(shape[1], max(graph.num_nodes, 1))
+    key = ("ngra.forced-grid", p, q)
+    if key not in graph._cache:
+        graph._cache[key] = grid_from_tiles(graph, tile_graph(graph, p, q))
+    return graph._cache[key]
+
+
+def _sample_tile(graph: Graph) -> TileView:
+    indptr = graph.indptr
+    m_target = min(graph.num_edges, SAMPLE_EDGES)
+    d = int(torch.searchsorted(indptr, torch.tensor(m_target), right=False))
+    d = max(1, min(d, graph.num_nodes))
+    m = int(indptr[d])
+    return TileView(0, d, indptr[: d + 1], graph.indices[:m], graph.dst_index()[:m],
+                    torch.arange(m), None)
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, dict):
+        return sum(_nbytes(v) for v in x.values())
+    if isinstance(x, (tuple, list)):
+        return sum(_nbytes(v) for v in x)
+    return 0
+
+
+def _row_bytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return (x[0].numel() * x.element_size()) if x.dim() and x.shape[0] else 0
+    if isinstance(x, dict):
+        return sum(_row_bytes(v) for v in x.values())
+    if isinstance(x, (tuple, list)):
+        return sum(_row_bytes(v) for v in x)
+    return 0
+
+
+def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
+                      params: list[torch.Tensor]) -> TileCost:
+    """The layer's :class:`TileCost`, measured on a sample tile (see module docs)."""
+    if graph.num_edges == 0:
+        return TileCost(0, 0, 0, fixed=3 * _nbytes(params))
+    tile = _sample_tile(graph)
+    m, d = tile.num_edges, tile.num_dst
+    per_edge = per_row = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal per_edge, per_row
+        if t.dim() and t.shape[0] == m:
+            per_edge += t.numel() * t.element_size()
+        elif t.dim() and t.shape[0] == d:
+            per_row += t.numel() * t.element_size()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        part = plan.edge(tile, terms, edata)
+    return TileCost(
+        bytes_per_src_row=float(_row_bytes(terms)),
+        bytes_per_dst_row=float(4 * max(_nbytes(part), per_row) / d),
+        bytes_per_edge=float(2 * per_edge / m + 40 + _row_bytes(edata)),
+        fixed=float(3 * _nbytes(params) + 16 * (graph.num_nodes + 1)),
+    )
+
+
+def grid_for(plan: Any, graph: Graph, terms: Any, edata: Any, params: list[torch.Tensor],
+             budget: int) -> tuple[Grid, GridChoice]:
+    """The grid for this layer under ``budget``.
+
+    Cached on the graph per plan and budget (the plan is kept in the entry, so
+    a recycled ``id`` can never match), and per cost, so layers with the same
+    working set share one tiling.
+    """
+    cache = graph._cache
+    pkey = ("ngra.plan-grid", id(plan), budget)
+    hit = cache.get(pkey)
+    if hit is not None and hit[0] is plan:
+        return hit[1], hit[2]
+    cost = measure_tile_cost(plan, graph, terms, edata, params)
+    ckey = ("ngra.grid", budget, cost)
+    if ckey not in cache:
+        choice = choose_grid(graph, cost, budget)
+        cache[ckey] = (grid_from_tiles(graph, choice.grid), choice)
+    grid, choice = cache[ckey]
+    cache[pkey] = (plan, grid, choice)
+    return grid, choice
