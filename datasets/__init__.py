@@ -1,0 +1,58 @@
+"""ngra.datasets: node-classification datasets for ngra.
+
+One entry point, :func:`load`, takes a spec string usable from the command line::
+
+    ds = ngra.datasets.load("cora")                          # Planetoid, public split
+    ds = ngra.datasets.load("rmat:scale=18,feat=64,seed=0")  # synthetic, cached on disk
+    ds.graph, ds.x, ds.y, ds.train_mask                      # ngra.Graph and tensors
+
+Loaders: Planetoid raw files (:func:`load_planetoid`), OGB node-property folders
+(:func:`load_ogb`), edge lists (:func:`load_edgelist`, :func:`load_twitter`),
+generators (:func:`rmat`, :func:`sbm`); interop with PyG and DGL
+(:func:`to_pyg`, :func:`from_pyg`, :func:`to_dgl`, :func:`from_dgl`).
+"""
+
+from .base import (
+    DATA_ENV,
+    DatasetError,
+    DatasetNotFoundError,
+    NodeDataset,
+    SpecError,
+    data_root,
+)
+from .cache import CACHE_ENV
+from .convert import from_dgl, from_pyg, to_dgl, to_pyg
+from .download import DownloadError
+from .edgelist import load_edgelist, load_twitter, read_edgelist
+from .ogb import load_ogb
+from .planetoid import load_planetoid
+from .spec import DatasetSpec, available, describe, load, parse_spec
+from .synthetic import rmat, sbm, structural_labels
+
+__all__ = [
+    "CACHE_ENV",
+    "DATA_ENV",
+    "DatasetError",
+    "DatasetNotFoundError",
+    "DatasetSpec",
+    "DownloadError",
+    "NodeDataset",
+    "SpecError",
+    "available",
+    "data_root",
+    "describe",
+    "from_dgl",
+    "from_pyg",
+    "load",
+    "load_edgelist",
+    "load_ogb",
+    "load_planetoid",
+    "load_twitter",
+    "parse_spec",
+    "read_edgelist",
+    "rmat",
+    "sbm",
+    "structural_labels",
+    "to_dgl",
+    "to_pyg",
+]

@@ -73,6 +73,10 @@ class Graph:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"ngra.Graph is immutable; cannot set {name!r}. Build a new Graph.")
 
+    def __reduce__(self) -> tuple:
+        # Slots + a refusing __setattr__: rebuild through the constructor (pickle, copy).
+        return (Graph, (self.indptr, self.indices, self.perm, self.num_nodes, self.edge_weight))
+
     def __repr__(self) -> str:
         w = ", weighted" if self.edge_weight is not None else ""
         return f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges}{w})"

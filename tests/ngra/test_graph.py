@@ -158,3 +158,13 @@ def test_pyg_and_dgl_roundtrip():
     assert dg.num_nodes() == 30 and torch.equal(dg.edata["w"], w)
     g3 = Graph.from_dgl(dg, weight_field="w")
     assert torch.equal(g3.edge_index(), ei) and torch.equal(g3.edge_weight, g.edge_weight)
+
+
+def test_pickle_and_copy():
+    import copy
+    import pickle
+
+    g = Graph.from_edge_index(_rand_edges(10, 30), num_nodes=10, edge_weight=torch.rand(30))
+    for h in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g), copy.copy(g)):
+        assert torch.equal(h.indptr, g.indptr) and torch.equal(h.perm, g.perm)
+        assert torch.equal(h.edge_weight, g.edge_weight) and h.num_nodes == 10

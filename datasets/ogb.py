@@ -1,0 +1,204 @@
+"""OGB node-property-prediction datasets from their raw on-disk layout (no ``ogb`` package).
+
+Expected folder (what ``ogb`` unpacks, e.g. ``ogbn_arxiv/``)::
+
+    raw/edge.csv.gz            one "src,dst" line per edge (0-based)
+    raw/node-feat.csv.gz       one line of F comma-separated floats per node
+    raw/node-label.csv.gz      one label per node ("nan" or empty: unlabeled -> y = -1)
+    raw/num-node-list.csv.gz   optional: the node count
+    split/<type>/{train,valid,test}.csv.gz   node ids, one per line
+
+The split type (e.g. ``time``, ``sales_ranking``) is the only folder under
+``split/`` unless chosen with ``split=``. Uncompressed ``.csv`` files are accepted
+too. The graph keeps the file's direction (ogbn-arxiv is directed); pass
+``symmetric=True`` for datasets OGB marks ``add_inverse_edge`` (ogbn-products).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ._text import parse_numbers, read_text
+from .base import DatasetError, DatasetNotFoundError, NodeDataset, csc_graph
+
+__all__ = ["load_ogb", "ogb_source_files"]
+
+log = logging.getLogger(__name__)
+
+
+def load_ogb(
+    path: str | Path,
+    *,
+    split: str | None = None,
+    symmetric: bool = False,
+    simple: bool = False,
+    name: str | None = None,
+    progress: bool | None = None,
+) -> NodeDataset:
+    """Load an OGB node-property-prediction folder.
+
+    Args:
+        path: the dataset folder (holding ``raw/`` and ``split/``).
+        split: split type under ``split/`` (default: the only one present).
+        symmetric: add the reverse of every edge.
+        simple: drop self-loops and duplicate edges (default ``False``: as distributed).
+        name: dataset name (default: the folder name).
+        progress: show tqdm bars for large files.
+
+    Raises:
+        DatasetNotFoundError: a required file is missing (named in the message).
+        DatasetError: malformed contents (multi-task labels, inconsistent counts).
+    """
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise DatasetNotFoundError(f"OGB folder {folder} does not exist.")
+    raw = folder / "raw"
+    edges = _read_numbers(_need(raw, "edge", folder), progress, ints=True)
+    if edges.size % 2:
+        raise DatasetError(f"{raw / 'edge.csv.gz'}: expected 'src,dst' lines.")
+    edges = edges.reshape(-1, 2)
+
+    feat_file = _need(raw, "node-feat", folder)
+    width = _first_line_width(feat_file)
+    feats = _read_numbers(feat_file, progress, ints=False).astype(np.float32, copy=False)
+    if width == 0 or feats.size % width:
+        raise DatasetError(f"{feat_file}: every line must hold {width} comma-separated features.")
+    x = feats.reshape(-1, width)
+
+    label_file = _need(raw, "node-label", folder)
+    if _first_line_width(label_file) != 1:
+        raise DatasetError(
+            f"{label_file}: {_first_line_width(label_file)} label columns; NodeDataset holds one class "
+            "label per node (multi-task datasets such as ogbn-proteins are not supported)."
+        )
+    labels = _read_labels(label_file)
+
+    num_nodes = x.shape[0]
+    count_file = _find(raw, "num-node-list")
+    if count_file is not None:
+        counts = _read_numbers(count_file, None, ints=True)
+        if counts.size != 1:
+            raise DatasetError(
+                f"{count_file}: expected one graph (one node count); got {counts.size}."
+            )
+        num_nodes = int(counts[0])
+    if x.shape[0] != num_nodes or labels.size != num_nodes:
+        raise DatasetError(
+            f"{folder}: inconsistent node counts: num-node-list {num_nodes}, node-feat {x.shape[0]} rows, "
+            f"node-label {labels.size} rows."
+        )
+    graph = csc_graph(
+        edges[:, 0],
+        edges[:, 1],
+        num_nodes,
+        symmetric=symmetric,
+        remove_self_loops=simple,
+        dedup=simple,
+    )
+
+    split_dir = _split_dir(folder, split)
+    masks = []
+    for part in ("train", "valid", "test"):
+        idx = _read_numbers(_need(split_dir, part, folder), None, ints=True)
+        if idx.size and (idx.min() < 0 or idx.max() >= num_nodes):
+            raise DatasetError(f"{split_dir / part}: node ids must be in [0, {num_nodes}).")
+        m = torch.zeros(num_nodes, dtype=torch.bool)
+        m[torch.from_numpy(idx)] = True
+        masks.append(m)
+    y = torch.from_numpy(labels)
+    num_classes = int(labels.max()) + 1 if labels.size and labels.max() >= 0 else 1
+    ds = NodeDataset(
+        name=name or folder.name,
+        graph=graph,
+        x=torch.from_numpy(np.ascontiguousarray(x)),
+        y=y,
+        train_mask=masks[0] & (y >= 0),
+        val_mask=masks[1] & (y >= 0),
+        test_mask=masks[2] & (y >= 0),
+        num_classes=num_classes,
+        info={"source": str(folder), "split": split_dir.name},
+    )
+    log.info("loaded %r from %s", ds, folder)
+    return ds
+
+
+def ogb_source_files(path: str | Path) -> list[Path]:
+    """The files :func:`load_ogb` reads (for cache invalidation)."""
+    folder = Path(path).expanduser().resolve()
+    return sorted(p for sub in ("raw", "split") for p in (folder / sub).rglob("*") if p.is_file())
+
+
+def _find(folder: Path, stem: str) -> Path | None:
+    for suffix in (".csv.gz", ".csv"):
+        p = folder / f"{stem}{suffix}"
+        if p.is_file():
+            return p
+    return None
+
+
+def _need(folder: Path, stem: str, dataset: Path) -> Path:
+    p = _find(folder, stem)
+    if p is None:
+        raise DatasetNotFoundError(
+            f"OGB dataset {dataset}: missing {folder / (stem + '.csv.gz')} "
+            "(expected the raw layout raw/{edge,node-feat,node-label}.csv.gz and split/<type>/{train,valid,test}.csv.gz)."
+        )
+    return p
+
+
+def _split_dir(folder: Path, split: str | None) -> Path:
+    base = folder / "split"
+    types = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    if split is not None:
+        if split not in types:
+            raise DatasetNotFoundError(
+                f"OGB dataset {folder}: no split {split!r} under {base}; found {types}."
+            )
+        return base / split
+    if len(types) != 1:
+        raise DatasetNotFoundError(
+            f"OGB dataset {folder}: expected exactly one split folder under {base}, found {types or 'none'}; "
+            "choose one with split=<name>."
+        )
+    return base / types[0]
+
+
+def _read_numbers(path: Path, progress: bool | None, ints: bool) -> np.ndarray:
+    return parse_numbers(read_text(path), path, progress, as_float=not ints)
+
+
+def _first_line_width(path: Path) -> int:
+    with gzip.open(path, "rb") if _read_magic(path) else open(path, "rb") as f:
+        line = f.readline().strip()
+    return len(line.split(b",")) if line else 0
+
+
+def _read_magic(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _read_labels(path: Path) -> np.ndarray:
+    text = read_text(path)
+    if text.startswith((b"\n", b"\r\n")) or b"\n\n" in text or b"\n\r\n" in text:
+        # Empty lines are unlabeled nodes; numpy's parser would skip them silently.
+        lines = text.splitlines()
+        text = b"\n".join(ln if ln.strip() else b"nan" for ln in lines)
+    num_lines = text.count(b"\n") + (0 if text.endswith(b"\n") or not text else 1)
+    vals = parse_numbers(text, path, None, as_float=True)
+    if vals.size != num_lines:
+        raise DatasetError(
+            f"{path}: expected one label per line ({num_lines} lines, {vals.size} values)."
+        )
+    ok = ~np.isnan(vals)
+    known = vals[ok]
+    if known.size and ((known < 0).any() or not np.array_equal(known, np.floor(known))):
+        raise DatasetError(f"{path}: labels must be non-negative integers (or nan for unlabeled).")
+    out = np.full(vals.size, -1, dtype=np.int64)
+    out[ok] = known.astype(np.int64)
+    return out

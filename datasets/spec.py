@@ -1,0 +1,432 @@
+"""Dataset spec strings (``"rmat:scale=18,seed=0"``), the loader registry, and :func:`load`.
+
+Grammar: ``name`` or ``name:arg,arg,...`` where each ``arg`` is ``key=value``; a
+bare word is a path for loaders that read a file (``edgelist:graph.txt.gz``) or
+turns a flag on (``pubmed:structure``). Names and keys are case-insensitive;
+paths cannot contain commas. Every key has a default, and the canonical form of
+a spec lists them all, so ``sbm`` and ``sbm:nodes=2000`` name (and cache) the
+same dataset.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .base import NodeDataset, SpecError, data_root
+from .cache import cache_key, cache_root, load_cached, save_cached, source_stamp
+from .edgelist import TWITTER_FILE, load_edgelist, load_twitter
+from .ogb import load_ogb, ogb_source_files
+from .planetoid import load_planetoid
+from .synthetic import rmat, sbm
+
+__all__ = ["DatasetSpec", "available", "describe", "load", "parse_spec"]
+
+log = logging.getLogger(__name__)
+
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f"}
+_AUTO = {"auto", "none", ""}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One spec key: its type (``int``, ``float``, ``bool``, ``str``, ``path`` or
+    ``auto-bool``, a bool that may be ``auto``), default and a one-line help."""
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+
+    def parse(self, raw: str, dataset: str) -> Any:
+        text = raw.strip()
+        low = text.lower()
+        try:
+            if self.kind == "int":
+                value = float(text) if any(c in low for c in ".e") else int(text)
+                if isinstance(value, float):
+                    if not value.is_integer():
+                        raise ValueError
+                    value = int(value)
+                return value
+            if self.kind == "float":
+                return float(text)
+            if self.kind in ("bool", "auto-bool"):
+                if low in _TRUE:
+                    return True
+                if low in _FALSE:
+                    return False
+                if self.kind == "auto-bool" and low in _AUTO:
+                    return None
+                raise ValueError
+        except ValueError:
+            want = {
+                "int": "an integer",
+                "float": "a number",
+                "bool": "true/false (or 1/0)",
+                "auto-bool": "true/false/auto",
+            }[self.kind]
+            raise SpecError(f"{dataset}: {self.name} must be {want}; got {raw!r}.") from None
+        if not text:
+            raise SpecError(f"{dataset}: {self.name} must not be empty.")
+        if self.default is None and low == "auto":
+            return None  # optional str/path keys print their default as 'auto'
+        return text
+
+    def format(self, value: Any) -> str:
+        if value is None:
+            return "auto"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered dataset: its keys and how to build it."""
+
+    name: str
+    help: str
+    params: tuple[Param, ...]
+    build: Callable[..., NodeDataset]  # build(root, download, progress, **params)
+    positional: str | None = None  # key a bare word fills (a path)
+    flags: tuple[str, ...] = ()  # bool keys a bare word turns on
+    cacheable: bool = True
+    sources: Callable[..., list[Path]] | None = None  # sources(root, **params): files to stamp
+
+    def param(self, key: str) -> Param | None:
+        return next((p for p in self.params if p.name == key), None)
+
+    def usage(self) -> str:
+        """``name[:key=default,...]``, or ``name:PATH[,key=default,...]`` for file loaders."""
+        keys = ",".join(
+            f"{p.name}={p.format(p.default)}" for p in self.params if p.name != self.positional
+        )
+        if self.positional:
+            return f"{self.name}:{self.positional.upper()}" + (f"[,{keys}]" if keys else "")
+        return f"{self.name}[:{keys}]" if keys else self.name
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A parsed spec: registry name plus every key's value (defaults filled in)."""
+
+    name: str
+    params: dict[str, Any] = field(hash=False)
+
+    @property
+    def entry(self) -> Entry:
+        return _REGISTRY[self.name]
+
+    def canonical(self) -> str:
+        """The normalized spec string: every key in registry order (the cache key)."""
+        e = self.entry
+        if not e.params:
+            return self.name
+        return f"{self.name}:" + ",".join(
+            f"{p.name}={p.format(self.params[p.name])}" for p in e.params
+        )
+
+    def __str__(self) -> str:
+        return self.canonical()
+
+
+# --------------------------------------------------------------------------- registry
+def _split_params() -> tuple[Param, ...]:
+    return (
+        Param("train", "float", 0.1, "fraction of nodes in the training set"),
+        Param("val", "float", 0.1, "fraction of nodes in the validation set (test: the rest)"),
+    )
+
+
+def _planetoid(name: str) -> Entry:
+    def build(
+        root: Path, download: bool, progress: bool | None, structure: bool, seed: int
+    ) -> NodeDataset:
+        return load_planetoid(
+            name,
+            root,
+            download=download,
+            allow_missing_features=structure,
+            seed=seed,
+            progress=progress,
+        )
+
+    return Entry(
+        name=name,
+        help=f"Planetoid {name} with the public split; '{name}:structure' = real graph, random features",
+        params=(
+            Param(
+                "structure",
+                "bool",
+                False,
+                "random features of the real width; feature files not needed",
+            ),
+            Param("seed", "int", 0, "seed of the random features in structure mode"),
+        ),
+        build=build,
+        flags=("structure",),
+        cacheable=False,  # parsing the raw files is as fast as reading a cache
+    )
+
+
+def _build_rmat(root: Path, download: bool, progress: bool | None, **kw: Any) -> NodeDataset:
+    return rmat(progress=progress, **kw)
+
+
+def _build_sbm(root: Path, download: bool, progress: bool | None, **kw: Any) -> NodeDataset:
+    return sbm(progress=progress, **kw)
+
+
+def _build_edgelist(
+    root: Path, download: bool, progress: bool | None, path: str, **kw: Any
+) -> NodeDataset:
+    return load_edgelist(_resolve(path, root), progress=progress, **kw)
+
+
+def _build_twitter(root: Path, download: bool, progress: bool | None, **kw: Any) -> NodeDataset:
+    return load_twitter(root, download=download, progress=progress, **kw)
+
+
+def _build_ogb(
+    root: Path, download: bool, progress: bool | None, path: str, **kw: Any
+) -> NodeDataset:
+    return load_ogb(_resolve(path, root), progress=progress, **kw)
+
+
+_SYNTH_LABELED = (
+    Param("feat", "int", 64, "feature width"),
+    Param("classes", "int", 8, "number of synthetic classes"),
+    Param("seed", "int", 0, "random seed (labels, features, split)"),
+    Param("noise", "float", 2.0, "feature noise std (class centroids are N(0,1))"),
+)
+_EDGELIST_PARAMS = (
+    *_SYNTH_LABELED,
+    Param(
+        "symmetric", "auto-bool", None, "store both directions (auto: yes for undirected LG files)"
+    ),
+    Param("simple", "bool", True, "drop self-loops and duplicate edges"),
+    *_split_params(),
+    Param("edge_types", "int", 1, "K > 1 adds edge types (0 = same-label edge)"),
+)
+
+_REGISTRY: dict[str, Entry] = {
+    e.name: e
+    for e in (
+        _planetoid("cora"),
+        _planetoid("citeseer"),
+        _planetoid("pubmed"),
+        Entry(
+            name="rmat",
+            help="R-MAT power-law graph (Graph500 a,b,c); labels from generator-id high bits",
+            params=(
+                Param("scale", "int", 16, "log2 of the node count"),
+                Param("edge_factor", "int", 16, "generated edges per node"),
+                Param("a", "float", 0.57, "quadrant probability a"),
+                Param("b", "float", 0.19, "quadrant probability b"),
+                Param("c", "float", 0.19, "quadrant probability c (d = 1 - a - b - c)"),
+                *_SYNTH_LABELED,
+                Param("symmetric", "bool", False, "store both directions of every edge"),
+                Param("simple", "bool", True, "drop self-loops and duplicate edges"),
+                *_split_params(),
+                Param("edge_types", "int", 1, "K > 1 adds edge types (0 = same-label edge)"),
+                Param(
+                    "labels", "str", "id", "'id' (degree-correlated) or 'diffusion' (homophilous)"
+                ),
+            ),
+            build=_build_rmat,
+        ),
+        Entry(
+            name="sbm",
+            help="stochastic block model, label = block (default: small, GCN learns it in seconds)",
+            params=(
+                Param("nodes", "int", 2000, "number of nodes"),
+                Param("blocks", "int", 7, "number of blocks = classes"),
+                Param("p_in", "float", 0.03, "edge probability inside a block"),
+                Param("p_out", "float", 0.002, "edge probability across blocks"),
+                Param("feat", "int", 32, "feature width"),
+                Param("seed", "int", 0, "random seed"),
+                Param("noise", "float", 3.0, "feature noise std (class centroids are N(0,1))"),
+                *_split_params(),
+                Param("edge_types", "int", 1, "K > 1 adds edge types (0 = same-block edge)"),
+            ),
+            build=_build_sbm,
+        ),
+        Entry(
+            name="edgelist",
+            help="edge-list file (SNAP text or Graphs.jl LG, plain or .gz) with synthetic labels/features",
+            params=(Param("path", "path", None, "the edge-list file"), *_EDGELIST_PARAMS),
+            build=_build_edgelist,
+            positional="path",
+            sources=lambda root, path, **_: [_resolve(path, root)],
+        ),
+        Entry(
+            name="twitter",
+            help="SNAP ego-Twitter from <data root>/ego_twitter/ (81,306 nodes) with synthetic labels/features",
+            params=_EDGELIST_PARAMS,
+            build=_build_twitter,
+            sources=lambda root, **_: [root / TWITTER_FILE, root / TWITTER_FILE.name],
+        ),
+        Entry(
+            name="ogb",
+            help="OGB node-property-prediction folder (raw/*.csv.gz + split/<type>/)",
+            params=(
+                Param("path", "path", None, "the dataset folder"),
+                Param("split", "str", None, "split type under split/ (default: the only one)"),
+                Param("symmetric", "bool", False, "add reverse edges"),
+                Param("simple", "bool", False, "drop self-loops and duplicate edges"),
+            ),
+            build=_build_ogb,
+            positional="path",
+            sources=lambda root, path, **_: ogb_source_files(_resolve(path, root)),
+        ),
+    )
+}
+_ALIASES = {
+    "planetoid-cora": "cora",
+    "planetoid-citeseer": "citeseer",
+    "planetoid-pubmed": "pubmed",
+    "ego-twitter": "twitter",
+    "ego_twitter": "twitter",
+    "edges": "edgelist",
+}
+
+
+def available() -> list[str]:
+    """Registered dataset names."""
+    return list(_REGISTRY)
+
+
+def describe() -> str:
+    """One line per dataset: usage with defaults and a short description (for ``--help``)."""
+    return "\n".join(f"  {e.usage()}\n      {e.help}" for e in _REGISTRY.values())
+
+
+def parse_spec(spec: str) -> DatasetSpec:
+    """Parse a spec string; fill defaults; check names, keys and value types.
+
+    Raises:
+        SpecError: unknown dataset or key, bad value, missing path; the message
+            lists the valid names or keys.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError(
+            f"a dataset spec must be a non-empty string like 'cora' or 'rmat:scale=18'; got {spec!r}.\n"
+            f"Valid datasets:\n{describe()}"
+        )
+    head, _, rest = spec.strip().partition(":")
+    name = head.strip().lower()
+    name = _ALIASES.get(name, name)
+    if name not in _REGISTRY:
+        raise SpecError(
+            f"unknown dataset {head.strip()!r} in spec {spec!r}. Valid datasets:\n{describe()}"
+        )
+    entry = _REGISTRY[name]
+    given: dict[str, Any] = {}
+    for token in (t for t in rest.split(",") if t.strip()) if rest else ():
+        key, eq, value = token.partition("=")
+        key = key.strip().lower()
+        if not eq:
+            word = token.strip()
+            if word.lower() in entry.flags:
+                key, value = word.lower(), "true"
+            elif entry.positional and entry.positional not in given:
+                key, value = entry.positional, word
+            else:
+                raise SpecError(
+                    f"{name}: cannot read {word!r} in spec {spec!r}: expected key=value. "
+                    f"Valid keys: {_keys(entry)}. Usage: {entry.usage()}"
+                )
+        param = entry.param(key)
+        if param is None:
+            raise SpecError(
+                f"{name}: unknown key {key!r} in spec {spec!r}. Valid keys: {_keys(entry)}."
+            )
+        if key in given:
+            raise SpecError(f"{name}: key {key!r} given twice in spec {spec!r}.")
+        given[key] = param.parse(value, name)
+    params = {p.name: given.get(p.name, p.default) for p in entry.params}
+    if entry.positional and params.get(entry.positional) is None:
+        raise SpecError(f"{name} needs a path: {entry.usage()} (e.g. '{name}:/data/graph.txt.gz').")
+    return DatasetSpec(name, params)
+
+
+def load(
+    spec: str,
+    root: str | os.PathLike[str] | None = None,
+    cache: bool = True,
+    *,
+    download: bool = True,
+    progress: bool | None = None,
+) -> NodeDataset:
+    """Load a dataset from a spec string.
+
+    Examples: ``cora``, ``citeseer``, ``pubmed:structure``,
+    ``rmat:scale=18,edge_factor=16,feat=64,classes=8,seed=0``, ``sbm``,
+    ``sbm:nodes=2000,blocks=7,p_in=0.03,p_out=0.002``, ``edgelist:graph.txt.gz,feat=32``,
+    ``ogb:/data/ogbn_arxiv``, ``twitter``. Call :func:`describe` for every key.
+
+    Args:
+        spec: the dataset spec string.
+        root: data root (default: ``$NGRA_DATA``, else ``~/.ngra/data``). Relative
+            paths in a spec are looked up in the current directory, then the root.
+        cache: read/write the on-disk cache (``$NGRA_CACHE`` or ``<root>/cache``) for
+            generated and parsed datasets; Planetoid is always parsed directly.
+        download: fetch missing raw files (Planetoid, ego-Twitter) from their public home.
+        progress: tqdm bars (default: when stderr is a terminal).
+
+    Returns:
+        The :class:`NodeDataset`; ``info["spec"]`` holds the canonical spec and
+        ``info["cache"]`` is ``"hit"``, ``"miss"`` or ``"off"``.
+
+    Raises:
+        SpecError: malformed spec (the message lists valid names/keys).
+        DatasetNotFoundError: missing files (the message names them and the root searched).
+    """
+    parsed = parse_spec(spec)
+    entry = parsed.entry
+    root_path = data_root(root)
+    params = dict(parsed.params)
+    if entry.positional:
+        params[entry.positional] = str(_resolve(params[entry.positional], root_path))
+    canonical = DatasetSpec(parsed.name, params).canonical()
+    use_cache = cache and entry.cacheable
+    directory = None
+    if use_cache:
+        stamp = source_stamp(entry.sources(root_path, **params)) if entry.sources else None
+        directory = cache_root(root_path) / cache_key(canonical, stamp)
+        ds = load_cached(directory, canonical)
+        if ds is not None:
+            log.info("loaded %s from cache %s", canonical, directory)
+            return ds
+    ds = entry.build(root_path, download, progress, **params)
+    ds.info["spec"] = canonical
+    ds.info["cache"] = "miss" if use_cache else "off"
+    if use_cache:
+        # Stamp again: building may have downloaded the sources.
+        stamp = source_stamp(entry.sources(root_path, **params)) if entry.sources else None
+        directory = cache_root(root_path) / cache_key(canonical, stamp)
+        if save_cached(ds, directory, canonical):
+            ds.info["cache_dir"] = str(directory)
+    return ds
+
+
+def _keys(entry: Entry) -> str:
+    return ", ".join(
+        f"{p.name} ({p.kind}, default {p.format(p.default)}: {p.help})" for p in entry.params
+    )
+
+
+def _resolve(path: str | os.PathLike[str], root: Path) -> Path:
+    """An absolute path: as given if absolute; else the current directory's, else the root's."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    if p.exists() or not (root / p).exists():
+        return p.resolve()
+    return (root / p).resolve()
