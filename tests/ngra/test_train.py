@@ -55,3 +55,30 @@ def test_resume_without_checkpoint_fails(tmp_path):
         train(TrainConfig(epochs=2, dataset="sbm:nodes=100,blocks=2,feat=4",
                           checkpoint=str(tmp_path / "none"), resume=True, progress=False))
     torch.manual_seed(0)
+
+
+def test_memory_budget_training_matches_whole_graph():
+    common = dict(model="gcn", dataset="sbm:nodes=300,blocks=3,feat=8", epochs=3, seed=1,
+                  progress=False)
+    whole = train(TrainConfig(**common))
+    chunked = train(TrainConfig(memory_budget="64KB", explain=True, **common))
+    for a, b in zip(whole["history"], chunked["history"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert "chunked streaming (memory budget)" in chunked["explain"]
+    assert "grid " in chunked["explain"]
+
+
+def test_reorder_keeps_results_equivalent():
+    common = dict(model="sage", dataset="sbm:nodes=300,blocks=3,feat=8", epochs=2, seed=1,
+                  progress=False, dropout=0.0)
+    base = train(TrainConfig(**common))
+    rcm = train(TrainConfig(reorder="rcm", **common))
+    assert rcm["history"][0]["loss"] == pytest.approx(base["history"][0]["loss"], rel=1e-5)
+
+
+def test_budget_too_small_is_a_clear_error(capsys):
+    rc = main(["train", "--model", "mpnn", "--dataset", "sbm:nodes=300,blocks=3,feat=8",
+               "--epochs", "1", "--memory-budget", "1KB", "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "budget" in err and "smallest" in err.lower()
