@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Graph", "CSR"]
+__all__ = ["Graph", "CSR", "segment_ids"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -274,9 +274,7 @@ class Graph:
     def dst_index(self) -> torch.Tensor:
         """``[E]`` destination of each CSC edge (cached)."""
         if "dst" not in self._cache:
-            self._cache["dst"] = torch.repeat_interleave(
-                torch.arange(self.num_nodes), self.in_degrees(), output_size=self.num_edges
-            )
+            self._cache["dst"] = segment_ids(self.indptr)
         return self._cache["dst"]
 
     def csr(self) -> CSR:
@@ -339,6 +337,17 @@ class Graph:
         dinv[torch.isinf(dinv)] = 0
         norm = dinv[g.indices] * w * dinv[g.dst_index()]
         return Graph(g.indptr, g.indices, g.perm, g.num_nodes, norm.contiguous())
+
+
+def segment_ids(indptr: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """``[indptr[-1]]`` int64: the segment (offset by ``start``) each position belongs to.
+
+    numpy's repeat: torch.repeat_interleave wakes the thread pool even for tiny
+    inputs (about 25 ms a call with 2 threads here) and is 5x slower on large ones.
+    """
+    ip = indptr.detach().cpu().numpy()
+    ids = np.repeat(np.arange(start, start + ip.size - 1, dtype=np.int64), np.diff(ip))
+    return torch.from_numpy(ids).to(indptr.device)
 
 
 def _as_tensor(x: Any, name: str) -> torch.Tensor:

@@ -1,0 +1,76 @@
+"""ngra.partition: vertex reordering, k-way partitioning, 2-D tiling and the grid choice.
+
+The pipeline the compiler and runtime use::
+
+    r = reorder(graph, "rcm")                       # locality (optional)
+    g = permute_graph(graph, r)                     # perm still indexes original edges
+    choice = choose_grid(g, TileCost(...), "2GB")   # smallest P x Q that fits
+    grid = choice.grid                              # or tile_graph(g, dst_bounds=..., src_bounds=...)
+    for p in range(grid.num_dst_parts):             # forward: columns, accumulator resident
+        for tile in grid.column(p): ...
+
+See :mod:`ngra.partition.tiling` for the tile index conventions.
+"""
+
+from ngra.partition.budget import (
+    GridChoice,
+    TileCost,
+    choose_grid,
+    cost_bounds,
+    format_bytes,
+    grid_peak_bytes,
+    parse_bytes,
+)
+from ngra.partition.kway import (
+    cost_balanced_ranges,
+    degree_indptr,
+    edge_balanced_ranges,
+    interval_of,
+    metis_parts,
+    refine_ranges,
+    symmetric_adjacency,
+)
+from ngra.partition.reorder import (
+    REORDER_METHODS,
+    Reordering,
+    permute_graph,
+    permute_rows,
+    relabel,
+    reorder,
+    unpermute_rows,
+)
+from ngra.partition.tiling import Summary, Tile, TileGrid, TileStats, default_bounds, tile_graph
+
+__all__ = [
+    # reorder
+    "REORDER_METHODS",
+    "Reordering",
+    "reorder",
+    "permute_graph",
+    "permute_rows",
+    "unpermute_rows",
+    "relabel",
+    # kway
+    "metis_parts",
+    "symmetric_adjacency",
+    "edge_balanced_ranges",
+    "cost_balanced_ranges",
+    "refine_ranges",
+    "degree_indptr",
+    "interval_of",
+    # tiling
+    "Tile",
+    "TileGrid",
+    "TileStats",
+    "Summary",
+    "tile_graph",
+    "default_bounds",
+    # budget
+    "TileCost",
+    "GridChoice",
+    "choose_grid",
+    "cost_bounds",
+    "grid_peak_bytes",
+    "parse_bytes",
+    "format_bytes",
+]

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ngra import kernels
+from ngra.graph import segment_ids
 
 __all__ = ["Accumulator", "make_accumulator"]
 
@@ -187,9 +188,7 @@ def _bcast(w: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _edge_dst(indptr: torch.Tensor) -> torch.Tensor:
-    n = indptr.numel() - 1
-    deg = indptr[1:] - indptr[:-1]
-    return torch.repeat_interleave(torch.arange(n, device=indptr.device), deg)
+    return segment_ids(indptr)
 
 
 def _map(x: Any, fn: Any) -> Any:

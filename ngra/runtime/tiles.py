@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ngra.graph import Graph
+from ngra.graph import Graph, segment_ids
 
 __all__ = ["TileView", "Grid", "whole_graph_grid", "grid_from_tiles", "empty_tile"]
 
@@ -110,9 +110,7 @@ def _view_of(tile: Any, num_nodes: int) -> TileView:
     """The global-id view of an :class:`ngra.partition.Tile`."""
     src_rows = tile.src_rows.long()
     src_idx = src_rows.index_select(0, tile.indices.long())
-    counts = (tile.indptr[1:] - tile.indptr[:-1]).long()
-    dst_idx = torch.repeat_interleave(torch.arange(tile.dst_lo, tile.dst_hi), counts,
-                                      output_size=src_idx.numel())
+    dst_idx = segment_ids(tile.indptr, start=tile.dst_lo)
 
     def rev() -> Rev:
         per_src = torch.zeros(num_nodes, dtype=torch.int64)
