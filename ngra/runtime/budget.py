@@ -36,7 +36,7 @@ from ngra.partition import GridChoice, TileCost, choose_grid, parse_bytes, tile_
 from ngra.runtime.tiles import Grid, TileView, grid_from_tiles
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
-           "grid_for"]
+           "grid_for", "needs_recompute"]
 
 _state = threading.local()
 SAMPLE_EDGES = 4096
@@ -124,11 +124,8 @@ def _row_bytes(x: Any) -> int:
     return 0
 
 
-def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
-                      params: list[torch.Tensor]) -> TileCost:
-    """The layer's :class:`TileCost`, measured on a sample tile (see module docs)."""
-    if graph.num_edges == 0:
-        return TileCost(0, 0, 0, fixed=3 * _nbytes(params))
+def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> tuple[float, float, Any, TileView]:
+    """Bytes autograd saves per sample-tile edge and per destination row, the partial, the tile."""
     tile = _sample_tile(graph)
     m, d = tile.num_edges, tile.num_dst
     per_edge = per_row = 0
@@ -143,6 +140,40 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         part = plan.edge(tile, terms, edata)
+    return per_edge / m, per_row / d, part, tile
+
+
+# Saved bytes per edge at or below this are index-sized (a kernel keeping its own
+# inputs' indices): such an edge stage keeps nothing O(E x F) for backward.
+INDEX_ONLY_BYTES = 32
+
+
+def needs_recompute(plan: Any, graph: Graph, terms: Any, edata: Any) -> bool:
+    """Whether a multi-tile walk must recompute tiles in backward to bound memory.
+
+    Fused kernels (g-SpMM, one-pass softmax aggregation, the fused edge kernel)
+    keep only index-sized state per edge for their backward, so tiles can stay
+    under plain autograd; an edge stage that saves per-edge activations (a
+    generic ``apply_edge``) is recomputed tile by tile. Cached per plan and graph.
+    """
+    if graph.num_edges == 0:
+        return False
+    key = ("ngra.recompute", id(plan))
+    hit = graph._cache.get(key)
+    if hit is None or hit[0] is not plan:
+        per_edge = _saved_bytes(plan, graph, terms, edata)[0]
+        hit = graph._cache[key] = (plan, per_edge > INDEX_ONLY_BYTES)
+    return hit[1]
+
+
+def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
+                      params: list[torch.Tensor]) -> TileCost:
+    """The layer's :class:`TileCost`, measured on a sample tile (see module docs)."""
+    if graph.num_edges == 0:
+        return TileCost(0, 0, 0, fixed=3 * _nbytes(params))
+    per_edge, per_row, part, tile = _saved_bytes(plan, graph, terms, edata)
+    m, d = tile.num_edges, tile.num_dst
+    per_edge, per_row = per_edge * m, per_row * d
     return TileCost(
         bytes_per_src_row=float(_row_bytes(terms)),
         bytes_per_dst_row=float(4 * max(_nbytes(part), per_row) / d),

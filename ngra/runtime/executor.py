@@ -17,7 +17,7 @@ import torch
 
 from ngra.graph import Graph
 from ngra.runtime import probes
-from ngra.runtime.budget import current_budget, forced_grid, grid_for
+from ngra.runtime.budget import current_budget, forced_grid, grid_for, needs_recompute
 from ngra.runtime.stream import plan_parameters, propagate, run_streamed
 from ngra.runtime.tiles import Grid, whole_graph_grid
 
@@ -46,7 +46,9 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any) -> 
     ``grid=None`` picks the grid: the 1 x 1 grid, or under an active memory
     budget the smallest grid that fits it. A grid of several tiles propagates
     inside :class:`ngra.runtime.stream.StreamedPropagation` (recompute in
-    backward); the 1 x 1 grid runs the same walk under plain autograd. Stages
+    backward) when the edge stage saves per-edge activations; fused kernels,
+    which keep only indices, and the 1 x 1 grid run the same walk under plain
+    autograd. Stages
     are timed by :mod:`ngra.runtime.probes` when a recorder is active.
     """
     probes.annotate("plan", plan)
@@ -54,7 +56,8 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any) -> 
         terms = s.outputs(plan.pre(s.inputs(x)))
     if grid is None:
         grid = choose_runtime_grid(plan, graph, terms, edata)
-    if grid.num_tiles > 1 and torch.is_grad_enabled():
+    if (grid.num_tiles > 1 and torch.is_grad_enabled()
+            and needs_recompute(plan, graph, terms, edata)):
         acc = run_streamed(plan, graph, grid, terms, edata)
     else:
         acc = propagate(plan, graph, grid, terms, edata)
