@@ -2,6 +2,8 @@
 
 from ngra.graph import CSR, Graph
 from ngra.saga import Edge, SagaLayer
+from ngra.runtime.budget import memory_budget
+from ngra.compiler.explain import explain  # noqa: E402 - after the SAGA API it compiles
 
-__all__ = ["Graph", "CSR", "SagaLayer", "Edge"]
+__all__ = ["Graph", "CSR", "SagaLayer", "Edge", "explain", "memory_budget"]
 __version__ = "0.1.0"

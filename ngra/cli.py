@@ -1,4 +1,5 @@
-"""The ``ngra`` command line: ``ngra train``, ``ngra info``.
+"""The ``ngra`` command line: ``ngra train``, ``ngra explain``, ``ngra characterize``,
+``ngra info``.
 
 Every ``train`` flag maps to one :class:`ngra.train.TrainConfig` field; the
 resolved configuration is logged and written into the JSON summary.
@@ -39,6 +40,34 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--explain", action="store_true",
+                   help="print the compiled plan of each layer before training")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="stream every layer in tiles that fit SIZE (e.g. 2GB, 512MB)")
+    p.add_argument("--reorder", default="none", choices=["none", "degree", "rcm", "metis"],
+                   help="relabel vertices for locality before tiling (default: none)")
+
+
+def _add_explain(sub: argparse._SubParsersAction) -> None:
+    from ngra.models import MODELS
+
+    p = sub.add_parser("explain", help="show how the compiler lowers a zoo model's layers",
+                       description="Print each layer's compiled plan: passes, hoisted terms, "
+                                   "reorder decision, kernels, and why a pattern did not fuse.")
+    p.add_argument("--model", default="gcn", choices=sorted(MODELS))
+    p.add_argument("--dataset", default="sbm", help="dataset spec, as for `ngra train`")
+    p.add_argument("--hidden", type=int, default=None, help="hidden width (default: per model)")
+    p.add_argument("--heads", type=int, default=None, help="attention heads (GAT)")
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--data-root", default=None, help="dataset folder")
+    p.add_argument("--generic", action="store_true",
+                   help="explain with compilation disabled (the generic executor)")
+
+
+def _add_characterize(sub: argparse._SubParsersAction) -> None:
+    from ngra.characterize.cli import add_parser
+
+    add_parser(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
+    _add_explain(sub)
+    _add_characterize(sub)
     sub.add_parser("info", help="versions and available kernel backends")
     return parser
 
@@ -55,13 +86,32 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     names = {f.name for f in fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
-    summary = train(cfg)
+    summary = train(cfg, echo=print)
     print(f"{cfg.model} on {cfg.dataset}: test_acc={summary['test_acc']:.4f} "
           f"val_acc={summary['val_acc']:.4f} (best epoch {summary['best_epoch']}) "
           f"epoch_time={summary['epoch_time_s'] * 1e3:.1f} ms peak_rss={summary['peak_rss_mb']:.0f} MB")
     if cfg.out:
         print(f"summary written to {cfg.out}")
     return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from ngra import compiler
+    from ngra.compiler.explain import explain_model
+
+    ctx = compiler.disabled() if args.generic else contextlib.nullcontext()
+    with ctx:
+        print(explain_model(args.model, args.dataset, hidden=args.hidden, heads=args.heads,
+                            num_layers=args.num_layers, data_root=args.data_root))
+    return 0
+
+
+def _cmd_characterize(args: argparse.Namespace) -> int:
+    from ngra.characterize.cli import run
+
+    return run(args)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -81,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    handlers = {"train": _cmd_train, "info": _cmd_info}
+    handlers = {"train": _cmd_train, "explain": _cmd_explain, "info": _cmd_info,
+                "characterize": _cmd_characterize}
     try:
         return handlers[args.command](args)
     except (ValueError, TypeError, FileNotFoundError) as exc:

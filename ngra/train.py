@@ -13,6 +13,7 @@ state and every RNG, so a resumed run is bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -31,8 +32,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ngra.models import MODELS, build_model, prepare
+from ngra.runtime.budget import memory_budget
 
-__all__ = ["TrainConfig", "train", "evaluate"]
+__all__ = ["TrainConfig", "train", "evaluate", "reorder_dataset", "grid_report"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,9 @@ class TrainConfig:
     resume: bool = False
     threads: int | None = None
     progress: bool = True
+    explain: bool = False
+    memory_budget: str | None = None
+    reorder: str = "none"
     extra: dict = field(default_factory=dict)
 
     def resolved(self) -> dict[str, Any]:
@@ -108,6 +113,38 @@ def _save_atomic(obj: Any, path: Path) -> None:
         raise
 
 
+def reorder_dataset(ds: Any, method: str, seed: int = 0) -> Any:
+    """The dataset with vertices relabeled for locality (see :mod:`ngra.partition.reorder`).
+
+    Features, labels and masks are permuted with the graph; edge data given in the
+    original edge order (edge types) still lines up.
+    """
+    from dataclasses import replace
+
+    from ngra.partition import permute_graph, permute_rows, reorder
+
+    r = reorder(ds.graph, method, seed=seed)
+    return replace(ds, graph=permute_graph(ds.graph, r), x=permute_rows(ds.x, r),
+                   y=permute_rows(ds.y, r), train_mask=permute_rows(ds.train_mask, r),
+                   val_mask=permute_rows(ds.val_mask, r), test_mask=permute_rows(ds.test_mask, r))
+
+
+@torch.no_grad()
+def grid_report(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any) -> str:
+    """The tile grid each layer call chose under the active memory budget, and its predicted peak."""
+    from ngra.runtime.probes import Recorder
+
+    model.eval()
+    with Recorder() as rec:
+        model(graph, x, edge_data)
+    lines = ["chunked streaming (memory budget):"]
+    for i, choice in enumerate(rec.notes.get("grid", [])):
+        lines.append(f"  layer {i}: " + choice.describe().replace("\n", "\n  "))
+    if len(lines) == 1:
+        lines.append("  every layer runs on the 1 x 1 grid")
+    return "\n".join(lines)
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
              y: torch.Tensor, masks: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -118,8 +155,12 @@ def evaluate(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any
             for k, m in masks.items()}
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Train per ``cfg``; returns the JSON summary (also written to ``cfg.out``)."""
+def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train per ``cfg``; returns the JSON summary (also written to ``cfg.out``).
+
+    With ``cfg.explain`` the compiled plan of every layer is put in the summary
+    (``"explain"``) and handed to ``echo`` (default: logged at INFO) before training.
+    """
     from ngra.datasets import load
 
     if cfg.model not in MODELS:
@@ -132,6 +173,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     log.info("ngra train config: %s", json.dumps(resolved, sort_keys=True))
 
     ds = load(cfg.dataset, root=cfg.data_root)
+    if cfg.reorder != "none":
+        ds = reorder_dataset(ds, cfg.reorder, seed=cfg.seed)
     _seed_all(cfg.seed)
     graph, edge_data = prepare(cfg.model, ds.graph, ds.edge_type, ds.num_edge_types)
     model = build_model(cfg.model, ds.x.shape[1], ds.num_classes, hidden=resolved["hidden"],
@@ -140,6 +183,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     opt = torch.optim.Adam(model.parameters(), lr=resolved["lr"],
                            weight_decay=resolved["weight_decay"])
     masks = {"train": ds.train_mask, "val": ds.val_mask, "test": ds.test_mask}
+
+    def budget_ctx() -> Any:
+        return memory_budget(cfg.memory_budget) if cfg.memory_budget else contextlib.nullcontext()
+
+    plans = None
+    if cfg.explain:
+        from ngra.compiler.explain import explain
+
+        with budget_ctx():
+            plans = explain(model, graph, ds.x, edge_data)
+            if cfg.memory_budget:
+                plans += "\n" + grid_report(model, graph, ds.x, edge_data)
+        (echo or log.info)(plans)
 
     start, best, times, history = 0, {"val": -1.0, "test": float("nan"), "epoch": -1, "state": None}, [], []
     ckpt_path = Path(cfg.checkpoint) / CKPT_NAME if cfg.checkpoint else None
@@ -162,17 +218,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         t0 = time.perf_counter()
         model.train()
         opt.zero_grad()
-        out = model(graph, ds.x, edge_data)
-        loss = F.cross_entropy(out[ds.train_mask], ds.y[ds.train_mask])
-        loss.backward()
+        with budget_ctx():
+            out = model(graph, ds.x, edge_data)
+            loss = F.cross_entropy(out[ds.train_mask], ds.y[ds.train_mask])
+            loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-        acc = evaluate(model, graph, ds.x, edge_data, ds.y, masks)
-        history.append({"epoch": epoch + 1, "loss": float(loss), **acc})
+        with budget_ctx():
+            acc = evaluate(model, graph, ds.x, edge_data, ds.y, masks)
+        history.append({"epoch": epoch + 1, "loss": float(loss.detach()), **acc})
         if acc["val"] > best["val"]:
             best = {"val": acc["val"], "test": acc["test"], "epoch": epoch + 1,
                     "state": {k: v.clone() for k, v in model.state_dict().items()}}
-        bar.set_postfix(loss=f"{float(loss):.3f}", val=f"{acc['val']:.3f}", best=f"{best['val']:.3f}")
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", val=f"{acc['val']:.3f}", best=f"{best['val']:.3f}")
         if ckpt_path and ((epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs):
             _save_atomic({"config": resolved, "epoch": epoch + 1, "model": model.state_dict(),
                           "optimizer": opt.state_dict(), "best": best, "times": times,
@@ -193,6 +251,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "config": resolved,
         "history": history,
     }
+    if plans is not None:
+        summary["explain"] = plans
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,16 +1,18 @@
-"""ngra.compiler: lowers SAGA programs to kernel plans.
+"""ngra.compiler: lowers SAGA programs to fused kernel plans.
 
-Until the tracing compiler lands, every program runs on the generic plan.
+``compile_layer(layer, graph, x, edata)`` traces ``apply_edge``/``apply_vertex``
+with torch.fx into a small stage IR (:mod:`~ngra.compiler.ir`), runs the passes of
+:mod:`~ngra.compiler.pipeline` (hoist, reorder, fuse) and lowers the result to a
+plan (:mod:`~ngra.compiler.lower`); programs it cannot fuse run on the generic
+executor, with the reason. ``explain`` shows what happened; ``disabled()`` turns
+compilation off.
 """
 
-from __future__ import annotations
+from ngra.compiler.driver import clear_cache, compile_layer, disabled, is_enabled, set_enabled
+from ngra.compiler.explain import explain
+from ngra.compiler.ir import IRError, Op, Program, verify
 
-from typing import Any
-
-from ngra.runtime.generic import GenericPlan
-
-__all__ = ["compile_layer"]
-
-
-def compile_layer(layer: Any, graph: Any, x: Any, edata: Any) -> GenericPlan:
-    return GenericPlan(layer, reason="compiler not yet available")
+__all__ = [
+    "compile_layer", "explain", "disabled", "is_enabled", "set_enabled", "clear_cache",
+    "Op", "Program", "IRError", "verify",
+]

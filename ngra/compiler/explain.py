@@ -1,0 +1,129 @@
+"""``ngra.explain``: what the compiler does with a layer (or every layer of a model)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["explain", "explain_lines", "explain_model"]
+
+
+def explain(layer: nn.Module, graph: Any, x: Any = None, edge_data: Any = None) -> str:
+    """The compiled plan of ``layer`` on ``graph``, as text.
+
+    Shows which passes fired (and why the others did not), what was hoisted to the
+    vertex side (with shapes), the reorder decision with the widths, which kernel
+    runs per stage, and why a pattern did not fuse.
+
+    Args:
+        layer: a :class:`ngra.SagaLayer`, or a model containing SAGA layers (then
+            ``x`` is required: the model runs once, in eval mode without gradients,
+            to see each layer's inputs).
+        graph: the :class:`ngra.Graph` the layer runs on.
+        x: vertex data (default: zeros ``[N, in_features]`` of the layer's first
+            ``nn.Linear``).
+        edge_data: edge data in the graph's original edge order (default: the
+            graph's edge weights).
+
+    Returns:
+        The explanation (it is not printed; the CLI prints it).
+    """
+    from ngra.saga import SagaLayer
+
+    if isinstance(layer, SagaLayer):
+        return "\n".join(explain_lines(layer, graph, x, edge_data))
+    if not isinstance(layer, nn.Module):
+        raise TypeError(f"explain expects a SagaLayer or an nn.Module; got {type(layer).__name__}.")
+    if x is None:
+        raise ValueError(
+            f"explain({type(layer).__name__}, graph, x): a model needs its input x to see "
+            "what each of its SAGA layers receives."
+        )
+    calls = _capture(layer, graph, x, edge_data)
+    if not calls:
+        return f"{type(layer).__name__} has no SAGA layers (ngra.SagaLayer) to explain."
+    out = []
+    for name, sub, args in calls:
+        out.append(f"== {name or type(sub).__name__} ==")
+        out += explain_lines(sub, *args)
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def explain_model(model: str, dataset: str, *, hidden: int | None = None,
+                  heads: int | None = None, num_layers: int = 2,
+                  data_root: str | None = None) -> str:
+    """``ngra explain --model M --dataset D``: the plans of zoo model ``M`` on dataset ``D``."""
+    from ngra.datasets import load
+    from ngra.models import MODELS, build_model, prepare
+
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}.")
+    ds = load(dataset, root=data_root)
+    graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
+    net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=heads,
+                      num_layers=num_layers, num_edge_types=ds.num_edge_types)
+    head = (f"ngra explain: {model} on {dataset} ({graph.num_nodes} nodes, {graph.num_edges} "
+            f"edges, {ds.x.shape[1]} features, {ds.num_classes} classes)")
+    return head + "\n\n" + explain(net, graph, ds.x, edge_data)
+
+
+def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) -> list[str]:
+    from ngra.compiler.driver import compile_layer
+    from ngra.runtime.executor import _check_vertex_data, edge_data_csc
+
+    if x is None:
+        x = _default_x(layer, graph)
+    _check_vertex_data(layer, graph, x)
+    edata = edge_data_csc(graph, edge_data, type(layer).__name__)
+    plan = compile_layer(layer, graph, x, edata)
+    head = (f"{type(layer).__name__} (gather={layer.gather}) on {graph!r}; "
+            f"x {_shape_text(x)}; edge data {_shape_text(edata)}")
+    return [head] + plan.describe()
+
+
+def _shape_text(d: Any) -> str:
+    if d is None:
+        return "none"
+    if isinstance(d, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_shape_text(v)}" for k, v in d.items()) + "}"
+    return f"{list(d.shape)} {str(d.dtype).replace('torch.', '')}"
+
+
+def _default_x(layer: nn.Module, graph: Any) -> torch.Tensor:
+    lin = next((m for m in layer.modules() if isinstance(m, nn.Linear)), None)
+    if lin is None:
+        raise ValueError(
+            f"explain({type(layer).__name__}, graph): cannot infer the input width (the layer "
+            "has no nn.Linear); pass x."
+        )
+    return torch.zeros(graph.num_nodes, lin.in_features, dtype=lin.weight.dtype)
+
+
+def _capture(model: nn.Module, graph: Any, x: Any, edge_data: Any) -> list:
+    from ngra.saga import SagaLayer
+
+    calls: list = []
+    names = {m: n for n, m in model.named_modules()}
+    handles = []
+
+    def hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        a = list(args) + [kwargs.get("edge_data")] * (3 - len(args))
+        calls.append((names.get(mod, ""), mod, tuple(a[:3])))
+
+    for m in model.modules():
+        if isinstance(m, SagaLayer):
+            handles.append(m.register_forward_pre_hook(hook, with_kwargs=True))
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(graph, x, edge_data)
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    return calls

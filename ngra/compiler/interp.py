@@ -1,0 +1,139 @@
+"""The reference interpreter: executes stage IR with plain torch.
+
+This is the living definition of every :class:`~ngra.compiler.ir.Op`: running a
+traced stage here gives what calling the UDF gives (tested). Compiled plans use it
+for the parts that are not lowered to a kernel (vertex-side ``pre`` and ``post``
+work, per-edge factors of a g-SpMM, unfused edge stages).
+
+Parameters and submodules are looked up on the layer at run time, never snapshotted.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ngra.compiler.ir import Node, Op, Stage, map_refs
+
+__all__ = ["Resolver", "run_stage", "evaluate"]
+
+
+class Resolver:
+    """Finds layer tensors and submodules by dotted path at run time.
+
+    Holds the layer weakly: plans are cached beside the layer and must not keep it alive.
+    """
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        self._ref = weakref.ref(layer)
+
+    @property
+    def layer(self) -> torch.nn.Module:
+        layer = self._ref()
+        if layer is None:  # pragma: no cover - plans are only used through their layer
+            raise RuntimeError("the layer this plan was compiled for no longer exists.")
+        return layer
+
+    def param(self, path: str) -> Any:
+        obj: Any = self.layer
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def module(self, path: str) -> torch.nn.Module:
+        return self.layer.get_submodule(path)
+
+
+def run_stage(stage: Stage, inputs: Callable[[Node], Any], resolver: Resolver) -> Any:
+    """Execute ``stage``; returns its output structure with values in place of refs."""
+    env = evaluate(stage, stage.output_ids(), inputs, resolver)
+    return map_refs(stage.outputs, lambda r: env[r.id])
+
+
+def evaluate(stage: Stage, roots: list[int], inputs: Callable[[Node], Any],
+             resolver: Resolver) -> dict[int, Any]:
+    """Values of ``roots`` and of every node they read (only those are computed)."""
+    env: dict[int, Any] = {}
+    for nid in stage.ancestors(roots):
+        n = stage.nodes[nid]
+        env[nid] = eval_node(n, [env[a] for a in n.args], inputs, resolver)
+    return env
+
+
+def eval_node(n: Node, vals: list[Any], inputs: Callable[[Node], Any], resolver: Resolver) -> Any:
+    """One node's value from its arguments' values."""
+    op, a = n.op, n.attrs
+    if op in (Op.SRC, Op.DST, Op.EDATA, Op.VERTEX, Op.ACC):
+        return inputs(n)
+    if op == Op.PARAM:
+        return resolver.param(a["path"])
+    if op == Op.CONST:
+        return a["value"]
+    if op == Op.OPAQUE:
+        env = dict(zip(n.args, vals))
+        args, kwargs = map_refs(a["template"], lambda r: env[r.id])
+        kind, target = a["kind"], a["target"]
+        if kind == "call_function":
+            return target(*args, **kwargs)
+        if kind == "call_method":
+            self_obj, *rest = args
+            return getattr(self_obj, target)(*rest, **kwargs)
+        return resolver.module(target)(*args, **kwargs)
+    return _EVAL[op](a, *vals)
+
+
+def _linear(a: dict, x: Any, w: Any, b: Any = None) -> Any:
+    return F.linear(x, w, b)
+
+
+def _sum(a: dict, x: Any) -> Any:
+    if a["dim"] is None:
+        return x.sum()
+    return x.sum(a["dim"], keepdim=a["keepdim"])
+
+
+def _mean(a: dict, x: Any) -> Any:
+    if a["dim"] is None:
+        return x.mean()
+    return x.mean(a["dim"], keepdim=a["keepdim"])
+
+
+def _squeeze(a: dict, x: Any) -> Any:
+    return x.squeeze() if a["dim"] is None else x.squeeze(a["dim"])
+
+
+_EVAL: dict[Op, Callable[..., Any]] = {
+    Op.LINEAR: _linear,
+    # operator.* (not torch.*) so that Python numbers on either side behave as in the UDF
+    Op.ADD: lambda a, x, y: operator.add(x, y),
+    Op.SUB: lambda a, x, y: operator.sub(x, y),
+    Op.MUL: lambda a, x, y: operator.mul(x, y),
+    Op.DIV: lambda a, x, y: operator.truediv(x, y),
+    Op.NEG: lambda a, x: operator.neg(x),
+    Op.SIGMOID: lambda a, x: torch.sigmoid(x),
+    Op.TANH: lambda a, x: torch.tanh(x),
+    Op.RELU: lambda a, x: torch.relu(x),
+    Op.LEAKY_RELU: lambda a, x: F.leaky_relu(x, a["slope"]),
+    Op.EXP: lambda a, x: torch.exp(x),
+    Op.LOG: lambda a, x: torch.log(x),
+    Op.VIEW: lambda a, x: x.view(*a["shape"]),
+    Op.RESHAPE: lambda a, x: x.reshape(*a["shape"]),
+    Op.UNSQUEEZE: lambda a, x: x.unsqueeze(a["dim"]),
+    Op.SQUEEZE: _squeeze,
+    Op.FLATTEN: lambda a, x: x.flatten(a["start"], a["end"]),
+    Op.EXPAND: lambda a, x: x.expand(*a["sizes"]),
+    Op.SUM: _sum,
+    Op.MEAN: _mean,
+    Op.GATHER: lambda a, x, idx: torch.gather(x, a["dim"], idx),
+    Op.INDEX_SELECT: lambda a, x, idx: torch.index_select(x, a["dim"], idx),
+    Op.CAT: lambda a, *xs: torch.cat(list(xs), a["dim"]),
+}
+
+# Every op the IR knows is either an input/leaf/opaque or has an implementation here.
+assert set(_EVAL) | {Op.SRC, Op.DST, Op.EDATA, Op.VERTEX, Op.ACC, Op.PARAM, Op.CONST,
+                     Op.OPAQUE} == set(Op)

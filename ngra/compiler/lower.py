@@ -1,0 +1,379 @@
+"""Lowering: a compiled program -> a plan the runtime executes tile by tile.
+
+A plan has the interface of :class:`ngra.runtime.generic.GenericPlan`:
+
+* ``accumulator``: the Gather accumulator (:func:`ngra.runtime.gather.make_accumulator`);
+* ``pre(x) -> terms``: the vertex-side stage (hoisted terms, a transform moved before
+  propagation), a dict ``term key -> [N, ...]``;
+* ``edge(tile, terms, edata) -> partial``: the accumulator's partial state for one
+  :class:`~ngra.runtime.tiles.TileView` (sum/mean: per-destination sums over the
+  tile's interval; max/min: ``(values, has_edges)``; softmax: ``(m, s, o)``);
+* ``post(x, acc) -> out``: ApplyVertex (the UDF, or its rewritten IR after a reorder);
+* ``describe() -> list[str]``: the explain lines.
+
+Source-side terms are indexed with the tile's global source ids; destination-side
+terms are sliced to the tile's interval ``[dst_lo, dst_hi)``.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import torch
+
+from ngra import kernels
+from ngra.compiler.interp import Resolver, evaluate, run_stage
+from ngra.compiler.ir import Node, Op, Program, format_key, format_node, iter_refs
+from ngra.compiler.passes import PassNote
+from ngra.compiler.passes.fuse import (
+    FusedEdgeMatch, GspmmMatch, InterpMatch, SoftmaxMatch, describe_match,
+)
+from ngra.runtime.generic import GenericPlan
+from ngra.runtime.gather import make_accumulator
+from ngra.runtime.tiles import TileView
+from ngra.saga import index_rows
+
+__all__ = ["CompiledPlan", "FallbackPlan", "lower"]
+
+
+class FallbackPlan(GenericPlan):
+    """The generic UDF executor, with the compiler's notes on why nothing was fused."""
+
+    def __init__(self, layer: Any, reason: str, notes: list[PassNote] | None = None) -> None:
+        super().__init__(layer, reason)
+        self.notes = list(notes or [])
+        self.edge_kinds: tuple[str, ...] = ("generic",)
+
+    def describe(self) -> list[str]:
+        lines = super().describe()
+        if self.notes:
+            lines += ["passes:"] + [ln for note in self.notes for ln in note.lines()]
+        return lines
+
+
+class _Tile:
+    """Per-tile inputs of the edge stage, gathered on demand (each at most once)."""
+
+    def __init__(self, tile: TileView, terms: dict, edata: Any) -> None:
+        self.tile, self.terms, self._edata = tile, terms, edata
+        self._cache: dict[Any, Any] = {}
+        self._tile_edata: Any = None
+
+    @property
+    def edata(self) -> Any:
+        if self._tile_edata is None and self._edata is not None:
+            self._tile_edata = index_rows(self._edata, self.tile.edge_ids)
+        return self._tile_edata
+
+    def __call__(self, n: Node) -> Any:
+        key = (n.op, n.attrs["key"])
+        if key not in self._cache:
+            if n.op == Op.EDATA:
+                d = self.edata
+                v = d if n.attrs["key"] is None else d[n.attrs["key"]]
+            else:
+                idx = self.tile.src_idx if n.op == Op.SRC else self.tile.dst_idx
+                v = self.terms[n.attrs["key"]].index_select(0, idx)
+            self._cache[key] = v
+        return self._cache[key]
+
+    @property
+    def num_dst(self) -> int:
+        return self.tile.dst_hi - self.tile.dst_lo
+
+    def dst_rows(self, key: Any) -> torch.Tensor:
+        return self.terms[key][self.tile.dst_lo:self.tile.dst_hi]
+
+
+class CompiledPlan:
+    """A plan whose edge stage runs fused kernels (see the module docstring)."""
+
+    kind = "compiled"
+
+    def __init__(self, layer: Any, program: Program, notes: list[PassNote]) -> None:
+        self.program = program
+        self.notes = notes
+        self.resolver = Resolver(layer)
+        self.accumulator = make_accumulator(program.gather)
+        self.gather = program.gather
+        self.layer_name = program.layer_name
+        self.edge_kinds: tuple[str, ...] = tuple(m.kind for m in program.lowering.values())
+        self._typed_cache: list[tuple] = []
+
+    @property
+    def layer(self) -> Any:
+        return self.resolver.layer
+
+    def edge_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the edge stage reads (the streaming runtime differentiates
+        each recomputed tile with respect to them)."""
+        out: dict[int, torch.nn.Parameter] = {}
+        for n in self.program.edge.nodes.values():
+            if n.op == Op.PARAM:
+                v = self.resolver.param(n.attrs["path"])
+                if isinstance(v, torch.nn.Parameter):
+                    out[id(v)] = v
+            elif n.op == Op.OPAQUE and n.attrs["kind"] == "call_module":
+                for v in self.resolver.module(n.attrs["target"]).parameters():
+                    out[id(v)] = v
+        return list(out.values())
+
+    # ------------------------------------------------------------------ stages
+    def pre(self, x: Any) -> dict:
+        def vertex(n: Node) -> Any:
+            k = n.attrs["key"]
+            return x if k is None else x[k]
+
+        return run_stage(self.program.pre, vertex, self.resolver)
+
+    def edge(self, tile: TileView, terms: Any, edata: Any) -> Any:
+        ctx = _Tile(tile, terms, edata)
+        lowering = self.program.lowering
+        if self.gather == "softmax":
+            m = lowering[None]
+            if isinstance(m, SoftmaxMatch):
+                return self._softmax(ctx, m)
+            out = self.program.edge.outputs
+            env = evaluate(self.program.edge, [out[0].id, out[1].id], ctx, self.resolver)
+            return self.accumulator.partial(tile.indptr, (env[out[0].id], env[out[1].id]))
+        interp = [k for k, m in lowering.items() if isinstance(m, InterpMatch)]
+        env = {}
+        if interp:
+            roots = [self._root(k) for k in interp]
+            env = evaluate(self.program.edge, roots, ctx, self.resolver)
+        reduce = "sum" if self.gather in ("sum", "mean") else self.gather
+        parts = {}
+        for k, m in lowering.items():
+            if isinstance(m, InterpMatch):
+                parts[k] = kernels.segment_reduce(tile.indptr, env[self._root(k)], reduce)
+            elif isinstance(m, GspmmMatch):
+                parts[k] = self._gspmm(ctx, m, reduce)
+            else:
+                parts[k] = self._fused(ctx, m, reduce)
+        value = parts[None] if set(parts) == {None} else parts
+        if self.gather in ("max", "min"):
+            return value, tile.indptr[1:] > tile.indptr[:-1]
+        return value
+
+    def post(self, x: Any, acc: Any) -> Any:
+        if not self.program.vertex_rewritten:
+            return self.resolver.layer.apply_vertex(x, acc)
+
+        def inputs(n: Node) -> Any:
+            k = n.attrs["key"]
+            if n.op == Op.ACC:
+                return acc if k is None else acc[k]
+            return x if k is None else x[k]
+
+        return run_stage(self.program.vertex, inputs, self.resolver)
+
+    def _root(self, key: Any) -> int:
+        out = self.program.edge.outputs
+        return (out if key is None else out[key]).id
+
+    # ------------------------------------------------------------------ kernels
+    def _factor(self, ctx: _Tile, m: GspmmMatch, rows: int, dtype: torch.dtype) -> Any:
+        if not m.factors:
+            return None
+        env = evaluate(self.program.edge, [f for f, _ in m.factors], ctx, self.resolver)
+        prod: Any = None
+        for f, recip in m.factors:
+            v = env[f]
+            v = 1.0 / v if recip else v
+            prod = v if prod is None else prod * v
+        rank = len(m.feat)
+        if not isinstance(prod, torch.Tensor):
+            prod = torch.tensor(float(prod), dtype=dtype, device=ctx.tile.indptr.device)
+        if prod.dim() <= rank:  # constant factors only: no row dim yet
+            prod = prod.reshape((1,) * (rank + 1 - prod.dim()) + tuple(prod.shape))
+        keep = tuple(m.feat[: m.edge_dims])
+        full = (rows,) + keep + (1,) * (rank - m.edge_dims)
+        return prod.expand(full).reshape((rows,) + keep)
+
+    def _gspmm(self, ctx: _Tile, m: GspmmMatch, reduce: str) -> torch.Tensor:
+        tile = ctx.tile
+        src = ctx.terms[m.src]
+        indices, rev = tile.src_idx, tile.rev
+        if m.typed is not None:
+            t, f = m.typed["types"], m.typed["width"]
+            types = evaluate(self.program.edge, [m.typed["type_node"]], ctx,
+                             self.resolver)[m.typed["type_node"]].reshape(-1)
+            indices, rev = self._virtual(tile, types, t, src.shape[0])
+            src = src.reshape(src.shape[0] * t, f)
+        ef = self._factor(ctx, m, tile.num_edges, src.dtype)
+        out = kernels.gspmm(tile.indptr, indices, src, ef, reduce=reduce, rev=rev)
+        return out.reshape((ctx.num_dst,) + m.out)
+
+    def _virtual(self, tile: TileView, types: torch.Tensor, num_types: int,
+                 num_src: int) -> tuple[torch.Tensor, Any]:
+        """Source ids ``u * T + type`` and their reverse CSR, cached per tile and type content."""
+        for ref, cached, vidx, vrev in self._typed_cache:
+            if ref() is tile.src_idx and cached.shape == types.shape and torch.equal(cached, types):
+                return vidx, vrev
+        if types.numel() and (int(types.min()) < 0 or int(types.max()) >= num_types):
+            raise IndexError(
+                f"{self.layer_name}: edge types must be in [0, {num_types}) to select a per-type "
+                f"term; got range [{int(types.min())}, {int(types.max())}]."
+            )
+        vidx = tile.src_idx * num_types + types.to(tile.src_idx.dtype)
+        vrev = kernels.transpose_csc(tile.indptr, vidx, num_src * num_types)
+        self._typed_cache.insert(0, (weakref.ref(tile.src_idx), types.clone(), vidx, vrev))
+        del self._typed_cache[4:]
+        return vidx, vrev
+
+    def _fused(self, ctx: _Tile, m: FusedEdgeMatch, reduce: str) -> torch.Tensor:
+        from ngra.kernels.fused_edge import fused_edge_aggregate
+
+        tile = ctx.tile
+        rest, width = m.out, math.prod(m.out) if m.out else 1
+        src_terms = [_term(ctx.terms[k], rest, lay) for k, lay in m.src]
+        dst_terms = []
+        params = [i for kind, i, _ in m.dst if kind == "param"]
+        penv = evaluate(self.program.edge, params, ctx, self.resolver) if params else {}
+        for kind, k, lay in m.dst:
+            if kind == "term":
+                dst_terms.append(_term(ctx.dst_rows(k), rest, lay))
+            else:
+                v = _const_term(penv[k], rest, lay)
+                dst_terms.append(v.expand(ctx.num_dst, v.shape[1]))
+        edge_terms = []
+        if m.edge:
+            env = evaluate(self.program.edge, [i for i, _ in m.edge], ctx, self.resolver)
+            edge_terms = [_term(env[i], rest, lay) for i, lay in m.edge]
+        out = fused_edge_aggregate(tile.indptr, tile.src_idx, m.expr, src_terms, dst_terms,
+                                   edge_terms, reduce=reduce, rev=tile.rev if src_terms else None)
+        if out.shape[1] != width:  # only width-1 terms: broadcast to the message width
+            out = out.expand(out.shape[0], width)
+        return out.reshape((ctx.num_dst,) + rest)
+
+    def _softmax(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
+        tile = ctx.tile
+        value = ctx.terms[m.value]
+        n, nd = value.shape[0], ctx.num_dst
+        h = math.prod(m.heads) if m.heads else 1
+        d = math.prod(m.dims) if m.dims else 1
+        like = value
+        s_src = (ctx.terms[m.score_src].reshape(n, h) if m.score_src is not None
+                 else like.new_zeros(n, h))
+        s_dst = (ctx.dst_rows(m.score_dst).reshape(nd, h) if m.score_dst is not None
+                 else like.new_zeros(nd, h))
+        v3 = value.reshape(n, h, d)
+        out = kernels.softmax_aggregate(tile.indptr, tile.src_idx, s_src, s_dst, v3,
+                                        negative_slope=m.slope, rev=tile.rev)
+        o = out.reshape((nd,) + m.heads + m.dims)
+        has = (tile.indptr[1:] > tile.indptr[:-1]).to(out.dtype)
+        if tile.edge_ids is None:
+            # The tile holds every edge: no other tile merges into this state, so the
+            # normalized output with unit weight (and no log-sum-exp) is the whole state.
+            mm = out.new_zeros((nd,) + m.heads)
+            ss = has.view((nd,) + (1,) * len(m.heads)).expand((nd,) + m.heads)
+            return mm, ss, o
+        lse = _segment_lse(tile, s_src, s_dst, m.slope).reshape((nd,) + m.heads)
+        hasb = has.view((nd,) + (1,) * len(m.heads)).bool()
+        mm = torch.where(hasb, lse, torch.zeros_like(lse))
+        ss = has.view((nd,) + (1,) * len(m.heads)).expand((nd,) + m.heads)
+        return mm, ss, o
+
+    # ------------------------------------------------------------------ explain
+    def describe(self) -> list[str]:
+        p = self.program
+        kinds = ", ".join(self.edge_kinds)
+        lines = [f"plan: compiled ({kinds})", "passes:"]
+        for note in self.notes:
+            lines += note.lines()
+        lines.append("stages:")
+        pre_terms = [k for k, info in p.terms.items() if info.get("origin") != "input"
+                     and k in p.pre.outputs]
+        if pre_terms:
+            parts = []
+            for k in pre_terms:
+                info = p.terms[k]
+                node = p.pre.nodes[p.pre.outputs[k].id]
+                rest = node.rest if node.shape is not None else info.get("rest")
+                shape = "?" if rest is None else ", ".join(["N", *map(str, rest)])
+                parts.append(f"{format_key(k)} = {format_node(p.pre, node.id)} [{shape}]")
+            lines.append("  pre     (per vertex) " + "; ".join(parts))
+        else:
+            lines.append("  pre     (per vertex) nothing: the edge stage reads the vertex data")
+        for key, m in p.lowering.items():
+            who = "" if key is None else f"[{key!r}] "
+            lines.append(f"  edge    (per tile)   {who}{_kernel_line(p, m, self.gather)}")
+        lines.append(f"  gather  {self.gather}" + (" (partial sums per tile; divided by the "
+                                                    "in-degree at the end)" if self.gather == "mean"
+                                                    else ""))
+        if p.vertex_rewritten:
+            out = ", ".join(format_node(p.vertex, r.id) for r in _refs(p.vertex.outputs))
+            lines.append(f"  vertex  apply_vertex rewritten: {out}")
+        else:
+            lines.append(f"  vertex  {p.layer_name}.apply_vertex as written")
+        return lines
+
+
+def _refs(struct: Any) -> list:
+    return list(iter_refs(struct))
+
+
+def _kernel_line(p: Program, m: Any, gather: str) -> str:
+    reduce = "sum" if gather in ("sum", "mean") else gather
+    if isinstance(m, GspmmMatch):
+        ef = "edge_feat=" + ("[E]" if m.edge_dims == 0 else
+                             "[E, " + ", ".join(map(str, m.feat[:m.edge_dims])) + "]") \
+            if m.factors else "no edge_feat"
+        if m.typed:
+            return (f"gspmm over N*{m.typed['types']} virtual sources (typed), {ef}, "
+                    f"reduce={reduce} -> [N_dst, {', '.join(map(str, m.out))}]")
+        return (f"gspmm({format_key(m.src)}, {ef}, reduce={reduce}) -> "
+                f"[N_dst, {', '.join(map(str, m.out))}]")
+    if isinstance(m, SoftmaxMatch):
+        return (f"softmax_aggregate(score_src={_k(m.score_src)}, score_dst={_k(m.score_dst)}, "
+                f"value={format_key(m.value)}, negative_slope={m.slope:g}) -> "
+                f"[N_dst, {', '.join(map(str, m.heads + m.dims))}]; no [E, H, D] tensor")
+    if isinstance(m, FusedEdgeMatch):
+        src = ", ".join(format_key(k) for k, _ in m.src)
+        dst = ", ".join(format_key(k) if kind == "term" else "param" for kind, k, _ in m.dst)
+        return (f"fused_edge_aggregate({m.expr}; src=[{src}], dst=[{dst}], "
+                f"edge={len(m.edge)} term(s), reduce={reduce}) -> "
+                f"[N_dst, {', '.join(map(str, m.out))}]; no [E, F] tensor")
+    return f"interpreted edge stage + segment_reduce ({describe_match(p, m)})"
+
+
+def _k(key: Any) -> str:
+    return "0" if key is None else format_key(key)
+
+
+def _term(t: torch.Tensor, rest: tuple[int, ...], layout: str) -> torch.Tensor:
+    rows = t.shape[0]
+    if layout == "ones":
+        return t.reshape(rows, 1)
+    if layout == "expand":
+        t = t.expand((rows,) + rest)
+    return t.reshape(rows, math.prod(rest) if rest else 1)
+
+
+def _const_term(v: Any, rest: tuple[int, ...], layout: str) -> torch.Tensor:
+    rank = len(rest)
+    v = v if v.dim() <= rank else v.reshape(tuple(v.shape[1:]))
+    v = v.reshape((1,) * (rank - v.dim()) + tuple(v.shape))
+    if layout == "ones":
+        return v.reshape(1, 1)
+    return v.expand(rest).reshape(1, math.prod(rest) if rest else 1)
+
+
+def _segment_lse(tile: TileView, s_src: torch.Tensor, s_dst: torch.Tensor,
+                 slope: float) -> torch.Tensor:
+    """Per-destination log-sum-exp of the tile's scores (differentiable), ``[N_dst, H]``."""
+    local = tile.dst_idx - tile.dst_lo
+    e = torch.nn.functional.leaky_relu(s_src.index_select(0, tile.src_idx)
+                                       + s_dst.index_select(0, local), slope)
+    m = kernels.segment_reduce(tile.indptr, e.detach(), "max")
+    p = torch.exp(e - m.index_select(0, local))
+    s = kernels.segment_reduce(tile.indptr, p, "sum")
+    return m + torch.log(torch.where(s > 0, s, torch.ones_like(s)))
+
+
+def lower(layer: Any, program: Program, notes: list[PassNote]) -> CompiledPlan:
+    """The plan for a compiled ``program``."""
+    return CompiledPlan(layer, program, notes)
+

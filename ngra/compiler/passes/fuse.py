@@ -1,0 +1,317 @@
+"""Fuse: match ApplyEdge + Gather to one sparse kernel per message.
+
+After hoisting, an edge stage reads per-vertex terms at each edge's ends. The
+patterns, tried in order for each message of a sum/mean/max/min gather:
+
+1. ``term[src]`` (copy), optionally times per-edge factors that do not read the
+   source (``edge.data``, a dst-side scalar): **gspmm** (``copy_u``/``u_mul_e``).
+   A factor must be one scalar per edge, per head (``[E, H]`` over ``[N, H, D]``),
+   or given edge data of the full width.
+2. ``term[src].gather(1, type.expand(-1, 1, F)).squeeze(1)`` (a per-type vertex
+   term selected by an integer edge field; GG-NN, R-GCN), optionally scaled:
+   **typed gspmm**: one gspmm over the ``N * T`` virtual sources ``u * T + type``.
+3. an element-wise expression of terms, edge data and constants:
+   **fused_edge_aggregate** (the expression is evaluated per edge inside the kernel;
+   no ``[E, F]`` tensor is written).
+
+A softmax gather whose score is ``leaky_relu(src_term + dst_term)`` (or without the
+activation) and whose value is a source term runs as **softmax_aggregate**.
+Anything else runs the (hoisted) edge stage through the interpreter, with the
+reason recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ngra.compiler.ir import ELEMENTWISE, Node, Op, Program, Stage, format_key, format_node
+from ngra.compiler.passes import PassNote
+from ngra.compiler.patterns import factor_layout, is_float, match_typed, peel_scale
+
+__all__ = ["run", "GspmmMatch", "SoftmaxMatch", "FusedEdgeMatch", "InterpMatch"]
+
+
+@dataclass(frozen=True)
+class GspmmMatch:
+    """``gspmm(src term [* factors])``; ``typed`` for the per-type selection."""
+
+    src: Any
+    factors: tuple[tuple[int, bool], ...]
+    edge_dims: int          # the factor product is [E, *feat[:edge_dims]]
+    feat: tuple[int, ...]   # the selected source row's non-row shape
+    out: tuple[int, ...]    # the message's non-row shape
+    typed: dict | None = None
+    kind: str = "gspmm"
+
+
+@dataclass(frozen=True)
+class SoftmaxMatch:
+    """``softmax_aggregate(score_src, score_dst, value)``."""
+
+    score_src: Any          # term key or None
+    score_dst: Any
+    value: Any
+    slope: float
+    heads: tuple[int, ...]  # the score's non-row shape
+    dims: tuple[int, ...]   # the value's shape after the heads
+    kind: str = "softmax_aggregate"
+
+
+@dataclass(frozen=True)
+class FusedEdgeMatch:
+    """``fused_edge_aggregate(expr, src terms, dst terms, edge terms)``.
+
+    Leaves are ``(key or node id, layout)`` with layout ``full`` (``[rows, *S]``),
+    ``ones`` (``[rows, 1...]``) or ``expand`` (broadcast on the vertex side).
+    ``dst`` leaves are ``("term", key, layout)`` or ``("param", node id, layout)``.
+    """
+
+    expr: Any
+    src: tuple[tuple[Any, str], ...]
+    dst: tuple[tuple[str, Any, str], ...]
+    edge: tuple[tuple[int, str], ...]
+    out: tuple[int, ...]
+    kind: str = "fused_edge"
+
+
+@dataclass(frozen=True)
+class InterpMatch:
+    """No kernel: the edge stage runs through the interpreter."""
+
+    reason: str
+    kind: str = "interp"
+
+
+def run(program: Program) -> PassNote:
+    edge = program.edge
+    out = edge.outputs
+    if program.gather == "softmax":
+        matches = {None: _match_softmax(edge, out[0].id, out[1].id)}
+    elif isinstance(out, dict):
+        matches = {k: _match_message(edge, r.id) for k, r in out.items()}
+    else:
+        matches = {None: _match_message(edge, out.id)}
+    program.lowering = matches
+    details = []
+    for key, m in matches.items():
+        who = "message" if key is None else f"message {key!r}"
+        details.append(f"{who}: {describe_match(program, m)}")
+    fired = [m for m in matches.values() if not isinstance(m, InterpMatch)]
+    if not fired:
+        return PassNote("fuse", False, "no kernel pattern matched", details)
+    kinds = ", ".join(sorted({m.kind for m in fired}))
+    return PassNote("fuse", True, f"ApplyEdge + {program.gather} -> {kinds}", details)
+
+
+def describe_match(program: Program, m: Any) -> str:
+    edge = program.edge
+    if isinstance(m, InterpMatch):
+        return f"not fused: {m.reason}"
+    if isinstance(m, GspmmMatch):
+        what = "u_mul_e" if m.factors else "copy_u"
+        src = format_key(m.src)
+        if m.typed:
+            return (f"typed gspmm ({what}): {src} [N, {m.typed['types']}, {m.typed['width']}] "
+                    f"seen as [N*{m.typed['types']}, {m.typed['width']}], source u*T + "
+                    f"{format_node(edge, m.typed['type_node'])}")
+        fs = " * ".join(("1/" if r else "") + format_node(edge, f) for f, r in m.factors)
+        return f"gspmm ({what}): {src}[src]" + (f" * {fs}" if fs else "")
+    if isinstance(m, SoftmaxMatch):
+        s = " + ".join(f"{format_key(k)}[{side}]" for k, side in
+                       ((m.score_src, "src"), (m.score_dst, "dst")) if k is not None)
+        return (f"softmax_aggregate: score leaky_relu({s}, {m.slope:g}), value "
+                f"{format_key(m.value)}[src], heads {list(m.heads) or [1]}")
+    if isinstance(m, FusedEdgeMatch):
+        return f"fused_edge_aggregate: {m.expr} (no [E, F] tensor)"
+    return str(m)
+
+
+# ---------------------------------------------------------------------------- sum/mean/max/min
+def _match_message(edge: Stage, nid: int) -> Any:
+    msg = edge.nodes[nid]
+    expr = format_node(edge, nid)
+    if msg.shape is None or len(msg.shape) < 1:
+        return InterpMatch(f"the message's shape is unknown: {expr}")
+    if not is_float(msg.dtype):
+        return InterpMatch(f"the message is {msg.dtype}, not float32/float64")
+    core_id, factors = peel_scale(edge, nid)
+    core = edge.nodes[core_id]
+    reasons = []
+    if core.op == Op.SRC and core.shape is not None and len(core.shape) >= 2:
+        layout = factor_layout(edge, core, factors)
+        if isinstance(layout, int):
+            rest = tuple(core.shape[1:])
+            cheap = layout < len(rest) or all(edge.nodes[f].deps <= {"edge"} for f, _ in factors)
+            if not factors or cheap:
+                return GspmmMatch(core.attrs["key"], tuple(factors), layout, rest,
+                                  tuple(msg.shape[1:]))
+        else:
+            reasons.append(layout)
+    typed = match_typed(edge, core_id)
+    if typed is not None:
+        layout = factor_layout(edge, core, factors)
+        if isinstance(layout, int):
+            return GspmmMatch(typed["src"], tuple(factors), layout, (typed["width"],),
+                              tuple(msg.shape[1:]), typed, kind="gspmm_typed")
+        reasons.append(layout)
+    fused = _match_elementwise(edge, msg)
+    if isinstance(fused, FusedEdgeMatch):
+        return fused
+    return InterpMatch(fused if not reasons else f"{fused}; {reasons[0]}")
+
+
+def _leaf_layout(n: Node, rest: tuple[int, ...], rowdep: bool) -> str | None:
+    if n.shape is None:
+        return None
+    shp = tuple(n.shape)
+    rank = len(rest)
+    if rowdep:
+        if len(shp) != rank + 1:
+            return None
+        shp = shp[1:]
+    else:
+        if len(shp) == rank + 1:
+            if shp[0] != 1:
+                return None
+            shp = shp[1:]
+        if len(shp) > rank:
+            return None
+        shp = (1,) * (rank - len(shp)) + shp
+    if all(d == 1 for d in shp):
+        return "ones"
+    if shp == rest:
+        return "full"
+    if all(d in (1, s) for d, s in zip(shp, rest)):
+        return "expand"
+    return None
+
+
+def _match_elementwise(edge: Stage, msg: Node) -> Any:
+    """An :class:`FusedEdgeMatch`, or the reason (a string) the message is not element-wise."""
+    try:
+        from ngra.kernels.fused_edge import E
+    except ImportError:  # pragma: no cover - the kernel ships with ngra
+        return "the fused edge kernel is not available"
+    rest = tuple(msg.shape[1:])
+    expr_text = format_node(edge, msg.id)
+    src: dict[Any, tuple[int, str]] = {}
+    dst: dict[tuple, tuple[int, str]] = {}
+    ekeys: dict[int, tuple[int, str]] = {}
+    memo: dict[int, Any] = {}
+
+    def fail(n: Node, why: str) -> str:
+        return f"{why}: {expr_text}"
+
+    def walk(i: int) -> Any:
+        if i in memo:
+            return memo[i]
+        n = edge.nodes[i]
+        if n.dtype is not None and n.dtype not in (int, float) and n.dtype != msg.dtype:
+            return fail(n, f"{format_node(edge, i)} has dtype {n.dtype}, the message {msg.dtype}")
+        res: Any
+        if n.op in (Op.SRC, Op.DST):
+            lay = _leaf_layout(n, rest, True)
+            if lay is None:
+                return fail(n, f"{format_node(edge, i)} does not broadcast to the message shape")
+            table = src if n.op == Op.SRC else dst
+            k = n.attrs["key"] if n.op == Op.SRC else ("term", n.attrs["key"])
+            table.setdefault(k, (len(table), lay))
+            res = (E.src if n.op == Op.SRC else E.dst)(table[k][0])
+        elif n.op == Op.CONST and isinstance(n.attrs["value"], (int, float)) \
+                and not isinstance(n.attrs["value"], bool) and math.isfinite(n.attrs["value"]):
+            res = E.const(float(n.attrs["value"]))
+        elif not n.deps:
+            lay = _leaf_layout(n, rest, False)
+            if lay is None:
+                return fail(n, f"constant {format_node(edge, i)} does not broadcast to the message")
+            dst.setdefault(("param", i), (len(dst), lay))
+            res = E.dst(dst[("param", i)][0])
+        elif n.deps <= {"edge"}:
+            lay = _leaf_layout(n, rest, True) if n.rowwise else None
+            if lay not in ("full", "ones"):
+                return fail(n, f"edge term {format_node(edge, i)} does not match the message shape")
+            ekeys.setdefault(i, (len(ekeys), lay))
+            res = E.edge(ekeys[i][0])
+        elif n.op in ELEMENTWISE:
+            args = [walk(a) for a in n.args]
+            bad = next((a for a in args if isinstance(a, str)), None)
+            if bad is not None:
+                return bad
+            res = _build(E, n, args)
+        else:
+            return _not_elementwise(edge, n, expr_text)
+        memo[i] = res
+        return res
+
+    root = walk(msg.id)
+    if isinstance(root, str):
+        return root
+    return FusedEdgeMatch(
+        root,
+        tuple((k, lay) for k, (_, lay) in sorted(src.items(), key=lambda kv: kv[1][0])),
+        tuple((k[0], k[1], lay) for k, (_, lay) in sorted(dst.items(), key=lambda kv: kv[1][0])),
+        tuple((i, lay) for i, (_, lay) in sorted(ekeys.items(), key=lambda kv: kv[1][0])),
+        rest,
+    )
+
+
+def _build(E: Any, n: Node, args: list[Any]) -> Any:
+    op = n.op
+    if op == Op.ADD:
+        return E.add(*args)
+    if op == Op.SUB:
+        return E.sub(*args)
+    if op == Op.MUL:
+        return E.mul(*args)
+    if op == Op.DIV:
+        return E.div(*args)
+    if op == Op.NEG:
+        return E.neg(args[0])
+    if op == Op.LEAKY_RELU:
+        return E.leaky_relu(args[0], float(n.attrs["slope"]))
+    return {Op.SIGMOID: E.sigmoid, Op.TANH: E.tanh, Op.RELU: E.relu, Op.EXP: E.exp,
+            Op.LOG: E.log}[op](args[0])
+
+
+def _not_elementwise(edge: Stage, n: Node, expr_text: str) -> str:
+    names = [f"edge.{d}" if d != "edge" else "edge.data"
+             for d in ("src", "dst", "edge") if d in n.deps]
+    reads = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    if n.op == Op.OPAQUE:
+        t = n.attrs["target"]
+        name = t if isinstance(t, str) else getattr(t, "__name__", repr(t))
+        what = f"an opaque call ({name})"
+    else:
+        what = f"a non-element-wise op ({n.op.value})"
+    return f"apply_edge reads {reads} inside {what}: {expr_text}"
+
+
+# ---------------------------------------------------------------------------- softmax
+def _match_softmax(edge: Stage, score_id: int, value_id: int) -> Any:
+    s, v = edge.nodes[score_id], edge.nodes[value_id]
+    text = f"score {format_node(edge, score_id)}, value {format_node(edge, value_id)}"
+    if v.op != Op.SRC:
+        return InterpMatch(f"the softmax value is not a source-side term ({text})")
+    if s.shape is None or v.shape is None or not is_float(s.dtype) or s.dtype != v.dtype:
+        return InterpMatch(f"score/value shapes or dtypes unknown or mixed ({text})")
+    heads = tuple(s.shape[1:])
+    if tuple(v.shape[1:1 + len(heads)]) != heads:
+        return InterpMatch(f"score {list(s.shape[1:])} does not lead value {list(v.shape[1:])}")
+    inner, slope = s, 1.0
+    if s.op == Op.LEAKY_RELU:
+        inner, slope = edge.nodes[s.args[0]], float(s.attrs["slope"])
+    elif s.op == Op.RELU:
+        inner, slope = edge.nodes[s.args[0]], 0.0
+    parts = [edge.nodes[a] for a in inner.args] if inner.op == Op.ADD else [inner]
+    sides: dict[str, Any] = {}
+    for p in parts:
+        side = {Op.SRC: "src", Op.DST: "dst"}.get(p.op)
+        if side is None or side in sides or p.shape != s.shape:
+            return InterpMatch(
+                "the softmax score is not leaky_relu(src-side term + dst-side term) "
+                f"({text})")
+        sides[side] = p.attrs["key"]
+    return SoftmaxMatch(sides.get("src"), sides.get("dst"), v.attrs["key"], slope, heads,
+                        tuple(v.shape[1 + len(heads):]))

@@ -1,0 +1,85 @@
+"""The compiler pipeline: trace -> analyze -> hoist -> reorder -> fuse -> lower.
+
+The IR is verified after tracing and after every pass. Each pass is one file in
+:mod:`ngra.compiler.passes`; this is the only place that orders them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ngra.compiler.analysis import Samples, annotate
+from ngra.compiler.interp import Resolver
+from ngra.compiler.ir import Op, Program, verify
+from ngra.compiler.passes import PassNote, fuse, hoist, reorder
+from ngra.compiler.passes.fuse import InterpMatch
+from ngra.compiler.trace import TraceFailure, trace_program, trace_vertex
+
+__all__ = ["PASSES", "Compiled", "compile_program"]
+
+log = logging.getLogger(__name__)
+
+PASSES: tuple[tuple[str, Callable[[Program], PassNote]], ...] = (
+    ("hoist", hoist.run),
+    ("reorder", reorder.run),
+    ("fuse", fuse.run),
+)
+
+
+@dataclass
+class Compiled:
+    """The pipeline's result: a program to lower, or the reason to run the generic plan."""
+
+    program: Program | None
+    notes: list[PassNote] = field(default_factory=list)
+    reason: str = ""
+
+
+def compile_program(layer: Any, x: Any, edata: Any) -> Compiled:
+    """Run the pipeline on ``layer`` for inputs shaped like ``x`` / ``edata`` (CSC order)."""
+    notes: list[PassNote] = []
+    name = type(layer).__name__
+    try:
+        program = trace_program(layer, x, edata)
+    except TraceFailure as exc:
+        notes.append(PassNote("trace", False, str(exc)))
+        return Compiled(None, notes, str(exc))
+    vertex_note = ""
+    try:
+        trace_vertex(program, layer, x)
+    except TraceFailure as exc:
+        vertex_note = f"; {exc} (apply_vertex runs as written)"
+    resolver = Resolver(layer)
+    samples = Samples(x, edata)
+    annotate(program, samples, resolver)
+    verify(program, annotated=True)
+    n_edge = len(program.edge.nodes)
+    n_opaque = sum(n.op == Op.OPAQUE for n in program.edge.nodes.values())
+    summary = f"apply_edge: {n_edge} IR nodes ({n_opaque} opaque)"
+    if program.vertex is not None:
+        summary += f"; apply_vertex: {len(program.vertex.nodes)} IR nodes"
+    notes.append(PassNote("trace", True, summary + vertex_note))
+
+    blocker = program.as_written.get("edge")
+    if blocker:
+        return Compiled(None, notes, blocker)
+
+    for pass_name, fn in PASSES:
+        try:
+            notes.append(fn(program))
+            annotate(program, samples, resolver)
+            verify(program, annotated=True)
+        except Exception as exc:  # noqa: BLE001 - a pass bug must never change results
+            log.error("compiler pass %s failed on %s: %s: %s", pass_name, name,
+                      type(exc).__name__, exc)
+            return Compiled(None, notes, f"internal compiler error in pass {pass_name}: "
+                                         f"{type(exc).__name__}: {exc}")
+
+    changed = any(n.fired for n in notes if n.name in ("hoist", "reorder"))
+    if not changed and all(isinstance(m, InterpMatch) for m in program.lowering.values()):
+        reason = "; ".join(m.reason for m in program.lowering.values())
+        return Compiled(None, notes, f"nothing to fuse or hoist: {reason}")
+    return Compiled(program, notes)

@@ -1,0 +1,423 @@
+"""User-written layers: the same math written differently lowers the same way; programs
+that must not fuse run correctly on the fallback and say why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _compiler_cases import assert_close_all, grads, make_graph
+from torch import nn
+
+from ngra import SagaLayer, explain
+from ngra.compiler import compile_layer, disabled
+from ngra.runtime.executor import edge_data_csc
+
+TOL = {"rtol": 1e-9, "atol": 1e-10}
+F_IN = 5
+
+
+def _check(layer, g, x, ed=None, kinds=None, seed=None):
+    """compiled == generic (fwd + bwd); returns the plan."""
+    layer = layer.double()
+    plan = compile_layer(layer, g, x, edge_data_csc(g, ed))
+    if kinds is not None:
+        assert plan.edge_kinds == kinds, "\n".join(plan.describe())
+    inputs = [x] + [p for p in layer.parameters() if p.requires_grad]
+
+    def run():
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = layer(g, x, ed)
+        return [out] + grads(out, probe, inputs)
+
+    probe = torch.randn_like(layer(g, x, ed))
+    a = run()
+    with disabled():
+        b = run()
+    assert_close_all(a, b, type(layer).__name__, **TOL)
+    return plan
+
+
+def _x(g, f=F_IN):
+    return torch.randn(g.num_nodes, f, dtype=torch.float64, requires_grad=True)
+
+
+# ---------------------------------------------------------------------------- variants
+class GCNVariant(SagaLayer):
+    """GCN written differently: view instead of unsqueeze, F.linear with Parameters."""
+
+    gather = "sum"
+
+    def __init__(self, f_in, f_out):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(f_out, f_in))
+        self.bias = nn.Parameter(torch.randn(f_out))
+
+    def apply_edge(self, edge):
+        return edge.data.view(-1, 1) * edge.src
+
+    def apply_vertex(self, vertex, acc):
+        return F.linear(acc, self.weight, self.bias)
+
+
+def test_gcn_variant_lowers_to_gspmm_with_reorder():
+    g = make_graph("random").gcn_norm()
+    w = g.edge_weight_original().double()
+    plan = _check(GCNVariant(F_IN, 3), g, _x(g), w, kinds=("gspmm",))
+    text = "\n".join(plan.describe())
+    assert "transform-then-propagate" in text and "5 -> 3" in text
+
+
+def test_reorder_keeps_the_wide_order_when_output_is_wider():
+    g = make_graph("random").gcn_norm()
+    plan = _check(GCNVariant(F_IN, 9), g, _x(g), g.edge_weight_original().double(),
+                  kinds=("gspmm",))
+    assert "propagate-then-transform" in "\n".join(plan.describe())
+
+
+class GATVariant(SagaLayer):
+    """GAT written differently: F.linear, torch.sum, dst score first, no bias module."""
+
+    gather = "softmax"
+
+    def __init__(self, f_in, f, heads):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(heads * f, f_in) * 0.3)
+        self.att_src = nn.Parameter(torch.randn(1, heads, f))
+        self.att_dst = nn.Parameter(torch.randn(1, heads, f))
+        self.h, self.f = heads, f
+
+    def apply_edge(self, edge):
+        xs = F.linear(edge.src, self.w).reshape(-1, self.h, self.f)
+        xd = F.linear(edge.dst, self.w).reshape(-1, self.h, self.f)
+        alpha = torch.sum(xd * self.att_dst, dim=-1) + torch.sum(xs * self.att_src, dim=-1)
+        return F.leaky_relu(alpha, negative_slope=0.1), xs
+
+    def apply_vertex(self, vertex, acc):
+        return acc.reshape(acc.shape[0], -1)
+
+
+def test_gat_variant_lowers_to_softmax_aggregate():
+    g = make_graph("self_loops")
+    plan = _check(GATVariant(F_IN, 3, 2), g, _x(g), kinds=("softmax_aggregate",))
+    assert "negative_slope=0.1" in "\n".join(plan.describe())
+
+
+class SingleHeadAttention(SagaLayer):
+    """Score [E] (no head dim), value [E, F], tanh-free plain sum score."""
+
+    gather = "softmax"
+
+    def __init__(self, f_in, f):
+        super().__init__()
+        self.lin = nn.Linear(f_in, f)
+        self.a = nn.Linear(f, 1, bias=False)
+
+    def apply_edge(self, edge):
+        v = self.lin(edge.src)
+        return self.a(v).squeeze(-1) + self.a(self.lin(edge.dst)).squeeze(-1), v
+
+
+def test_single_head_attention_without_activation():
+    g = make_graph("skewed")
+    _check(SingleHeadAttention(F_IN, 4), g, _x(g), kinds=("softmax_aggregate",))
+
+
+class GatedVariant(SagaLayer):
+    """G-GCN written differently: method call sigmoid, product order swapped."""
+
+    gather = "sum"
+
+    def __init__(self, f):
+        super().__init__()
+        self.w_c, self.w_h = nn.Linear(f, f), nn.Linear(f, f)
+
+    def apply_edge(self, edge):
+        gate = (self.w_c(edge.src) + self.w_h(edge.dst)).sigmoid()
+        return edge.src * gate
+
+
+def test_gated_variant_lowers_to_fused_edge():
+    g = make_graph("multi_edges")
+    plan = _check(GatedVariant(F_IN), g, _x(g), kinds=("fused_edge",))
+    text = "\n".join(plan.describe())
+    assert "w_c(edge.src)" in text and "w_h(edge.dst)" in text
+
+
+@pytest.mark.parametrize("how", ["sum", "mean", "max", "min"])
+def test_elementwise_with_edge_term_every_gather(how):
+    """tanh(a(dst) * src) * w: hoisted a(dst), an edge term, fused for every reducer."""
+
+    class Gated(SagaLayer):
+        gather = how
+
+        def __init__(self, f):
+            super().__init__()
+            self.a = nn.Linear(f, f)
+
+        def apply_edge(self, edge):
+            return torch.tanh(self.a(edge.dst) * edge.src) * edge.data.unsqueeze(-1)
+
+        def apply_vertex(self, vertex, acc):
+            return acc + vertex
+
+    g = make_graph("isolated")
+    w = torch.rand(g.num_edges, dtype=torch.float64)
+    _check(Gated(F_IN), g, _x(g), w, kinds=("fused_edge",))
+
+
+@pytest.mark.parametrize("how", ["sum", "mean", "max", "min"])
+def test_copy_and_scaled_copy_every_gather(how):
+    class Scaled(SagaLayer):
+        gather = how
+
+        def apply_edge(self, edge):
+            return edge.src * 0.5 / edge.data.unsqueeze(-1)
+
+    g = make_graph("self_loops")
+    w = torch.rand(g.num_edges, dtype=torch.float64) + 0.5
+    _check(Scaled(), g, _x(g), w, kinds=("gspmm",))
+
+    class Copy(SagaLayer):
+        gather = how
+
+    _check(Copy(), g, _x(g), kinds=("gspmm",))
+
+
+class ParamLeaf(SagaLayer):
+    """A parameter inside the element-wise expression (not hoistable with either side)."""
+
+    gather = "sum"
+
+    def __init__(self, f):
+        super().__init__()
+        self.a, self.b = nn.Linear(f, f), nn.Linear(f, f, bias=False)
+        self.shift = nn.Parameter(torch.randn(f))
+
+    def apply_edge(self, edge):
+        return torch.relu(self.a(edge.src) + self.b(edge.dst) - self.shift) * edge.src
+
+
+def test_parameter_leaf_in_fused_edge():
+    g = make_graph("random")
+    _check(ParamLeaf(F_IN), g, _x(g), kinds=("fused_edge",))
+
+
+class DictData(SagaLayer):
+    """Dict vertex data, dict messages: each message lowers on its own."""
+
+    gather = "mean"
+
+    def __init__(self, f):
+        super().__init__()
+        self.lin = nn.Linear(f, 2)
+
+    def apply_edge(self, edge):
+        return {"h": edge.src["h"], "s": edge.src["s"] * edge.data["w"].unsqueeze(-1)}
+
+    def apply_vertex(self, vertex, acc):
+        return self.lin(acc["h"]) + acc["s"] + vertex["s"]
+
+
+def test_dict_vertex_data_and_messages():
+    g = make_graph("random")
+    x = {"h": _x(g), "s": torch.randn(g.num_nodes, 2, dtype=torch.float64)}
+    ed = {"w": torch.rand(g.num_edges, dtype=torch.float64)}
+    layer = DictData(F_IN).double()
+    plan = compile_layer(layer, g, x, edge_data_csc(g, ed))
+    assert plan.edge_kinds == ("gspmm", "gspmm")
+    out = layer(g, x, ed)
+    with disabled():
+        ref = layer(g, x, ed)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+class TypedVariant(SagaLayer):
+    """Per-type selection written with torch.gather and a view."""
+
+    gather = "sum"
+
+    def __init__(self, f, t):
+        super().__init__()
+        self.lin = nn.Linear(f, t * f, bias=False)
+        self.t, self.f = t, f
+
+    def apply_edge(self, edge):
+        per_type = self.lin(edge.src).reshape(-1, self.t, self.f)
+        idx = edge.data.unsqueeze(-1).unsqueeze(-1).expand(-1, 1, self.f)
+        return torch.gather(per_type, 1, idx).view(-1, self.f)
+
+
+def test_typed_variant_lowers_to_typed_gspmm():
+    g = make_graph("multi_edges")
+    et = torch.randint(0, 4, (g.num_edges,))
+    _check(TypedVariant(F_IN, 4), g, _x(g), et, kinds=("gspmm_typed",))
+
+
+def test_typed_out_of_range_type_raises():
+    g = make_graph("random")
+    layer = TypedVariant(F_IN, 2).double()
+    with pytest.raises((IndexError, RuntimeError)):
+        layer(g, _x(g), torch.full((g.num_edges,), 5))
+
+
+class HoistedCat(SagaLayer):
+    """Hoistable linears, but a cat in the edge stage: hoisted + interpreted edge stage."""
+
+    gather = "max"
+
+    def __init__(self, f):
+        super().__init__()
+        self.a, self.b = nn.Linear(f, 2), nn.Linear(f, 3)
+
+    def apply_edge(self, edge):
+        return torch.cat([self.a(edge.src), self.b(edge.dst)], -1)
+
+
+def test_hoisted_but_unfusable_runs_interpreted():
+    g = make_graph("isolated")
+    plan = _check(HoistedCat(F_IN), g, _x(g), kinds=("interp",))
+    text = "\n".join(plan.describe())
+    assert "hoist    fired" in text and "non-element-wise op (cat)" in text
+
+
+# ---------------------------------------------------------------------------- must not fuse
+class CatMLP(SagaLayer):
+    gather = "sum"
+
+    def __init__(self, f):
+        super().__init__()
+        self.lin = nn.Linear(2 * f, f)
+
+    def apply_edge(self, edge):
+        return torch.relu(self.lin(torch.cat([edge.src, edge.dst], -1)))
+
+
+class ControlFlow(SagaLayer):
+    gather = "sum"
+
+    def apply_edge(self, edge):
+        if edge.src.sum() > 0:
+            return edge.src
+        return -edge.src
+
+
+class EdgeDropout(SagaLayer):
+    gather = "sum"
+
+    def __init__(self, f):
+        super().__init__()
+        self.lin = nn.Linear(f, f)
+
+    def apply_edge(self, edge):
+        return F.dropout(self.lin(edge.src), 0.5, self.training) * edge.dst
+
+
+class InPlace(SagaLayer):
+    gather = "sum"
+
+    def apply_edge(self, edge):
+        h = edge.src.clone()
+        h.mul_(2.0)
+        return h
+
+
+class EagerRandom(SagaLayer):
+    gather = "sum"
+
+    def apply_edge(self, edge):
+        return edge.src * torch.rand(1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("layer, why", [
+    (CatMLP(F_IN), "non-element-wise op (linear)"),
+    (ControlFlow(), "data-dependent control flow"),
+    (EdgeDropout(F_IN), "random op (dropout)"),
+    (InPlace(), "in place"),
+    (EagerRandom(), "drew random numbers"),
+])
+def test_unfusable_programs_fall_back_correctly(layer, why):
+    g = make_graph("random")
+    plan = _check(layer, g, _x(g), seed=7)
+    assert plan.kind == "generic" and why in plan.reason, plan.reason
+    assert why in explain(layer, g, _x(g).detach())
+
+
+def test_dropout_in_training_matches_generic_and_differs_between_calls():
+    g = make_graph("random")
+    layer = EdgeDropout(F_IN).double().train()
+    x = _x(g)
+    torch.manual_seed(3)
+    a = layer(g, x)
+    with disabled():
+        torch.manual_seed(3)
+        b = layer(g, x)
+    torch.testing.assert_close(a, b)
+    assert not torch.equal(layer(g, x), layer(g, x))
+
+
+def test_cat_mlp_reason_names_the_expression():
+    g = make_graph("random")
+    text = explain(CatMLP(F_IN), g, torch.randn(g.num_nodes, F_IN))
+    assert "apply_edge reads edge.src and edge.dst inside a non-element-wise op (linear)" in text
+    assert "relu(lin(cat([edge.src, edge.dst], -1)))" in text
+
+
+class OpaqueVertex(SagaLayer):
+    """apply_vertex with a GRUCell and batch-norm: opaque, run as written."""
+
+    gather = "sum"
+
+    def __init__(self, f):
+        super().__init__()
+        self.gru = nn.GRUCell(f, f)
+        self.bn = nn.BatchNorm1d(f)
+
+    def apply_vertex(self, vertex, acc):
+        return self.bn(self.gru(acc, vertex))
+
+
+def test_opaque_vertex_stage_runs_as_written():
+    g = make_graph("random")
+    layer = OpaqueVertex(F_IN).double().eval()
+    _check(layer, g, _x(g), kinds=("gspmm",))
+    before = layer.bn.running_mean.clone()
+    layer.train()
+    compile_layer(layer, g, _x(g), None)  # compiling must not touch batch-norm statistics
+    torch.testing.assert_close(layer.bn.running_mean, before)
+
+
+class DstScaled(SagaLayer):
+    """A destination-side scalar per edge: hoisted, then a gspmm edge weight."""
+
+    gather = "sum"
+
+    def apply_edge(self, edge):
+        return edge.src * torch.sigmoid(edge.dst.sum(-1, keepdim=True))
+
+
+def test_dst_scalar_factor_is_a_gspmm_edge_weight():
+    g = make_graph("skewed")
+    plan = _check(DstScaled(), g, _x(g), kinds=("gspmm",))
+    assert "sigmoid(edge.dst.sum(-1))" in "\n".join(plan.describe())
+
+
+class DotAttention(SagaLayer):
+    """Dot-product attention: the score mixes both ends non-element-wise (no one-pass kernel)."""
+
+    gather = "softmax"
+
+    def __init__(self, f):
+        super().__init__()
+        self.q, self.k = nn.Linear(f, 4), nn.Linear(f, 4)
+
+    def apply_edge(self, edge):
+        k = self.k(edge.src)
+        return (self.q(edge.dst) * k).sum(-1), k
+
+
+def test_unmatched_softmax_runs_hoisted_and_interpreted():
+    g = make_graph("self_loops")
+    plan = _check(DotAttention(F_IN), g, _x(g), kinds=("interp",))
+    assert "hoist    fired" in "\n".join(plan.describe())
