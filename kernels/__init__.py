@@ -1,5 +1,37 @@
-"""ngra.kernels: sparse operators every compiled SAGA program lowers to."""
+"""ngra.kernels: sparse operators every compiled SAGA program lowers to.
 
-from ngra.kernels.registry import available, lookup, register, use_backend
+Graphs are CSC over destinations: ``indptr`` [num_dst + 1] and ``indices`` [E]
+(source of each edge). Every op validates its arguments, supports autograd and
+dispatches through the registry to a backend (``ref``: plain torch, ``cpu``:
+numba, ``gpu``: torch on CUDA).
+"""
 
-__all__ = ["register", "lookup", "use_backend", "available"]
+from ngra.kernels.edge_softmax import edge_softmax
+from ngra.kernels.gsddmm import gsddmm
+from ngra.kernels.gspmm import gspmm
+from ngra.kernels.registry import available, current_backend, lookup, register, use_backend
+from ngra.kernels.segment_reduce import segment_reduce
+from ngra.kernels.transpose import transpose_csc
+
+__all__ = [
+    "available",
+    "current_backend",
+    "edge_softmax",
+    "gsddmm",
+    "gspmm",
+    "lookup",
+    "register",
+    "segment_reduce",
+    "transpose_csc",
+    "use_backend",
+]
+
+# softmax_aggregate (one-pass attention aggregation) is written in parallel in
+# kernels/softmax_aggregate.py; it is exported here once that file exists.
+try:
+    from ngra.kernels.softmax_aggregate import softmax_aggregate  # noqa: F401
+except ModuleNotFoundError as exc:
+    if exc.name != "ngra.kernels.softmax_aggregate":
+        raise
+else:
+    __all__.append("softmax_aggregate")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["register", "lookup", "use_backend", "available", "BACKENDS"]
+__all__ = ["BACKENDS", "available", "current_backend", "lookup", "register", "use_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,16 @@ def _requested() -> str:
     if req not in BACKENDS + ("auto",):
         raise ValueError(f"NGRA_KERNEL_BACKEND must be one of {BACKENDS + ('auto',)}; got {req!r}.")
     return req
+
+
+def current_backend() -> str:
+    """The backend requested here and now (``"auto"`` unless overridden).
+
+    Autograd Functions record it in forward and restore it in backward, so a
+    backward pass runs on the backend its forward ran on even when
+    ``loss.backward()`` is called outside the :func:`use_backend` block.
+    """
+    return _requested()
 
 
 def lookup(op: str, device: torch.device | str = "cpu") -> Callable:

@@ -13,14 +13,14 @@ the generic plan) and repeated entries of the same path add up::
 
 Backward timing (``Recorder(backward=True)``): ``s.outputs(t)`` and
 ``s.inputs(t)`` put identity autograd markers on a stage's result and inputs.
-When the backward pass reaches a marker it records ``(time, label)``: an output
-marker of stage ``S`` fires when the gradient of ``S``'s result is complete,
-i.e. when ``S``'s backward starts, so the time until the next marker is
-charged to ``S``; an input marker (label ``None``) closes the stage, and the
+When the backward pass reaches a marker it records ``(time, stage path)``: an
+output marker of stage ``S`` fires when the gradient of ``S``'s result is
+complete, i.e. when ``S``'s backward starts, so the time until the next marker
+is charged to ``S``; an input marker (path ``None``) closes the stage, and the
 time after it is left unattributed. This is an approximation: the autograd
 engine runs ready nodes in creation order, so stages whose backward
 interleaves (branches of the graph) are charged to whichever marker fired
-last; see :meth:`Recorder.backward_by_name`.
+last; see :meth:`Recorder.backward`.
 
 One recorder is active per process at a time; entering a second one suspends
 the first until it exits.
@@ -111,7 +111,7 @@ class _Stage:
         slot[1] += 1
 
     def outputs(self, x: Any) -> Any:
-        return self.rec._mark(x, self.name)
+        return self.rec._mark(x, self.path)
 
     def inputs(self, x: Any) -> Any:
         return self.rec._mark(x, None)
@@ -128,11 +128,11 @@ class Recorder:
     """
 
     def __init__(self, backward: bool = False, sync: bool | None = None) -> None:
-        self.backward = backward
+        self.markers = backward
         self.sync = torch.cuda.is_available() if sync is None else sync
         self._times: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0, 0])
         self._stack: list[tuple[str, ...]] = []
-        self.events: list[tuple[float, str | None]] = []
+        self.events: list[tuple[float, tuple[str, ...] | None]] = []
         self.notes: dict[str, list[Any]] = defaultdict(list)
         self._prev: Recorder | None = None
 
@@ -180,17 +180,18 @@ class Recorder:
             out[path[-1]] += t
         return dict(out)
 
-    def backward_by_name(self, start: float, end: float) -> dict[str | None, float]:
-        """Backward seconds per stage name between ``start`` and ``end``
+    def backward(self, start: float, end: float) -> dict[tuple[str, ...] | None, float]:
+        """Backward seconds per stage path between ``start`` and ``end``
         (``time.perf_counter()`` values around ``loss.backward()``).
 
         Each interval between consecutive marker events is charged to the
-        earlier event's label; before the first event and after an input
+        earlier event's stage; before the first event and after an input
         marker the time goes to ``None`` (unattributed). The values sum to
         ``end - start``.
         """
-        events = sorted(e for e in self.events if start <= e[0] <= end)
-        out: dict[str | None, float] = defaultdict(float)
+        events = sorted((e for e in self.events if start <= e[0] <= end),
+                        key=lambda e: e[0])
+        out: dict[tuple[str, ...] | None, float] = defaultdict(float)
         t_prev, label = start, None
         for t, lab in events:
             out[label] += t - t_prev
@@ -198,13 +199,20 @@ class Recorder:
         out[label] += end - t_prev
         return dict(out)
 
+    def backward_by_name(self, start: float, end: float) -> dict[str | None, float]:
+        """:meth:`backward` summed over paths ending in the same stage name."""
+        out: dict[str | None, float] = defaultdict(float)
+        for path, t in self.backward(start, end).items():
+            out[None if path is None else path[-1]] += t
+        return dict(out)
+
     # ------------------------------------------------------------ internals
     def _sync(self) -> None:
         if self.sync:
             torch.cuda.synchronize()
 
-    def _mark(self, x: Any, label: str | None) -> Any:
-        if not (self.backward and torch.is_grad_enabled()):
+    def _mark(self, x: Any, label: tuple[str, ...] | None) -> Any:
+        if not (self.markers and torch.is_grad_enabled()):
             return x
         if isinstance(x, torch.Tensor):
             if x.requires_grad and x.is_floating_point():
@@ -223,7 +231,8 @@ class _Marker(torch.autograd.Function):
     """Identity whose backward records when the gradient arrived."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, rec: Recorder, label: str | None) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, rec: Recorder,
+                label: tuple[str, ...] | None) -> torch.Tensor:
         ctx.rec, ctx.label = rec, label
         return x.view_as(x)
 

@@ -1,0 +1,780 @@
+"""Full-graph training epoch: ngra (compiled and generic) vs PyG vs DGL, plus the G-GCN showcase.
+
+Usage::
+
+    .venv/bin/python experiments/train_bench.py            # full run (~15 min on 2 cores)
+    .venv/bin/python experiments/train_bench.py --quick    # Cora + R-MAT 2^14 only
+    .venv/bin/python experiments/train_bench.py --models ggcn,gat --graphs cora,pubmed
+
+Writes ``experiments/results/training.md`` and ``training.csv`` (``--out`` to change).
+
+What is measured
+    *train*: one full-graph training epoch (forward, cross-entropy on the training
+    nodes, backward, Adam step) of a 2-layer model, hidden 64 (GAT: 4 heads x 16),
+    for GCN, GraphSAGE (mean), GAT and G-GCN. ngra runs the zoo models
+    (``ngra.models.build_model`` / ``prepare``), compiled ("ngra") and on the generic
+    UDF executor ("ngra-generic", ``ngra.compiler.set_enabled(False)``). PyG runs
+    ``GCNConv``, ``SAGEConv``, ``GATConv`` and G-GCN as a ``MessagePassing`` subclass
+    with a ``message`` UDF; DGL runs ``GraphConv``, ``SAGEConv('mean')``, ``GATConv``
+    and G-GCN through ``update_all`` with a UDF message function. Every framework
+    trains on the same prepared graph (:func:`ngra.models.prepare`: GCN's symmetric
+    normalization with self-loops, GAT's self-loops, made once outside the timed
+    region; PyG ``GCNConv(normalize=False)`` / ``GATConv(add_self_loops=False)``, DGL
+    ``GraphConv(norm="none")`` with the same edge weights) in the same CSC edge order.
+    The G-GCN UDFs are what a user writes for NeuGraph's program
+    ``sigmoid(W_H dst + W_C src) * src``: the linears run inside the message function.
+    *showcase*: two G-GCN layers (64 -> 64), forward + backward, on R-MAT 2^16 x 16
+    with 64 features.
+    *edge*: the G-GCN edge stage alone, ``out[v] = sum_u sigmoid(a[v] + b[u]) * c[u]``
+    with precomputed ``a, b, c`` (F = 64), forward + backward: ngra's fused kernel vs
+    plain torch (gather, evaluate, ``index_add_``) vs DGL and PyG UDFs.
+
+How
+    Every (framework, model, graph) case runs in a fresh child process (this file
+    with ``--child``), so its peak memory (``ru_maxrss``) is its own: ``peak MB`` is
+    that maximum RSS over the process's life (interpreter, libraries, dataset and warm-up
+    compiles included); ``train MB`` is an epoch's working memory: the high-water mark of
+    the timed epochs above the RSS after the warm-up epoch (``_bench_util.PeakRSS``,
+    freed heap trimmed first), i.e. activations, messages and temporaries, without what
+    persists across epochs (parameters, gradients, optimizer state, graph, compiled code,
+    which are the same or nearly so in every framework). Time is the median over the
+    timed epochs after warm-up (which also compiles numba kernels and ngra plans).
+    Threads: ``torch.set_num_threads(2)``, ``OMP/MKL/NUMBA_NUM_THREADS=2`` for every
+    framework. Allocator: the same for every framework, glibc malloc with PyTorch's
+    ``THP_MEM_ALLOC_ENABLE=1`` (transparent huge pages for large tensors) unless
+    ``--no-thp``; ``OMP_WAIT_POLICY=PASSIVE`` for every framework unless
+    ``--omp-wait active`` (the cores are shared). A case over ``--time-cap`` seconds or
+    ``--mem-cap-gb`` of RSS is killed and recorded as skipped with the reason; nothing
+    hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench_util as bu  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "experiments" / "results"
+DATA_ROOT = os.environ.get("NGRA_DATA") or str(REPO.parent / "shared" / "data")
+
+MODELS = ("gcn", "sage", "gat", "ggcn")
+FRAMEWORKS = ("ngra", "ngra-generic", "pyg", "dgl")
+GRAPHS = {
+    "cora": "cora",
+    "pubmed": "pubmed:structure",
+    "rmat18": "rmat:scale=18,edge_factor=16,feat=128,classes=8",
+}
+QUICK_GRAPHS = {"cora": "cora", "rmat14": "rmat:scale=14,edge_factor=16,feat=128,classes=8"}
+SHOWCASE_GRAPH = "rmat:scale=16,edge_factor=16,feat=64,classes=8"
+QUICK_SHOWCASE_GRAPH = "rmat:scale=14,edge_factor=16,feat=64,classes=8"
+EDGE_FRAMEWORKS = ("ngra", "torch", "dgl", "pyg")
+HIDDEN, GAT_HEADS, GAT_HIDDEN = 64, 4, 16
+LR, WEIGHT_DECAY = 0.01, 5e-4
+THREADS = 2
+# The larger graphs, on which the time targets are judged.
+LARGE_GRAPHS = ("pubmed", "rmat18")
+
+
+@dataclass
+class Case:
+    """One child-process measurement."""
+
+    kind: str  # "train", "showcase" or "edge"
+    framework: str
+    model: str
+    graph: str  # short name
+    spec: str  # dataset spec string
+    warmup: int = 1
+    repeats: int = 5
+    epoch_cap_s: float = 30.0  # after a warm-up epoch this slow, time one more and stop
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}/{self.graph}/{self.model}/{self.framework}"
+
+
+@dataclass
+class Result:
+    kind: str
+    framework: str
+    model: str
+    graph: str
+    status: str = "ok"
+    median_s: float | None = None
+    times_s: list[float] = field(default_factory=list)
+    peak_mb: float | None = None
+    setup_mb: float | None = None
+    train_mb: float | None = None
+    nodes: int | None = None
+    edges: int | None = None
+    plan: str = ""
+    note: str = ""
+
+
+# ============================================================================ child side
+MB = 1e6  # memory is reported in decimal megabytes, as _bench_util.fmt_bytes does
+
+
+def _setup_rss() -> float:
+    """RSS after setup, with freed heap given back to the OS (bytes)."""
+    gc.collect()
+    bu._malloc_trim()
+    return float(bu.rss_bytes())
+
+
+def _lifetime_peak() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # KiB on Linux
+
+
+def _load(spec: str):
+    import ngra.datasets as D
+
+    return D.load(spec, root=DATA_ROOT, progress=False)
+
+
+def _ngra_step(case: Case, ds) -> tuple[Any, Any, str]:
+    import torch.nn.functional as F
+
+    import ngra.compiler
+    from ngra.models import build_model, prepare
+
+    ngra.compiler.set_enabled(case.framework == "ngra")
+    hidden = GAT_HIDDEN if case.model == "gat" else HIDDEN
+    model = build_model(case.model, ds.num_features, ds.num_classes, hidden=hidden, heads=GAT_HEADS)
+    graph, edata = prepare(case.model, ds.graph)
+    x, y, mask = ds.x, ds.y, ds.train_mask
+    plan = ""
+    if case.framework == "ngra":
+        first = ngra.compiler.explain(model.layers[0], graph, x, edata).splitlines()
+        plan = next((ln.split(":", 1)[1].strip() for ln in first if ln.startswith("plan:")), "")
+
+    def step(opt):
+        opt.zero_grad(set_to_none=True)
+        out = model(graph, x, edata)
+        loss = F.cross_entropy(out[mask], y[mask])
+        loss.backward()
+        opt.step()
+
+    return model, step, plan
+
+
+def _prepared(model: str, ds):
+    """The graph every framework trains on, in CSC order: (src, dst, weight or None)."""
+    from ngra.models import prepare
+
+    graph, _ = prepare(model, ds.graph)
+    return graph.indices, graph.dst_index(), graph.edge_weight, graph.num_nodes
+
+
+def _pyg_model(model: str, f_in: int, n_cls: int, ei, weight):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch_geometric.nn import GATConv, GCNConv, MessagePassing, SAGEConv
+
+    class GGCN(MessagePassing):
+        """G-GCN as a user writes it in PyG: the gate is computed per edge in ``message``."""
+
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(aggr="add")
+            self.w_h, self.w_c, self.w = nn.Linear(a, a), nn.Linear(a, a), nn.Linear(a, b)
+
+        def forward(self, x, edge_index):
+            return torch.relu(self.w(self.propagate(edge_index, x=x)))
+
+        def message(self, x_i, x_j):
+            return torch.sigmoid(self.w_h(x_i) + self.w_c(x_j)) * x_j
+
+    if model == "gcn":
+        convs = [GCNConv(f_in, HIDDEN, normalize=False), GCNConv(HIDDEN, n_cls, normalize=False)]
+        return _Net(convs, lambda m, x: m(x, ei, weight), F.relu, 0.5)
+    if model == "sage":
+        convs = [SAGEConv(f_in, HIDDEN), SAGEConv(HIDDEN, n_cls)]
+        return _Net(convs, lambda m, x: m(x, ei), F.relu, 0.5)
+    if model == "gat":
+        convs = [GATConv(f_in, GAT_HIDDEN, heads=GAT_HEADS, add_self_loops=False),
+                 GATConv(GAT_HIDDEN * GAT_HEADS, n_cls, heads=1, concat=False,
+                         add_self_loops=False)]
+        return _Net(convs, lambda m, x: m(x, ei), F.elu, 0.6)
+    if model == "ggcn":
+        convs = [GGCN(f_in, HIDDEN), GGCN(HIDDEN, n_cls)]
+        return _Net(convs, lambda m, x: m(x, ei), lambda t: t, 0.5)
+    raise ValueError(model)
+
+
+def _dgl_model(model: str, f_in: int, n_cls: int, g, weight):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from ngra._compat import import_dgl
+
+    dgl = import_dgl()
+    import dgl.function as fn
+    from dgl.nn import GATConv, GraphConv, SAGEConv
+
+    class GGCN(nn.Module):
+        """G-GCN as a user writes it in DGL: ``update_all`` with a UDF message."""
+
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__()
+            self.w_h, self.w_c, self.w = nn.Linear(a, a), nn.Linear(a, a), nn.Linear(a, b)
+
+        def message(self, edges):
+            return {"m": torch.sigmoid(self.w_h(edges.dst["h"]) + self.w_c(edges.src["h"]))
+                    * edges.src["h"]}
+
+        def forward(self, graph, x):
+            with graph.local_scope():
+                graph.ndata["h"] = x
+                graph.update_all(self.message, fn.sum("m", "acc"))
+                return torch.relu(self.w(graph.ndata["acc"]))
+
+    del dgl
+    if model == "gcn":
+        convs = [GraphConv(f_in, HIDDEN, norm="none", allow_zero_in_degree=True),
+                 GraphConv(HIDDEN, n_cls, norm="none", allow_zero_in_degree=True)]
+        return _Net(convs, lambda m, x: m(g, x, edge_weight=weight), F.relu, 0.5)
+    if model == "sage":
+        return _Net([SAGEConv(f_in, HIDDEN, "mean"), SAGEConv(HIDDEN, n_cls, "mean")],
+                    lambda m, x: m(g, x), F.relu, 0.5)
+    if model == "gat":
+        convs = [GATConv(f_in, GAT_HIDDEN, GAT_HEADS, allow_zero_in_degree=True),
+                 GATConv(GAT_HIDDEN * GAT_HEADS, n_cls, 1, allow_zero_in_degree=True)]
+        calls = [lambda m, x: m(g, x).flatten(1), lambda m, x: m(g, x).mean(1)]
+        return _Net(convs, lambda m, x: calls[0 if m is convs[0] else 1](m, x), F.elu, 0.6)
+    if model == "ggcn":
+        convs = [GGCN(f_in, HIDDEN), GGCN(HIDDEN, n_cls)]
+        return _Net(convs, lambda m, x: m(g, x), lambda t: t, 0.5)
+    raise ValueError(model)
+
+
+def _Net(convs, call, act, dropout):
+    """Dropout before every layer, ``act`` between layers: the layout of ngra's zoo GNN."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = nn.ModuleList(convs)
+
+        def forward(self, x):
+            for i, conv in enumerate(self.convs):
+                x = F.dropout(x, dropout, self.training)
+                x = call(conv, x)
+                if i < len(self.convs) - 1:
+                    x = act(x)
+            return x
+
+    return Net()
+
+
+def _baseline_step(case: Case, ds):
+    import torch
+    import torch.nn.functional as F
+
+    src, dst, weight, n = _prepared(case.model, ds)
+    if case.framework == "pyg":
+        ei = torch.stack([src, dst])
+        model = _pyg_model(case.model, ds.num_features, ds.num_classes, ei, weight)
+    else:
+        from ngra._compat import import_dgl
+
+        g = import_dgl().graph((src, dst), num_nodes=n)
+        model = _dgl_model(case.model, ds.num_features, ds.num_classes, g, weight)
+    x, y, mask = ds.x, ds.y, ds.train_mask
+
+    def step(opt):
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        loss = F.cross_entropy(out[mask], y[mask])
+        loss.backward()
+        opt.step()
+
+    return model, step
+
+
+def _showcase_step(case: Case, ds):
+    """Two G-GCN layers 64 -> 64, forward + backward of ``out.sum()`` (no optimizer)."""
+    import torch
+
+    x = ds.x
+    f = x.shape[1]
+    if case.framework in ("ngra", "ngra-generic"):
+        import ngra.compiler
+        from ngra.models import GGCNConv
+
+        ngra.compiler.set_enabled(case.framework == "ngra")
+        layers = torch.nn.ModuleList([GGCNConv(f, HIDDEN), GGCNConv(HIDDEN, HIDDEN)])
+        graph = ds.graph
+
+        def fwd():
+            h = x
+            for layer in layers:
+                h = layer(graph, h)
+            return h
+    elif case.framework == "pyg":
+        ei = torch.stack([ds.graph.indices, ds.graph.dst_index()])
+        net = _pyg_model("ggcn", f, HIDDEN, ei, None)
+        layers = net
+
+        def fwd():  # the bare layers: no dropout
+            h = x
+            for conv in net.convs:
+                h = conv(h, ei)
+            return h
+    else:
+        from ngra._compat import import_dgl
+
+        g = import_dgl().graph((ds.graph.indices, ds.graph.dst_index()), num_nodes=ds.num_nodes)
+        net = _dgl_model("ggcn", f, HIDDEN, g, None)
+        layers = net
+
+        def fwd():
+            h = x
+            for conv in net.convs:
+                h = conv(g, h)
+            return h
+
+    def step(_opt):
+        for p in layers.parameters():
+            p.grad = None
+        fwd().sum().backward()
+
+    return layers, step
+
+
+def _edge_step(case: Case, ds):
+    """The G-GCN edge stage alone: ``sum_u sigmoid(a[v] + b[u]) * c[u]``, forward + backward."""
+    import torch
+
+    graph = ds.graph
+    n, f = graph.num_nodes, ds.x.shape[1]
+    gen = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(n, f, generator=gen).requires_grad_() for _ in range(3))
+    src, dst = graph.indices, graph.dst_index()
+    if case.framework == "ngra":
+        from ngra.kernels.fused_edge import E, fused_edge_aggregate
+
+        expr = E.sigmoid(E.dst(0) + E.src(1)) * E.src(0)
+        rev = graph.csr()
+
+        def fwd():
+            return fused_edge_aggregate(graph.indptr, graph.indices, expr, [c, b], [a], rev=rev)
+    elif case.framework == "torch":
+        def fwd():
+            gate = torch.sigmoid(a.index_select(0, dst) + b.index_select(0, src))
+            msg = gate * c.index_select(0, src)
+            return torch.zeros(n, f).index_add_(0, dst, msg)
+    elif case.framework == "dgl":
+        from ngra._compat import import_dgl
+
+        dgl = import_dgl()
+        import dgl.function as fn
+
+        g = dgl.graph((src, dst), num_nodes=n)
+
+        def msg_fn(edges):
+            return {"m": torch.sigmoid(edges.dst["a"] + edges.src["b"]) * edges.src["c"]}
+
+        def fwd():
+            with g.local_scope():
+                g.ndata.update({"a": a, "b": b, "c": c})
+                g.update_all(msg_fn, fn.sum("m", "out"))
+                return g.ndata["out"]
+    else:
+        from torch_geometric.nn import MessagePassing
+
+        class Gate(MessagePassing):
+            def __init__(self):
+                super().__init__(aggr="add")
+
+            def forward(self, ei):
+                return self.propagate(ei, a=a, b=b, c=c)
+
+            def message(self, a_i, b_j, c_j):
+                return torch.sigmoid(a_i + b_j) * c_j
+
+        ei = torch.stack([src, dst])
+        gate = Gate()
+
+        def fwd():
+            return gate(ei)
+
+    def step(_opt):
+        for t in (a, b, c):
+            t.grad = None
+        fwd().sum().backward()
+
+    return torch.nn.ParameterList(), step
+
+
+def run_child(case: Case) -> Result:
+    """Set up, warm up, time. Runs in a fresh process (see :func:`run_case`)."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    if case.framework in ("ngra", "ngra-generic"):
+        # Load the kernel backends (numba) now, as the baselines import their libraries
+        # during setup: library memory is then setup memory for every framework.
+        import ngra.kernels.cpu  # noqa: F401
+    res = Result(case.kind, case.framework, case.model, case.graph)
+    ds = _load(case.spec)
+    res.nodes, res.edges = ds.num_nodes, ds.num_edges
+    if case.kind == "train":
+        if case.framework in ("ngra", "ngra-generic"):
+            model, step, res.plan = _ngra_step(case, ds)
+        else:
+            model, step = _baseline_step(case, ds)
+        opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        model.train()
+    else:
+        model, step = (_showcase_step if case.kind == "showcase" else _edge_step)(case, ds)
+        opt = None
+    setup = _setup_rss()
+    repeats = case.repeats
+    for _ in range(case.warmup):  # compiles numba kernels and ngra plans
+        t0 = time.perf_counter()
+        step(opt)
+        if time.perf_counter() - t0 > case.epoch_cap_s and repeats > 1:
+            repeats = 1
+            res.note = f"slow (warm-up {time.perf_counter() - t0:.0f} s): 1 timed epoch"
+    # The high-water mark is reset here: warm-up-only costs (compiles) are not training memory.
+    with bu.PeakRSS() as mem:
+        timing = bu.time_fn(lambda: step(opt), warmup=0, repeat=repeats)
+    res.times_s = timing.times
+    res.median_s = timing.median
+    res.setup_mb = setup / MB
+    res.peak_mb = _lifetime_peak() / MB
+    res.train_mb = mem.delta / MB
+    return res
+
+
+# ============================================================================ parent side
+def _child_env() -> dict[str, str]:
+    """The parent's environment (threads and allocator pinned by ``bu.pin_environment``)."""
+    env = dict(os.environ)
+    env.setdefault("TQDM_DISABLE", "1")
+    return env
+
+
+def _vm_rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_case(case: Case, time_cap: float, mem_cap_mb: float) -> Result:
+    """Run ``case`` in a fresh process; kill it over the time or memory cap."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(asdict(case))]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_child_env(), cwd=str(REPO))
+    t0, peak, killed = time.monotonic(), 0.0, ""
+    while proc.poll() is None:
+        peak = max(peak, _vm_rss_mb(proc.pid))
+        if peak > mem_cap_mb:
+            killed = f"skipped (RSS > {mem_cap_mb / 1024:.0f} GB cap)"
+        elif time.monotonic() - t0 > time_cap:
+            killed = f"skipped (over the {time_cap:.0f} s cap)"
+        if killed:
+            proc.kill()
+            break
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    base = Result(case.kind, case.framework, case.model, case.graph)
+    if killed:
+        base.status = killed
+        base.peak_mb = peak * 2**20 / MB
+        return base
+    for line in reversed(out.splitlines()):
+        if line.startswith("RESULT "):
+            return Result(**json.loads(line[len("RESULT "):]))
+    tail = (err.strip().splitlines() or ["no output"])[-1][:160]
+    base.status = f"failed ({tail})"
+    return base
+
+
+def build_cases(args: argparse.Namespace) -> list[Case]:
+    graphs = QUICK_GRAPHS if args.quick else GRAPHS
+    if args.graphs:
+        pool = {**GRAPHS, **QUICK_GRAPHS}
+        unknown = [g for g in args.graphs if g not in pool]
+        if unknown:
+            raise SystemExit(f"unknown graph(s) {unknown}; choose from {sorted(pool)}")
+        graphs = {g: pool[g] for g in args.graphs}
+    cases = []
+    for gname, spec in graphs.items():
+        big = gname.startswith("rmat18")
+        for model in args.models:
+            for fw in args.frameworks:
+                cases.append(Case("train", fw, model, gname, spec, warmup=1,
+                                  repeats=2 if big else args.repeats))
+    if not args.no_showcase:
+        spec = QUICK_SHOWCASE_GRAPH if args.quick else SHOWCASE_GRAPH
+        gname = "rmat14-f64" if args.quick else "rmat16-f64"
+        for fw in args.frameworks:
+            cases.append(Case("showcase", fw, "ggcn", gname, spec, warmup=1, repeats=args.repeats))
+        for fw in EDGE_FRAMEWORKS:
+            cases.append(Case("edge", fw, "ggcn-gate", gname, spec, warmup=1, repeats=args.repeats))
+    return cases
+
+
+# ============================================================================ report
+def _fmt_s(x: float | None) -> str:
+    return bu.fmt_seconds(x)
+
+
+def _fmt_mb(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.0f}"
+
+
+def _cell(r: Result | None) -> str:
+    if r is None:
+        return "—"
+    if r.status != "ok":
+        return r.status
+    return _fmt_s(r.median_s)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return bu.fmt_ratio(None if a is None or not b else a / b)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    cols = [(str(i), h) for i, h in enumerate(header)]
+    return bu.markdown_table([dict(zip((c for c, _ in cols), r)) for r in rows], cols).split("\n")
+
+
+def _best_baseline(rs: dict[str, Result], attr: str) -> tuple[float | None, str]:
+    vals = [(getattr(rs[f], attr), f) for f in ("pyg", "dgl")
+            if f in rs and rs[f].status == "ok" and getattr(rs[f], attr) is not None]
+    if not vals:
+        return None, ""
+    return min(vals)
+
+
+def write_report(results: list[Result], path: Path, meta: dict[str, Any]) -> None:
+    by = {(r.kind, r.graph, r.model, r.framework): r for r in results}
+    graphs = list(dict.fromkeys(r.graph for r in results if r.kind == "train"))
+    models = list(dict.fromkeys(r.model for r in results if r.kind == "train"))
+    fws = [f for f in FRAMEWORKS if any(r.framework == f for r in results if r.kind == "train")]
+    lines = [
+        "# Training epoch: ngra vs PyG vs DGL",
+        "",
+        f"Generated by `experiments/train_bench.py` on {meta['date']} ({meta['argv']}).",
+        "",
+        f"- Machine: {meta['machine']}; load average at start {meta['load']} "
+        "(the 2 cores are shared with other jobs: compare ratios, not absolute times).",
+        f"- Threads: {THREADS} (torch, OMP, MKL, numba) and {meta['omp']} for every framework. "
+        f"Allocator: {meta['allocator']}, the same for every framework.",
+        f"- Versions: {meta['versions']}.",
+        "- Time: median epoch (forward + loss + backward + Adam step) after 1 warm-up epoch "
+        "(numba compile, plan compile); 2 timed epochs on R-MAT 2^18, more elsewhere (`n`).",
+        "- Memory: `peak` = max RSS (`ru_maxrss`) of a fresh process running only that case "
+        "(interpreter, libraries, dataset and warm-up compiles included); `train` = an "
+        "epoch's working memory: high-water RSS of the timed epochs above the RSS after the "
+        "warm-up epoch (activations, messages, temporaries; parameters, gradients, optimizer "
+        "state and compiled code excluded). MB = 10^6 bytes.",
+        "- ratio = ngra / the faster (or smaller) of PyG and DGL.",
+        "",
+    ]
+    verdicts: list[str] = []
+    for g in graphs:
+        any_r = next((r for r in results if r.graph == g and r.nodes), None)
+        size = f" ({any_r.nodes:,} nodes, {any_r.edges:,} edges)" if any_r else ""
+        lines += [f"## {g}{size}", ""]
+        header = ["model"] + fws + ["time ratio", "n"] + [f"{f} peak / train MB" for f in fws] \
+            + ["train-MB ratio", "ngra plan"]
+        rows = []
+        for m in models:
+            rs = {f: by[("train", g, m, f)] for f in fws if ("train", g, m, f) in by}
+            ng = rs.get("ngra")
+            bt, bf = _best_baseline(rs, "median_s")
+            bm, _ = _best_baseline(rs, "train_mb")
+            t_ratio = _ratio(ng.median_s if ng and ng.status == "ok" else None, bt)
+            m_ratio = _ratio(ng.train_mb if ng and ng.status == "ok" else None, bm)
+            n = str(len(ng.times_s)) if ng and ng.times_s else "-"
+            mem = [f"{_fmt_mb(rs[f].peak_mb)} / {_fmt_mb(rs[f].train_mb)}" if f in rs else "-"
+                   for f in fws]
+            note = (ng.plan if ng else "") + (f"; {ng.note}" if ng and ng.note else "")
+            rows.append([m] + [_cell(rs.get(f)) for f in fws]
+                        + [t_ratio + (f" (vs {bf})" if bf else ""), n] + mem + [m_ratio, note])
+            if ng and ng.status == "ok":
+                verdicts += _verdicts(g, m, ng, bt, bm)
+        lines += _table(header, rows) + [""]
+    lines += _showcase_section(results)
+    lines += ["## Targets", ""]
+    lines += verdicts or ["(no comparable cases ran)"]
+    lines += [""]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _verdicts(g: str, m: str, ng: Result, bt: float | None, bm: float | None) -> list[str]:
+    out = []
+    if g in LARGE_GRAPHS:
+        if bt is None:
+            out.append(f"- {g}/{m}: time: no baseline finished (ngra {_fmt_s(ng.median_s)}).")
+        else:
+            r = ng.median_s / bt
+            ok = "met" if r <= 0.8 else "MISSED"
+            out.append(f"- {g}/{m}: time {r:.2f}x of the faster baseline (target <= 0.8x): {ok}.")
+    if m in ("gat", "ggcn"):
+        if bm is None:
+            out.append(f"- {g}/{m}: memory: no baseline finished "
+                       f"(ngra train {_fmt_mb(ng.train_mb)} MB).")
+        else:
+            r = ng.train_mb / bm if bm > 0 else float("inf")
+            ok = "met" if r <= 1 / 3 else "MISSED"
+            out.append(f"- {g}/{m}: training memory {r:.2f}x of the smaller baseline "
+                       f"(target <= 0.33x): {ok}.")
+    return out
+
+
+def _showcase_section(results: list[Result]) -> list[str]:
+    lines: list[str] = []
+    for kind, title, fws in (
+        ("showcase", "G-GCN showcase: 2 layers (64 -> 64), forward + backward", FRAMEWORKS),
+        ("edge", "G-GCN edge stage alone: sum_u sigmoid(a[v] + b[u]) * c[u], F = 64, "
+                 "forward + backward", EDGE_FRAMEWORKS),
+    ):
+        rs = {r.framework: r for r in results if r.kind == kind}
+        if not rs:
+            continue
+        g = next(iter(rs.values()))
+        size = f" ({g.nodes:,} nodes, {g.edges:,} edges)" if g.nodes else ""
+        lines += [f"## {title} on {g.graph}{size}", ""]
+        ng = rs.get("ngra")
+        base = [r for f, r in rs.items() if f not in ("ngra", "ngra-generic") and r.status == "ok"]
+        rows = []
+        for f in fws:
+            if f not in rs:
+                continue
+            r = rs[f]
+            both = ng is not None and ng.status == "ok" and r.status == "ok"
+            speed = _ratio(r.median_s, ng.median_s) if both else "-"
+            mem = _ratio(r.train_mb, ng.train_mb) if both else "-"
+            rows.append([f, _cell(r), str(len(r.times_s) or "-"), _fmt_mb(r.peak_mb),
+                         _fmt_mb(r.train_mb), speed, mem])
+        lines += _table(["framework", "median", "n", "peak MB", "train MB",
+                         "time / ngra", "train MB / ngra"], rows) + [""]
+        if kind == "showcase" and ng and ng.status == "ok" and base:
+            ft = min(r.median_s for r in base)
+            fm = min(r.train_mb for r in base)
+            lines.append(
+                f"Target: ngra >= 10x faster than the UDF baselines at <= 1/5 of their memory: "
+                f"{ft / ng.median_s:.1f}x faster than the faster baseline "
+                f"({'met' if ft / ng.median_s >= 10 else 'MISSED'}), training memory "
+                f"{ng.train_mb / fm:.2f}x of the smaller "
+                f"({'met' if ng.train_mb <= fm / 5 else 'MISSED'}); "
+                f"peak RSS {ng.peak_mb / min(r.peak_mb for r in base):.2f}x.")
+            lines.append("")
+    return lines
+
+
+def write_csv(results: list[Result], path: Path) -> None:
+    rows = []
+    for r in results:
+        row = asdict(r)
+        row["times_s"] = " ".join(f"{t:.4f}" for t in r.times_s)
+        rows.append(row)
+    bu.write_csv(rows, path)
+
+
+def _meta(args: argparse.Namespace) -> dict[str, Any]:
+    import numba
+    import torch_geometric
+
+    from ngra._compat import import_dgl
+
+    dgl = import_dgl()
+    info = bu.machine_info()
+    versions = [f"torch {info['torch']}", f"numba {numba.__version__}",
+                f"torch_geometric {torch_geometric.__version__}", f"dgl {dgl.__version__}"]
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "date": info["date"],
+        "argv": "`" + " ".join(["train_bench.py"] + sys.argv[1:]) + "`",
+        "machine": f"{info['cpu']}, {info['cores']} cores, {mem:.0f} GiB, git {info['git']}",
+        "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "allocator": ("glibc malloc + THP_MEM_ALLOC_ENABLE=1 (PyTorch's huge-page-backed "
+                      "allocations)" if args.thp else "glibc malloc, THP_MEM_ALLOC_ENABLE=0"),
+        "omp": f"OMP_WAIT_POLICY={args.omp_wait.upper()}",
+        "versions": ", ".join(versions),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="Cora + R-MAT 2^14 only")
+    p.add_argument("--models", type=lambda s: s.split(","), default=list(MODELS),
+                   help=f"comma-separated subset of {','.join(MODELS)}")
+    p.add_argument("--graphs", type=lambda s: s.split(","), default=None,
+                   help=f"comma-separated subset of {','.join({**GRAPHS, **QUICK_GRAPHS})}")
+    p.add_argument("--frameworks", type=lambda s: s.split(","), default=list(FRAMEWORKS),
+                   help=f"comma-separated subset of {','.join(FRAMEWORKS)}")
+    p.add_argument("--repeats", type=int, default=5, help="timed epochs (R-MAT 2^18: 2)")
+    p.add_argument("--time-cap", type=float, default=180.0, help="seconds per case (default 180)")
+    p.add_argument("--mem-cap-gb", type=float, default=8.0, help="RSS cap per case (default 8)")
+    p.add_argument("--no-thp", dest="thp", action="store_false",
+                   help="THP_MEM_ALLOC_ENABLE=0 instead of 1 (for every framework)")
+    p.add_argument("--omp-wait", choices=("passive", "active"), default="passive",
+                   help="OMP_WAIT_POLICY for every framework (default passive: on shared, "
+                        "oversubscribed cores spinning OpenMP threads cost every op a time slice)")
+    p.add_argument("--no-showcase", action="store_true", help="skip the G-GCN showcase")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.child:
+        res = run_child(Case(**json.loads(args.child)))
+        print("RESULT " + json.dumps(asdict(res)), flush=True)
+        return 0
+
+    for name, pool, given in (("model", MODELS, args.models),
+                              ("framework", FRAMEWORKS, args.frameworks)):
+        bad = [x for x in given if x not in pool]
+        if bad:
+            raise SystemExit(f"unknown {name}(s) {bad}; choose from {list(pool)}")
+    # may re-exec this script once; children inherit the pinned environment
+    bu.pin_environment(THREADS, args.thp, {"OMP_WAIT_POLICY": args.omp_wait.upper()})
+    from tqdm import tqdm
+
+    cases = build_cases(args)
+    meta = _meta(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    md, csv_path = args.out / "training.md", args.out / "training.csv"
+    results: list[Result] = []
+    bar = tqdm(cases, desc="train_bench", unit="case")
+    for case in bar:
+        bar.set_postfix_str(case.label)
+        res = run_case(case, args.time_cap, args.mem_cap_gb * 1024)
+        results.append(res)
+        tqdm.write(f"{case.label}: {res.status} median {_fmt_s(res.median_s)} "
+                   f"peak {_fmt_mb(res.peak_mb)} MB train {_fmt_mb(res.train_mb)} MB {res.note}")
+        write_csv(results, csv_path)  # partial results survive an interrupted run
+        write_report(results, md, meta)
+    print(f"wrote {md} and {csv_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,478 @@
+"""Python source for numba kernels, generated from an :class:`EdgeExpr`.
+
+One :class:`KernelSpec` (pass kind x dtype x expression x reducer x term layout x
+wanted gradients) becomes one module holding one ``@njit(nogil=True, cache=True)``
+function ``kernel(..., v0, v1)`` over a range of rows, which
+:func:`ngra.kernels.cpu._util.run_rows` runs on edge-balanced ranges in parallel
+threads (the CPU backend's convention: a ``parallel=True``/``prange`` kernel took
+2-3x longer to compile, and every cold CI run pays compile time). The expression is
+inlined as straight-line scalar code in the loop over feature columns; nodes that
+read only width-1 terms (and constants) are hoisted out of that loop, and
+structurally equal subexpressions are computed once (derivative expressions reuse
+the forward nodes, see :func:`ngra.kernels.fused_edge.derivative`).
+
+Three pass kinds, all without atomics (each output row has exactly one writer):
+
+``fwd``      rows = destinations; accumulates each destination's in-edges (CSC) straight
+             into its output row. ``max``/``min`` also record the CSC position of the
+             first edge attaining the extreme (``arg``).
+``bwd_dst``  rows = destinations: gradients of dst terms (summed over in-edges) and of
+             edge terms (one row per edge), ``g[v] * d expr / d term``.
+``bwd_src``  rows = sources, walking the reverse CSR: gradients of src terms summed over
+             out-edges.
+
+Rows read at random (``src`` rows in the destination passes; ``dst``, ``g`` and
+``edge`` rows in the source pass) are prefetched a few edges ahead.
+
+Only our own IR is turned into text; no user source is ever parsed or executed.
+Kernels are generated per float dtype: constants arrive as an array of the terms'
+dtype, so float32 kernels stay float32, and ``exp`` (also inside ``sigmoid``) is a
+generated branch-free polynomial (:func:`_exp_source`) that LLVM vectorizes across
+feature columns; ``math.exp`` is a scalar libm call that blocks vectorization and
+costs several times more on this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from dataclasses import dataclass
+from decimal import Decimal, localcontext
+
+from ngra.kernels.fused_edge import EdgeExpr, derivative, topo_order
+
+__all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
+
+# Bump when the generated text changes meaning: it is part of every kernel's file name.
+CODEGEN_VERSION = "7"
+
+_LEAF_ARRAY = {"src": "s", "dst": "d", "edge": "e"}
+_LEAF_ROW = {"src": "u", "dst": "v", "edge": "e"}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything that changes a generated kernel's text.
+
+    Attributes:
+        kind: ``"fwd"``, ``"bwd_dst"`` or ``"bwd_src"``.
+        dtype: ``"float32"`` or ``"float64"``, the terms' dtype.
+        expr: the forward expression.
+        reduce: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
+        layout: ``((kind, index, wide), ...)`` every leaf the expression reads, sorted;
+            ``wide`` is False for a width-1 term (broadcast over columns).
+        grads: ``((kind, index), ...)`` leaves whose gradients this kernel writes
+            (backward kinds only): dst and edge leaves for ``bwd_dst``, src for ``bwd_src``.
+    """
+
+    kind: str
+    dtype: str
+    expr: EdgeExpr
+    reduce: str
+    layout: tuple[tuple[str, int, bool], ...]
+    grads: tuple[tuple[str, int], ...] = ()
+
+    def digest(self) -> str:
+        text = "|".join([
+            CODEGEN_VERSION, self.kind, self.dtype, self.expr.key(), self.reduce,
+            ",".join(f"{k}{i}{'w' if w else 'n'}" for k, i, w in self.layout),
+            ",".join(f"{k}{i}" for k, i in self.grads),
+        ])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    def arrays(self) -> list[str]:
+        """Names of the term arrays the kernel takes, in layout order."""
+        return [f"{_LEAF_ARRAY[k]}{i}" for k, i, _ in self.layout]
+
+    def grad_names(self) -> list[str]:
+        return [f"g{_LEAF_ARRAY[k]}{i}" for k, i in self.grads]
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    def indent(self) -> _Writer:
+        self.depth += 1
+        return self
+
+    def dedent(self) -> None:
+        self.depth -= 1
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class _Emitter:
+    """Names every node and writes its statement, hoisted (scalar) or per column."""
+
+    def __init__(self, spec: KernelSpec, roots: list[EdgeExpr]) -> None:
+        self.wide_leaf = {(k, i): w for k, i, w in spec.layout}
+        self.consts: list[float] = [0.0, 1.0]
+        self.names: dict[EdgeExpr, str] = {}
+        self.order = topo_order(roots)
+        self.wide: dict[EdgeExpr, bool] = {}
+        for x in self.order:
+            if x.is_leaf:
+                self.wide[x] = self.wide_leaf[(x.op, x.index)]
+            else:
+                self.wide[x] = any(self.wide[a] for a in x.args)
+        for x in self.order:
+            if x.op == "const":
+                self.names[x] = self.const(x.value)
+            elif x.op in ("leaky_relu", "leaky_relu_grad"):
+                self.const(x.value)
+
+    def const(self, value: float) -> str:
+        value = float(value)
+        for k, c in enumerate(self.consts):
+            # float.hex distinguishes 0.0 from -0.0
+            if c.hex() == value.hex():
+                return f"c{k}"
+        self.consts.append(value)
+        return f"c{len(self.consts) - 1}"
+
+    def _expr(self, x: EdgeExpr) -> str:
+        a = [self.names[arg] for arg in x.args]
+        zero, one = "c0", "c1"
+        op = x.op
+        if x.is_leaf:
+            arr = f"{_LEAF_ARRAY[op]}{x.index}"
+            col = "f" if self.wide[x] else "0"
+            return f"{arr}[{_LEAF_ROW[op]}, {col}]"
+        if op in ("add", "sub", "mul", "div"):
+            sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
+            return f"{a[0]} {sym} {a[1]}"
+        if op == "neg":
+            return f"-{a[0]}"
+        if op == "sigmoid":
+            return f"{one} / ({one} + _exp(-{a[0]}))"
+        if op == "tanh":
+            return f"math.tanh({a[0]})"
+        if op == "exp":
+            return f"_exp({a[0]})"
+        if op == "log":
+            return f"math.log({a[0]})"
+        # "<= 0" rather than "> 0" so that NaN propagates as in torch
+        if op == "relu":
+            return f"{zero} if {a[0]} <= {zero} else {a[0]}"
+        if op == "leaky_relu":
+            return f"{a[0]} * {self.const(x.value)} if {a[0]} <= {zero} else {a[0]}"
+        if op == "relu_grad":
+            return f"{one} if {a[0]} > {zero} else {zero}"
+        if op == "leaky_relu_grad":
+            return f"{one} if {a[0]} > {zero} else {self.const(x.value)}"
+        raise ValueError(f"no code for op {op!r}")  # pragma: no cover
+
+    def emit(self, w: _Writer, wide: bool) -> None:
+        """Statements for the hoisted (``wide=False``) or per-column nodes."""
+        for x in self.order:
+            if x.op == "const" or self.wide[x] != wide:
+                continue
+            name = f"t{len(self.names)}"
+            self.names[x] = name
+            w(f"{name} = {self._expr(x)}")
+
+    def header(self, w: _Writer) -> None:
+        for k in range(len(self.consts)):
+            w(f"c{k} = consts[{k}]")
+
+
+def _grad_roots(spec: KernelSpec) -> list[tuple[str, int, EdgeExpr]]:
+    return [(k, i, derivative(spec.expr, (k, i))) for k, i in spec.grads]
+
+
+def generate(spec: KernelSpec) -> tuple[str, list[float]]:
+    """``(module source, constants)`` for ``spec``; the module defines ``kernel``."""
+    if spec.kind == "fwd":
+        emitter = _Emitter(spec, [spec.expr])
+        body = _fwd(spec, emitter)
+    elif spec.kind in ("bwd_dst", "bwd_src"):
+        roots = _grad_roots(spec)
+        emitter = _Emitter(spec, [r for _, _, r in roots])
+        write = _bwd_dst if spec.kind == "bwd_dst" else _bwd_src
+        body = write(spec, emitter, roots)
+    else:
+        raise ValueError(f"unknown kernel kind {spec.kind!r}")
+    head = [
+        f'"""Generated by ngra.kernels.cpu._codegen (v{CODEGEN_VERSION}); do not edit.',
+        "",
+        f"kind: {spec.kind}   reduce: {spec.reduce}",
+        f"expr: {spec.expr}",
+        "layout: " + ", ".join(f"{k}{i}[{'F' if wd else '1'}]" for k, i, wd in spec.layout),
+    ]
+    if spec.grads:
+        head.append("grads: " + ", ".join(f"{k}{i}" for k, i in spec.grads))
+    head += [
+        '"""',
+        "import math",
+        "",
+        "import numpy as np",
+        "from numba import njit",
+        "",
+        "from ngra.kernels.cpu._util import PREFETCH, prefetch_row",
+        "",
+        "",
+    ]
+    return "\n".join(head) + _exp_source(spec.dtype) + "\n\n" + body, emitter.consts
+
+
+# numba/LLVM flags of every generated function. IEEE semantics stay (no nnan/ninf:
+# inf/NaN must behave as in torch); "contract" lets LLVM fuse multiply-adds.
+_FASTMATH = '{"contract"}'
+_DECO = f'@njit(nogil=True, cache=True, error_model="numpy", fastmath={_FASTMATH})'
+
+
+def _ft(spec: KernelSpec) -> str:
+    return f"np.{spec.dtype}"
+
+
+def _ln2_split(dtype: str) -> tuple[float, float]:
+    """``ln 2 = hi + lo`` with few bits in ``hi``, so that ``n * hi`` is exact for |n| < 2^11."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        ln2 = Decimal(2).ln()
+        keep = 12 if dtype == "float32" else 32
+        m, e = math.frexp(float(ln2))
+        hi = math.ldexp(math.floor(math.ldexp(m, keep)), e - keep)
+        lo = float(ln2 - Decimal(hi))
+    if dtype == "float32":
+        lo = float(_f32(lo))
+    return hi, lo
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _exp_source(dtype: str) -> str:
+    """A vectorizable ``exp`` for ``dtype``: ``2^n * p(r)``, ``x = n ln2 + r``, ``|r| <= ln2/2``.
+
+    ``p`` is the Taylor polynomial of ``e^r`` (degree 7 for float32, 13 for float64:
+    truncation error below half an ulp), ``2^n`` is built from its exponent bits.
+    Outside the normal range the result is ``0`` or ``inf``; NaN propagates.
+    """
+    f32 = dtype == "float32"
+    ft, it = ("np.float32", "np.int32") if f32 else ("np.float64", "np.int64")
+    degree, shift, bias = (7, 23, 127) if f32 else (13, 52, 1023)
+    # |n| stays inside the exponent range: n + bias in [1, 2 * bias]
+    hi_x, lo_x = (88.3, -87.3) if f32 else (709.0, -708.0)
+    ln2_hi, ln2_lo = _ln2_split(dtype)
+    lines = [
+        f"_X_HI = {ft}({hi_x!r})",
+        f"_X_LO = {ft}({lo_x!r})",
+        f"_LOG2E = {ft}({1.0 / math.log(2.0)!r})",
+        f"_LN2_HI = {ft}({ln2_hi!r})",
+        f"_LN2_LO = {ft}({ln2_lo!r})",
+        f"_HALF = {ft}(0.5)",
+        f"_ZERO = {ft}(0.0)",
+        f"_INF = {ft}(np.inf)",
+        f"_BIAS = {it}({bias})",
+    ]
+    lines += [f"_P{k} = {ft}({1.0 / math.factorial(k)!r})" for k in range(degree + 1)]
+    horner = f"_P{degree}"
+    for k in range(degree - 1, -1, -1):
+        horner = f"({horner}) * r + _P{k}" if k < degree - 1 else f"{horner} * r + _P{k}"
+    lines += [
+        "",
+        "",
+        # no inline="always": LLVM inlines it anyway, and numba-level inlining
+        # nearly doubles the compile time of every kernel that calls it
+        f'@njit(cache=True, nogil=True, error_model="numpy", fastmath={_FASTMATH})',
+        "def _exp(x):  # pragma: no cover",
+        "    xc = _X_LO if x < _X_LO else x",
+        "    xc = _X_HI if xc > _X_HI else xc",
+        "    z = np.floor(xc * _LOG2E + _HALF)  # math.floor would return an int64",
+        "    r = (xc - z * _LN2_HI) - z * _LN2_LO",
+        f"    p = {horner}",
+        f"    y = p * {it}(({it}(z) + _BIAS) << {shift}).view({ft})",
+        "    y = _INF if x > _X_HI else y",
+        "    y = _ZERO if x < _X_LO else y",
+        "    return x if x != x else y",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _open_kernel(w: _Writer, spec: KernelSpec, em: _Emitter, args: list[str]) -> None:
+    w(_DECO)
+    w(f"def kernel({', '.join(args + ['v0', 'v1'])}):  # pragma: no cover")
+    w.indent()
+    em.header(w)
+
+
+def _zero_rows(w: _Writer, rows: list[tuple[str, str, bool]]) -> None:
+    """Zero ``name[row, :]`` for wide outputs; start a scalar for narrow ones."""
+    for name, row, wide in rows:
+        if wide:
+            w("for f in range(nf):")
+            w.indent()(f"{name}[{row}, f] = c0")
+            w.dedent()
+        else:
+            w(f"{name}_acc = c0")
+
+
+def _prefetch(w: _Writer, arrays: list[str], index: str, bound: str) -> None:
+    """Hint the rows ``index[pos + PREFETCH]`` of ``arrays`` (random gathers)."""
+    if not arrays:
+        return
+    w(f"if pos + PREFETCH < {bound}:")
+    w.indent()
+    w(f"ahead = {index}[pos + PREFETCH]")
+    for a in arrays:
+        w(f"prefetch_row({a}, ahead)")
+    w.dedent()
+
+
+def _wide_leaves(spec: KernelSpec, kind: str) -> list[str]:
+    return [f"{_LEAF_ARRAY[k]}{i}" for k, i, wd in spec.layout if k == kind and wd]
+
+
+def _fwd(spec: KernelSpec, em: _Emitter) -> str:
+    ext = spec.reduce in ("max", "min")
+    w = _Writer()
+    _open_kernel(w, spec, em,
+                 ["indptr", "indices", "consts", *spec.arrays(), "out"] + (["arg"] if ext else []))
+    w("nf = out.shape[1]")
+    w("num_edges = indices.shape[0]")
+    w("for v in range(v0, v1):")
+    w.indent()
+    w("start = indptr[v]")
+    w("end = indptr[v + 1]")
+    w("for f in range(nf):")
+    w.indent()
+    w("out[v, f] = c0")
+    if ext:
+        w("arg[v, f] = -1")
+    w.dedent()
+    w("for pos in range(start, end):")
+    w.indent()
+    _prefetch(w, _wide_leaves(spec, "src"), "indices", "num_edges")
+    w("e = pos")
+    w("u = indices[e]")
+    em.emit(w, wide=False)
+    w("for f in range(nf):")
+    w.indent()
+    em.emit(w, wide=True)
+    root = em.names[spec.expr]
+    if ext:
+        cmp = ">" if spec.reduce == "max" else "<"
+        w(f"val = {root}")
+        w(f"if arg[v, f] < 0 or val {cmp} out[v, f]:")
+        w.indent()
+        w("out[v, f] = val")
+        w("arg[v, f] = e")
+        w.dedent()
+    else:
+        w(f"out[v, f] += {root}")
+    w.dedent()
+    w.dedent()  # edge loop
+    if spec.reduce == "mean":
+        w("if end > start:")
+        w.indent()
+        w(f"inv = c1 / {_ft(spec)}(end - start)")
+        w("for f in range(nf):")
+        w.indent()("out[v, f] *= inv")
+    return w.text()
+
+
+def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
+    ext = spec.reduce in ("max", "min")
+    wide = {(k, i): wd for k, i, wd in spec.layout}
+    w = _Writer()
+    _open_kernel(w, spec, em, ["indptr", "indices", "consts", *spec.arrays(), "g"]
+                 + (["arg"] if ext else []) + spec.grad_names())
+    w("nf = g.shape[1]")
+    w("num_edges = indices.shape[0]")
+    w("for v in range(v0, v1):")
+    w.indent()
+    w("start = indptr[v]")
+    w("end = indptr[v + 1]")
+    if spec.reduce == "mean":
+        w(f"inv = c1 / {_ft(spec)}(end - start) if end > start else c0")
+    dst_rows = [(f"gd{i}", "v", wide[(k, i)]) for k, i, _ in roots if k == "dst"]
+    _zero_rows(w, dst_rows)
+    w("for pos in range(start, end):")
+    w.indent()
+    _prefetch(w, _wide_leaves(spec, "src"), "indices", "num_edges")
+    w("e = pos")
+    w("u = indices[e]")
+    em.emit(w, wide=False)
+    for k, i, _ in roots:
+        if k == "edge" and not wide[(k, i)]:
+            w(f"ge{i}_acc = c0")
+    w("for f in range(nf):")
+    w.indent()
+    if ext:
+        w("if arg[v, f] != e:")
+        w.indent()
+        for k, i, _ in roots:
+            if k == "edge" and wide[(k, i)]:
+                w(f"ge{i}[e, f] = c0")
+        w("continue")
+        w.dedent()
+    w("gv = g[v, f] * inv" if spec.reduce == "mean" else "gv = g[v, f]")
+    em.emit(w, wide=True)
+    for k, i, r in roots:
+        d = em.names[r]
+        name = f"g{_LEAF_ARRAY[k]}{i}"
+        if not wide[(k, i)]:
+            w(f"{name}_acc += gv * {d}")
+        elif k == "dst":
+            w(f"{name}[v, f] += gv * {d}")
+        else:
+            w(f"{name}[e, f] = gv * {d}")
+    w.dedent()  # column loop
+    for k, i, _ in roots:
+        if k == "edge" and not wide[(k, i)]:
+            w(f"ge{i}[e, 0] = ge{i}_acc")
+    w.dedent()  # edge loop
+    for name, row, wd in dst_rows:
+        if not wd:
+            w(f"{name}[{row}, 0] = {name}_acc")
+    return w.text()
+
+
+def _bwd_src(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
+    ext = spec.reduce in ("max", "min")
+    wide = {(k, i): wd for k, i, wd in spec.layout}
+    w = _Writer()
+    _open_kernel(w, spec, em, ["indptr", "rev_indptr", "rev_indices", "rev_perm", "consts",
+                              *spec.arrays(), "g"]
+                 + (["arg"] if ext else []) + spec.grad_names())
+    w("nf = g.shape[1]")
+    w("num_edges = rev_indices.shape[0]")
+    w("for u in range(v0, v1):")
+    w.indent()
+    src_rows = [(f"gs{i}", "u", wide[(k, i)]) for k, i, _ in roots]
+    _zero_rows(w, src_rows)
+    w("for pos in range(rev_indptr[u], rev_indptr[u + 1]):")
+    w.indent()
+    _prefetch(w, _wide_leaves(spec, "dst") + ["g"], "rev_indices", "num_edges")
+    _prefetch(w, _wide_leaves(spec, "edge"), "rev_perm", "num_edges")
+    w("v = rev_indices[pos]")
+    w("e = rev_perm[pos]")
+    if spec.reduce == "mean":
+        w(f"inv = c1 / {_ft(spec)}(indptr[v + 1] - indptr[v])")  # v has this in-edge: degree >= 1
+    em.emit(w, wide=False)
+    w("for f in range(nf):")
+    w.indent()
+    if ext:
+        w("if arg[v, f] != e:")
+        w.indent()("continue")
+        w.dedent()
+    w("gv = g[v, f] * inv" if spec.reduce == "mean" else "gv = g[v, f]")
+    em.emit(w, wide=True)
+    for _, i, r in roots:
+        d = em.names[r]
+        w(f"gs{i}[u, f] += gv * {d}" if wide[("src", i)] else f"gs{i}_acc += gv * {d}")
+    w.dedent()
+    w.dedent()  # edge loop
+    for name, row, wd in src_rows:
+        if not wd:
+            w(f"{name}[{row}, 0] = {name}_acc")
+    return w.text()

@@ -1,0 +1,195 @@
+"""numba ``fused_edge_aggregate``: kernels generated from the edge expression.
+
+For each (pass, dtype, expression, reducer, term layout, wanted gradients) the code
+generator (:mod:`ngra.kernels.cpu._codegen`) writes the source of one
+``@njit(nogil=True, cache=True)`` kernel over a range of rows, the expression inlined
+as scalar code in the loop over feature columns; :func:`~ngra.kernels.cpu._util.run_rows`
+runs it on edge-balanced row ranges in ``torch.get_num_threads()`` threads. The
+source is saved as a real module file named by its hash in the kernel cache
+directory and imported from there, so
+numba's on-disk cache (``__pycache__`` beside that file) lets a second process reuse
+the compiled machine code. Within a process each kernel is imported once; numba
+compiles it once per index dtype (int32/int64; the float dtype is part of the spec).
+
+Cache directory: ``$NGRA_CACHE/numba`` if ``NGRA_CACHE`` is set, else
+``~/.cache/ngra/numba``; a private temporary directory if neither is writable.
+
+Passes (no atomics; no ``[E, F]`` tensor):
+
+* forward: rows = destinations (CSC);
+* backward of dst and edge terms: the same walk over destinations;
+* backward of src terms: rows = sources, walking the reverse CSR.
+
+Accumulators and the expression use the terms' dtype (float32 sums as torch's index_add does).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ngra.kernels.cpu._codegen import KernelSpec, generate
+from ngra.kernels.cpu._util import as_numpy, run_rows
+from ngra.kernels.fused_edge import FusedEdgeCall, leaves
+from ngra.kernels.registry import register
+
+__all__ = ["fused_edge_fwd", "fused_edge_bwd", "kernel_for", "cache_dir"]
+
+log = logging.getLogger(__name__)
+
+_KERNELS: dict[KernelSpec, tuple[Callable, np.ndarray]] = {}
+_LOCK = threading.Lock()
+_CACHE_DIR: Path | None = None
+
+
+# ============================================================================ kernel cache
+def cache_dir() -> Path:
+    """Where generated kernel modules (and numba's cache of them) live."""
+    global _CACHE_DIR
+    if _CACHE_DIR is None:
+        root = os.environ.get("NGRA_CACHE")
+        base = Path(root) if root else Path.home() / ".cache" / "ngra"
+        path = base / "numba"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / f".probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            path = Path(tempfile.mkdtemp(prefix="ngra-numba-"))
+            log.warning("kernel cache %s not writable (%s); using %s", base, exc, path)
+        _CACHE_DIR = path
+    return _CACHE_DIR
+
+
+def _write_module(path: Path, source: str) -> None:
+    # Rewriting an identical file would change its mtime and invalidate numba's
+    # cache index (keyed by the source file's stamp): write only when absent/different.
+    try:
+        if path.read_text() == source:
+            return
+    except OSError:
+        pass
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(source)
+    os.replace(tmp, path)
+
+
+def kernel_for(spec: KernelSpec) -> tuple[Callable, np.ndarray]:
+    """The compiled-on-first-call kernel of ``spec`` and its constants (in ``spec.dtype``)."""
+    hit = _KERNELS.get(spec)
+    if hit is not None:
+        return hit
+    with _LOCK:
+        hit = _KERNELS.get(spec)
+        if hit is not None:
+            return hit
+        source, consts = generate(spec)
+        name = f"ngra_fused_edge_{spec.digest()}"
+        path = cache_dir() / f"{name}.py"
+        _write_module(path, source)
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+        log.debug("fused_edge kernel %s: %s %s", name, spec.kind, spec.expr)
+        hit = (module.kernel, np.asarray(consts, dtype=np.dtype(spec.dtype)))
+        _KERNELS[spec] = hit
+        return hit
+
+
+# ============================================================================ helpers
+def _layout(call: FusedEdgeCall, groups: dict[str, list[torch.Tensor]]):
+    """The leaves the expression reads, with width flags, and their numpy arrays."""
+    used = leaves(call.expr)
+    layout = tuple((k, i, groups[k][i].shape[1] != 1) for k, i in used)
+    arrays = [as_numpy(groups[k][i]) for k, i in used]
+    return layout, arrays
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return "float32" if dtype == torch.float32 else "float64"
+
+
+# ============================================================================ registered ops
+@register("fused_edge_fwd", "cpu")
+def fused_edge_fwd(
+    indptr: torch.Tensor, indices: torch.Tensor, call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward: ``(out [num_dst, F], arg [num_dst, F] int64 for max/min else None)``."""
+    num_dst = indptr.numel() - 1
+    layout, arrays = _layout(call, {"src": src, "dst": dst, "edge": edge})
+    out = torch.empty(num_dst, call.width, dtype=call.dtype)
+    ext = call.reduce in ("max", "min")
+    arg = torch.empty(num_dst, call.width, dtype=torch.int64) if ext else None
+    spec = KernelSpec("fwd", _dtype_name(call.dtype), call.expr, call.reduce, layout)
+    kern, consts = kernel_for(spec)
+    ip = as_numpy(indptr.to(torch.int64).contiguous())
+    extra = [as_numpy(arg)] if ext else []
+    run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts, *arrays, as_numpy(out), *extra)
+    return out, arg
+
+
+@register("fused_edge_bwd", "cpu")
+def fused_edge_bwd(
+    indptr: torch.Tensor, indices: torch.Tensor,
+    get_rev: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+    aux: torch.Tensor | None, grad_out: torch.Tensor,
+    need: tuple[tuple[bool, ...], tuple[bool, ...], tuple[bool, ...]],
+) -> tuple[list, list, list]:
+    """Backward: ``(src_grads, dst_grads, edge_grads)``, ``None`` where not needed.
+
+    Gradients of dst and edge terms come from one pass over destinations, those of
+    src terms from one pass over sources (``get_rev()`` builds or returns the
+    reverse CSR only then). A term the expression never reads gets zeros.
+    """
+    groups = {"src": src, "dst": dst, "edge": edge}
+    wanted = dict(zip(("src", "dst", "edge"), need))
+    layout, arrays = _layout(call, groups)
+    used = {(k, i) for k, i, _ in layout}
+    grads: dict[str, list[torch.Tensor | None]] = {
+        k: [torch.zeros_like(t) if n and (k, i) not in used else None
+            for i, (t, n) in enumerate(zip(groups[k], wanted[k]))]
+        for k in groups
+    }
+    dtype = _dtype_name(call.dtype)
+    ip = as_numpy(indptr.to(torch.int64).contiguous())
+    g = as_numpy(grad_out.contiguous())
+    extra = [as_numpy(aux)] if aux is not None else []
+
+    dst_side = tuple((k, i) for k, i, _ in layout if k in ("dst", "edge") and wanted[k][i])
+    if dst_side:
+        spec = KernelSpec("bwd_dst", dtype, call.expr, call.reduce, layout, dst_side)
+        kern, consts = kernel_for(spec)
+        outs = [torch.empty_like(groups[k][i]) for k, i in dst_side]
+        run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts, *arrays, g, *extra,
+                 *[as_numpy(o) for o in outs])
+        for (k, i), o in zip(dst_side, outs):
+            grads[k][i] = o
+
+    src_side = tuple((k, i) for k, i, _ in layout if k == "src" and wanted[k][i])
+    if src_side:
+        rev_indptr, rev_indices, rev_perm = get_rev()
+        rp = as_numpy(rev_indptr.to(torch.int64).contiguous())
+        spec = KernelSpec("bwd_src", dtype, call.expr, call.reduce, layout, src_side)
+        kern, consts = kernel_for(spec)
+        outs = [torch.empty_like(groups[k][i]) for k, i in src_side]
+        run_rows(kern, rp, ip, rp, as_numpy(rev_indices.contiguous()),
+                 as_numpy(rev_perm.to(torch.int64).contiguous()), consts, *arrays, g, *extra,
+                 *[as_numpy(o) for o in outs])
+        for (k, i), o in zip(src_side, outs):
+            grads[k][i] = o
+    return grads["src"], grads["dst"], grads["edge"]

@@ -1,0 +1,297 @@
+"""numba ``softmax_aggregate``: GAT attention in one pass per destination.
+
+Forward walks each destination's in-edges once with an online (flash-attention
+style) softmax: a running max ``m`` and sum ``s`` per head, and an accumulator
+that is rescaled by ``exp(m_old - m_new)`` whenever the max grows. Edges are
+taken in chunks of :data:`_CHUNK`: the chunk's scores and exps first (its value
+rows are prefetched meanwhile), then the feature loop, so the max is updated and
+the accumulator rescaled at most once per chunk and the inner loop is a
+branch-free ``acc += p * value[u]``. No ``[E, H]`` score or ``[E, H, D]``
+message is ever written; only ``out`` and the log-sum-exp ``lse [num_dst, H]``
+leave the kernel.
+
+Backward recomputes ``alpha_uv = exp(leaky_relu(raw_uv) - lse[v])`` in passes
+that each have one writer per output row (no atomics):
+
+A. over destinations (CSC): ``delta[v] = g[v] . out[v]``, packed with
+   ``score_dst`` and ``lse`` into one float64 ``[num_dst, 3, H]`` row that pass B
+   gathers once per edge; in the *gather* variant also ``d score_dst`` (this
+   re-gathers ``value[u]`` for every edge).
+B. over sources (the reverse CSR): ``d value[u]`` and ``d score_src[u]`` (gathers
+   ``g[v]`` for every edge); in the *edge-buffer* variant it also writes each
+   ``d raw_uv`` to its CSC position in a transient ``[E, H]`` buffer.
+C. (edge-buffer variant) over destinations: ``d score_dst[v]`` = contiguous
+   segment sums of that buffer.
+
+The edge buffer is transient ``O(E * H)`` (freed on return); it replaces a full
+second gather of ``value`` rows (``E * H * D`` elements) by one ``H``-element
+scattered write and one contiguous read per edge, so it is chosen when a value
+row is at least :data:`EDGE_BUFFER_MIN_ROW_BYTES` long. Nothing ``O(E * H * D)``
+is ever stored.
+
+Scores, running max/sum and alpha are float64; feature accumulators and dot
+products use the input dtype (float32 accumulation vectorizes twice as wide and
+matches DGL/PyG). Kernels follow ``cpu/_util.py``: serial ``nogil`` functions
+over a row range, run on ``torch.get_num_threads()`` threads by ``run_rows`` in
+equal-work ranges. Specializations: {float32, float64} x {int32, int64 indices}.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from ngra.kernels.cpu._util import as_numpy, dummy, prefetch_row, run_rows
+from ngra.kernels.registry import register
+
+__all__ = ["EDGE_BUFFER_MIN_ROW_BYTES", "softmax_aggregate_bwd", "softmax_aggregate_fwd"]
+
+# A value row (H * D * itemsize bytes) at least this long makes the transient [E, H]
+# edge buffer cheaper than re-gathering value rows in backward pass A: the buffer
+# costs about two cache lines of traffic per edge (a scattered write and a read).
+EDGE_BUFFER_MIN_ROW_BYTES = 128
+
+# Edges whose scores and exps are computed together before their feature loop.
+_CHUNK = 8
+# Reassociation vectorizes the D-long dot products and allows FMAs; no nnan/ninf,
+# so the -inf initial running max and NaN inputs keep IEEE semantics.
+_FASTMATH = {"reassoc", "contract"}
+
+
+@njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, v0, v1):  # pragma: no cover
+    heads = ss.shape[1]
+    dim = val.shape[2]
+    m = np.empty(heads, np.float64)
+    s = np.empty(heads, np.float64)
+    sdv = np.empty(heads, np.float64)
+    xs = np.empty((_CHUNK, heads), np.float64)
+    pw = np.empty((_CHUNK, heads), val.dtype)
+    us = np.empty(_CHUNK, np.int64)
+    acc = np.empty((heads, dim), val.dtype)
+    for v in range(v0, v1):
+        start = indptr[v]
+        end = indptr[v + 1]
+        for h in range(heads):
+            m[h] = -np.inf
+            s[h] = 0.0
+            sdv[h] = sd[v, h]
+            for d in range(dim):
+                acc[h, d] = 0.0
+        for j0 in range(start, end, _CHUNK):
+            n = min(_CHUNK, end - j0)
+            for jj in range(n):
+                u = indices[j0 + jj]
+                us[jj] = u
+                prefetch_row(val, u)
+                for h in range(heads):
+                    x = ss[u, h] + sdv[h]
+                    xs[jj, h] = x if x > 0.0 else x * slope
+            for h in range(heads):
+                cm = m[h]
+                for jj in range(n):
+                    cm = max(cm, xs[jj, h])
+                if cm > m[h]:
+                    c = np.exp(m[h] - cm)  # 0 on the first chunk (m = -inf)
+                    s[h] *= c
+                    m[h] = cm
+                    cv = val.dtype.type(c)
+                    for d in range(dim):
+                        acc[h, d] *= cv
+                t = 0.0
+                for jj in range(n):
+                    p = np.exp(xs[jj, h] - cm)
+                    t += p
+                    pw[jj, h] = p
+                s[h] += t
+            for jj in range(n):
+                u = us[jj]
+                for h in range(heads):
+                    p = pw[jj, h]
+                    for d in range(dim):
+                        acc[h, d] += p * val[u, h, d]
+        if end > start:
+            for h in range(heads):
+                lse[v, h] = m[h] + np.log(s[h])
+                inv = val.dtype.type(1.0 / s[h])
+                for d in range(dim):
+                    out[v, h, d] = acc[h, d] * inv
+        else:
+            for h in range(heads):
+                lse[v, h] = -np.inf
+                for d in range(dim):
+                    out[v, h, d] = 0.0
+
+
+@njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _bwd_dst_rows(indptr, indices, ss, sd, val, out, lse, g, slope, gather, dinfo, gsd,
+                  v0, v1):  # pragma: no cover
+    """Pass A over destinations ``[v0, v1)``."""
+    heads = ss.shape[1]
+    dim = val.shape[2]
+    acc = np.empty(heads, np.float64)
+    aw = np.empty((_CHUNK, heads), np.float64)
+    us = np.empty(_CHUNK, np.int64)
+    for v in range(v0, v1):
+        for h in range(heads):
+            t = val.dtype.type(0.0)
+            for d in range(dim):
+                t += g[v, h, d] * out[v, h, d]
+            dinfo[v, 0, h] = sd[v, h]
+            dinfo[v, 1, h] = lse[v, h]
+            dinfo[v, 2, h] = t
+            acc[h] = 0.0
+        if not gather:
+            continue
+        end = indptr[v + 1]
+        for j0 in range(indptr[v], end, _CHUNK):
+            n = min(_CHUNK, end - j0)
+            for jj in range(n):
+                u = indices[j0 + jj]
+                us[jj] = u
+                prefetch_row(val, u)
+                for h in range(heads):
+                    raw = ss[u, h] + dinfo[v, 0, h]
+                    x = raw if raw > 0.0 else raw * slope
+                    a = np.exp(x - dinfo[v, 1, h])
+                    aw[jj, h] = a if raw > 0.0 else a * slope  # alpha * leaky_relu'
+            for jj in range(n):
+                u = us[jj]
+                for h in range(heads):
+                    dp = val.dtype.type(0.0)
+                    for d in range(dim):
+                        dp += g[v, h, d] * val[u, h, d]
+                    acc[h] += aw[jj, h] * (dp - dinfo[v, 2, h])
+        for h in range(heads):
+            gsd[v, h] = acc[h]
+
+
+@njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _bwd_src_rows(rindptr, rindices, rperm, ss, val, g, dinfo, slope, use_ebuf, ebuf, gss,
+                  gval, u0, u1):  # pragma: no cover
+    """Pass B over sources ``[u0, u1)`` of the reverse CSR."""
+    heads = ss.shape[1]
+    dim = val.shape[2]
+    ssu = np.empty(heads, np.float64)
+    gs = np.empty(heads, np.float64)
+    gv = np.empty((heads, dim), val.dtype)
+    aw = np.empty((_CHUNK, heads), np.float64)
+    fac = np.empty((_CHUNK, heads), np.float64)
+    vs = np.empty(_CHUNK, np.int64)
+    for u in range(u0, u1):
+        for h in range(heads):
+            ssu[h] = ss[u, h]
+            gs[h] = 0.0
+            for d in range(dim):
+                gv[h, d] = 0.0
+        end = rindptr[u + 1]
+        for k0 in range(rindptr[u], end, _CHUNK):
+            n = min(_CHUNK, end - k0)
+            for kk in range(n):
+                v = rindices[k0 + kk]
+                vs[kk] = v
+                prefetch_row(g, v)
+                for h in range(heads):
+                    raw = ssu[h] + dinfo[v, 0, h]
+                    x = raw if raw > 0.0 else raw * slope
+                    aw[kk, h] = np.exp(x - dinfo[v, 1, h])
+                    fac[kk, h] = 1.0 if raw > 0.0 else slope
+            for kk in range(n):
+                v = vs[kk]
+                for h in range(heads):
+                    a = aw[kk, h]
+                    av = val.dtype.type(a)
+                    dp = val.dtype.type(0.0)
+                    for d in range(dim):
+                        gvd = g[v, h, d]
+                        dp += gvd * val[u, h, d]
+                        gv[h, d] += av * gvd
+                    de = a * (dp - dinfo[v, 2, h]) * fac[kk, h]
+                    gs[h] += de
+                    if use_ebuf:
+                        ebuf[rperm[k0 + kk], h] = de
+        for h in range(heads):
+            gss[u, h] = gs[h]
+            for d in range(dim):
+                gval[u, h, d] = gv[h, d]
+
+
+@njit(cache=True, nogil=True)
+def _segment_sum_rows(indptr, ebuf, gsd, v0, v1):  # pragma: no cover
+    """Pass C: ``gsd[v] = sum of ebuf rows in CSC segment v`` for ``v`` in ``[v0, v1)``."""
+    heads = ebuf.shape[1]
+    for v in range(v0, v1):
+        for h in range(heads):
+            t = 0.0  # float64: the terms nearly cancel (softmax is shift-invariant)
+            for j in range(indptr[v], indptr[v + 1]):
+                t += ebuf[j, h]
+            gsd[v, h] = t
+
+
+@register("softmax_aggregate_fwd", "cpu")
+def softmax_aggregate_fwd(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    score_src: torch.Tensor,
+    score_dst: torch.Tensor,
+    value: torch.Tensor,
+    negative_slope: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out [num_dst, H, D]`` (value's dtype) and ``lse [num_dst, H]`` (float64, ``-inf``
+    where the in-degree is 0). Inputs contiguous, ``indptr`` int64."""
+    num_dst, heads = score_dst.shape
+    out = torch.empty((num_dst,) + tuple(value.shape[1:]), dtype=value.dtype)
+    lse = torch.empty((num_dst, heads), dtype=torch.float64)
+    ip = as_numpy(indptr)
+    run_rows(_fwd_rows, ip, ip, as_numpy(indices), as_numpy(score_src), as_numpy(score_dst),
+             as_numpy(value), float(negative_slope), as_numpy(out), as_numpy(lse))
+    return out, lse
+
+
+@register("softmax_aggregate_bwd", "cpu")
+def softmax_aggregate_bwd(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    rev: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    score_src: torch.Tensor,
+    score_dst: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    negative_slope: float,
+    edge_buffer: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(d score_src, d score_dst, d value)``.
+
+    Args:
+        rev: ``(rev_indptr [num_src + 1] int64, rev_indices [E] destinations,
+            rev_perm [E] int64 CSC position of each CSR edge)``.
+        edge_buffer: force the transient ``[E, H]`` edge-buffer variant on or off
+            (default: on when a value row is >= ``EDGE_BUFFER_MIN_ROW_BYTES``).
+    """
+    rev_indptr, rev_indices, rev_perm = rev
+    heads = score_src.shape[1]
+    num_dst = score_dst.shape[0]
+    if edge_buffer is None:
+        edge_buffer = heads * value.shape[2] * value.element_size() >= EDGE_BUFFER_MIN_ROW_BYTES
+    ip, rip = as_numpy(indptr), as_numpy(rev_indptr)
+    ss, val, g = as_numpy(score_src), as_numpy(value), as_numpy(grad_out)
+    slope = float(negative_slope)
+    dinfo = np.empty((num_dst, 3, heads), np.float64)
+    g_score_src = torch.empty_like(score_src)
+    g_score_dst = torch.empty_like(score_dst)
+    g_value = torch.empty_like(value)
+    gsd = as_numpy(g_score_dst)
+    run_rows(_bwd_dst_rows, ip, ip, as_numpy(indices), ss, as_numpy(score_dst), val,
+             as_numpy(out), as_numpy(lse.to(torch.float64)), g, slope, not edge_buffer, dinfo, gsd)
+    if edge_buffer:
+        ebuf = np.empty((indices.numel(), heads), val.dtype)
+    else:
+        ebuf = dummy(val.dtype, 2)
+    run_rows(_bwd_src_rows, rip, rip, as_numpy(rev_indices), as_numpy(rev_perm), ss, val, g,
+             dinfo, slope, bool(edge_buffer), ebuf, as_numpy(g_score_src), as_numpy(g_value))
+    if edge_buffer:
+        run_rows(_segment_sum_rows, ip, ip, ebuf, gsd)
+    return g_score_src, g_score_dst, g_value

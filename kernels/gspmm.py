@@ -1,0 +1,135 @@
+"""g-SpMM: fused gather-(multiply)-reduce over each destination's in-edges.
+
+The message-passing primitive ``copy_u`` / ``u_mul_e`` followed by a builtin
+reduce, without materializing an ``[E, F]`` message tensor. Validation and
+autograd live here; kernels live in ``ref/``, ``cpu/`` and ``gpu/`` and are
+reached through the registry.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ngra.kernels._checks import (
+    REDUCES,
+    check_choice,
+    check_csc,
+    check_feat,
+    check_rev,
+    check_same_device,
+    spmm_layout,
+)
+from ngra.kernels.registry import current_backend, lookup, use_backend
+from ngra.kernels.transpose import Rev, reverse_of
+
+__all__ = ["gspmm"]
+
+
+def gspmm(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    src_feat: torch.Tensor,
+    edge_feat: torch.Tensor | None = None,
+    *,
+    reduce: str = "sum",
+    rev: Rev | None = None,
+) -> torch.Tensor:
+    r"""Generalized sparse-dense matrix multiplication over a CSC graph.
+
+    .. math::
+        \mathbf{out}_v = \bigoplus_{e = (u \to v)} \mathbf{x}_u \odot \mathbf{w}_e
+
+    where :math:`\bigoplus` is ``reduce`` over the in-edges of :math:`v` and
+    :math:`\mathbf{w}_e = 1` when ``edge_feat`` is ``None`` (``copy_u``).
+    Destinations without in-edges get 0. Differentiable w.r.t. ``src_feat`` and
+    ``edge_feat``; for max/min the gradient goes to the first extreme edge.
+
+    Args:
+        indptr: ``[num_dst + 1]`` int32/int64 CSC offsets over destinations.
+        indices: ``[E]`` int32/int64 source of each edge, in ``[0, num_src)``.
+        src_feat: ``[num_src, *F]`` float32/float64 source features (at least 2-D).
+        edge_feat: optional ``[E]``, ``[E, *F[:k]]`` (broadcast over the trailing
+            feature dims, e.g. ``[E, H]`` with ``src_feat`` ``[N, H, D]``) or
+            ``[E, *F]``, same dtype as ``src_feat``. (default: ``None``)
+        reduce: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``. (default: ``"sum"``)
+        rev: optional reverse structure ``(rev_indptr [num_src + 1], rev_indices
+            [E], rev_perm [E])`` as returned by :meth:`ngra.Graph.csr` or
+            :func:`ngra.kernels.transpose_csc`; built (and cached) on demand by the
+            backward pass when ``None``. (default: ``None``)
+
+    Returns:
+        ``[num_dst, *F]`` tensor.
+    """
+    check_choice(reduce, "reduce", REDUCES)
+    src_feat = check_feat(src_feat, "src_feat", min_dim=2)
+    num_src = src_feat.shape[0]
+    num_dst = check_csc(indptr, indices, num_src)
+    num_edges = indices.numel()
+    check_same_device(indices, src_feat=src_feat, edge_feat=edge_feat)
+    feat_shape = tuple(src_feat.shape[1:])
+    edge3 = None
+    if edge_feat is None:
+        heads, dim = 1, math.prod(feat_shape)
+    else:
+        edge_feat = check_feat(edge_feat, "edge_feat", min_dim=1)
+        if edge_feat.shape[0] != num_edges:
+            raise ValueError(
+                f"edge_feat must have one row per edge ({num_edges}, len(indices)); "
+                f"got shape {list(edge_feat.shape)}."
+            )
+        if edge_feat.dtype != src_feat.dtype:
+            raise TypeError(
+                f"edge_feat must have src_feat's dtype {src_feat.dtype}; got {edge_feat.dtype}."
+            )
+        heads, dim, edge_dim = spmm_layout(feat_shape, edge_feat.shape[1:])
+        edge3 = edge_feat.reshape(num_edges, heads, edge_dim).contiguous()
+    if rev is not None:
+        rev = check_rev(rev, num_src, num_dst, num_edges, indices.device)
+    src3 = src_feat.reshape(num_src, heads, dim).contiguous()
+    out = _GSpMM.apply(
+        indptr.to(torch.int64).contiguous(), indices.contiguous(), src3, edge3, reduce, rev
+    )
+    return out.view((num_dst,) + feat_shape)
+
+
+class _GSpMM(torch.autograd.Function):
+    """Autograd over normalized operands: ``src`` [N, H, D], ``edge`` [E, H, De]."""
+
+    @staticmethod
+    def forward(ctx, indptr, indices, src, edge, reduce, rev):
+        ctx.backend = current_backend()
+        out, arg = lookup("gspmm", src.device)(indptr, indices, src, edge, reduce, None)
+        ctx.reduce, ctx.rev = reduce, rev
+        ctx.save_for_backward(indptr, indices, src, edge, arg)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        with use_backend(ctx.backend):
+            return _GSpMM._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
+        indptr, indices, src, edge, arg = ctx.saved_tensors
+        need_src, need_edge = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        grad_out = grad_out.contiguous()
+        num_src = src.shape[0]
+        rev = reverse_of(indptr, indices, num_src, ctx.rev) if need_src else None
+        if ctx.reduce in ("max", "min"):
+            grad_src, grad_edge = lookup("gspmm_arg_backward", src.device)(
+                indptr, indices, rev, grad_out, src, edge, arg, need_src, need_edge
+            )
+            return None, None, grad_src, grad_edge, None, None
+        if ctx.reduce == "mean":
+            deg = (indptr[1:] - indptr[:-1]).clamp(min=1).to(grad_out.dtype)
+            grad_out = grad_out / deg.view(-1, 1, 1)
+        # Sources: a sum g-SpMM over the reverse graph; edges: a per-edge dot with
+        # the source row (g-SDDMM). Backends may fuse the two (cpu does).
+        grad_src, grad_edge = lookup("gspmm_backward", src.device)(
+            indptr, indices, rev, grad_out, src, edge, need_src, need_edge
+        )
+        return None, None, grad_src, grad_edge, None, None

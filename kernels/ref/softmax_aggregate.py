@@ -1,0 +1,91 @@
+"""Reference ``softmax_aggregate``: plain torch, the specification and test oracle.
+
+Materializes the ``[E, H]`` scores and even the ``[E, H, D]`` messages; it is
+meant to be obviously correct, not fast. The fused backends must agree with it.
+
+Math (per destination ``v``, head ``h``, over in-edges ``u -> v``)::
+
+    e_uv     = leaky_relu(score_src[u, h] + score_dst[v, h], negative_slope)
+    alpha_uv = exp(e_uv - lse[v, h]),   lse[v, h] = log sum_u exp(e_uv)
+    out[v, h] = sum_u alpha_uv * value[u, h]
+
+Backward, with ``g = grad_out`` and ``delta[v, h] = g[v, h] . out[v, h]``::
+
+    d value[u, h]  = sum_{v: u -> v} alpha_uv * g[v, h]
+    d e_uv         = alpha_uv * (g[v, h] . value[u, h] - delta[v, h])
+    d raw_uv       = d e_uv * (1 if raw_uv > 0 else negative_slope)
+    d score_src[u] = sum over out-edges of d raw;  d score_dst[v] = sum over in-edges.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ngra.kernels.registry import register
+
+__all__ = ["softmax_aggregate_bwd", "softmax_aggregate_fwd"]
+
+
+def _edge_ends(indptr: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    num_dst = indptr.numel() - 1
+    deg = indptr[1:] - indptr[:-1]
+    dst = torch.repeat_interleave(
+        torch.arange(num_dst, device=indptr.device), deg.long(), output_size=indices.numel()
+    )
+    return indices.long(), dst
+
+
+@register("softmax_aggregate_fwd", "ref")
+def softmax_aggregate_fwd(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    score_src: torch.Tensor,
+    score_dst: torch.Tensor,
+    value: torch.Tensor,
+    negative_slope: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``out [num_dst, H, D]`` and ``lse [num_dst, H]`` (``-inf`` where in-degree is 0)."""
+    src, dst = _edge_ends(indptr, indices)
+    num_dst, heads = score_dst.shape
+    e = F.leaky_relu(score_src[src] + score_dst[dst], negative_slope)  # [E, H]
+    idx = dst.unsqueeze(1).expand(-1, heads)
+    m = torch.full((num_dst, heads), -torch.inf, dtype=e.dtype, device=e.device)
+    m = m.scatter_reduce(0, idx, e, "amax", include_self=True)
+    p = torch.exp(e - m[dst])
+    s = torch.zeros_like(m).index_add_(0, dst, p)
+    alpha = p / s[dst]
+    out = value.new_zeros((num_dst,) + tuple(value.shape[1:]))
+    out.index_add_(0, dst, alpha.unsqueeze(-1) * value[src])
+    lse = m + torch.log(s)  # -inf + log(0) = -inf for isolated destinations
+    return out, lse
+
+
+@register("softmax_aggregate_bwd", "ref")
+def softmax_aggregate_bwd(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    rev: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    score_src: torch.Tensor,
+    score_dst: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    negative_slope: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(d score_src, d score_dst, d value)``; ``rev`` is not needed here."""
+    src, dst = _edge_ends(indptr, indices)
+    raw = score_src[src] + score_dst[dst]
+    e = F.leaky_relu(raw, negative_slope)
+    alpha = torch.exp(e - lse[dst])  # [E, H]
+    g_dst = grad_out[dst]  # [E, H, D]
+    dp = (g_dst * value[src]).sum(-1)
+    delta = (grad_out * out).sum(-1)  # [num_dst, H]
+    d_e = alpha * (dp - delta[dst])
+    # Same convention as torch's leaky_relu backward: slope 1 only where raw > 0.
+    d_raw = torch.where(raw > 0, d_e, d_e * negative_slope)
+    g_score_src = torch.zeros_like(score_src).index_add_(0, src, d_raw)
+    g_score_dst = torch.zeros_like(score_dst).index_add_(0, dst, d_raw)
+    g_value = torch.zeros_like(value).index_add_(0, src, alpha.unsqueeze(-1) * g_dst)
+    return g_score_src, g_score_dst, g_value

@@ -1,0 +1,143 @@
+"""``softmax_aggregate``: GAT's whole attention (score, edge softmax, weighted sum) as one op.
+
+The public function validates its arguments, then runs a custom autograd
+Function whose forward and backward are the registered backend kernels
+``"softmax_aggregate_fwd"`` / ``"softmax_aggregate_bwd"`` (see ``ref/``, ``cpu/``,
+``gpu/``). The backend is chosen once, at forward time, and the same backend runs
+the backward.
+
+Only ``O(num_dst * H)`` is saved for backward beyond the inputs and the output:
+the per-destination log-sum-exp. The backward recomputes the attention weights.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ngra.kernels._checks import check_csc, check_feat, check_rev, check_same_device
+from ngra.kernels.registry import lookup
+from ngra.kernels.transpose import reverse_of
+
+__all__ = ["softmax_aggregate"]
+
+
+def softmax_aggregate(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    score_src: torch.Tensor,
+    score_dst: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    negative_slope: float = 0.2,
+    rev: Any = None,
+) -> torch.Tensor:
+    r"""Attention-weighted aggregation over each destination's in-edges (GAT).
+
+    .. math::
+        e_{uv} = \mathrm{LeakyReLU}(s^{src}_{u,h} + s^{dst}_{v,h}), \quad
+        \alpha_{uv} = \frac{\exp e_{uv}}{\sum_{w \to v} \exp e_{wv}}, \quad
+        \mathrm{out}_{v,h} = \sum_{u \to v} \alpha_{uv}\, \mathrm{value}_{u,h}
+
+    computed per destination in one pass with an online max/sum, so no ``[E, H]``
+    or ``[E, H, D]`` tensor is formed by the fused backends. A destination without
+    in-edges gets 0. Differentiable in ``score_src``, ``score_dst`` and ``value``.
+
+    Args:
+        indptr: ``[num_dst + 1]`` int32/int64 CSC offsets over destinations.
+        indices: ``[E]`` int32/int64 source of each edge, destination-sorted.
+        score_src: ``[num_src, H]`` float32/float64 per-source scores
+            (GAT: ``(W x_u * a_src).sum(-1)``).
+        score_dst: ``[num_dst, H]`` per-destination scores, same dtype.
+        value: ``[num_src, H, D]`` messages, same dtype.
+        negative_slope: LeakyReLU slope applied to the summed score (default: ``0.2``).
+        rev: optional precomputed reverse (CSR over sources) used by backward:
+            ``(rev_indptr [num_src + 1], rev_indices [E] destination ids,
+            rev_perm [E] CSC position of each CSR edge)``, or an object with
+            ``indptr``/``indices``/``perm`` such as ``ngra.Graph.csr()`` (default:
+            built on demand in backward by :func:`ngra.kernels.transpose.reverse_of`,
+            which caches the last few).
+
+    Returns:
+        ``[num_dst, H, D]`` tensor of ``value``'s dtype.
+
+    Raises:
+        TypeError: non-tensor arguments, wrong dtypes, mixed devices.
+        ValueError: inconsistent shapes, malformed ``indptr``, out-of-range indices.
+    """
+    score_src = check_feat(score_src, "score_src")
+    score_dst = check_feat(score_dst, "score_dst")
+    value = check_feat(value, "value")
+    if score_src.dim() != 2 or score_dst.dim() != 2:
+        raise ValueError(
+            "score_src and score_dst must be 2-D [num_nodes, H]; got shapes "
+            f"{list(score_src.shape)} and {list(score_dst.shape)}. For one head use .unsqueeze(-1)."
+        )
+    if value.dim() != 3:
+        raise ValueError(
+            f"value must be 3-D [num_src, H, D]; got shape {list(value.shape)}. "
+            "Reshape with value.view(num_src, H, D)."
+        )
+    if not score_src.dtype == score_dst.dtype == value.dtype:
+        raise TypeError(
+            "score_src, score_dst and value must share one dtype; got "
+            f"{score_src.dtype}, {score_dst.dtype} and {value.dtype}."
+        )
+    num_src, heads = score_src.shape
+    if value.shape[0] != num_src:
+        raise ValueError(
+            f"value and score_src must have one row per source; got {value.shape[0]} and "
+            f"{num_src} rows."
+        )
+    if score_dst.shape[1] != heads or value.shape[1] != heads:
+        raise ValueError(
+            f"head counts differ: score_src has H={heads}, score_dst H={score_dst.shape[1]}, "
+            f"value H={value.shape[1]} (value is [num_src, H, D])."
+        )
+    num_dst = check_csc(indptr, indices, num_src)
+    if score_dst.shape[0] != num_dst:
+        raise ValueError(
+            f"score_dst must have num_dst = len(indptr) - 1 = {num_dst} rows; "
+            f"got {score_dst.shape[0]}."
+        )
+    check_same_device(indices, score_src=score_src, score_dst=score_dst, value=value)
+    if not isinstance(negative_slope, (int, float)) or isinstance(negative_slope, bool):
+        raise TypeError(f"negative_slope must be a float; got {type(negative_slope).__name__}.")
+    if not math.isfinite(negative_slope):
+        raise ValueError(f"negative_slope must be finite; got {negative_slope}.")
+    if rev is not None:
+        rev = check_rev(rev, num_src, num_dst, indices.numel(), indices.device)
+    return _SoftmaxAggregate.apply(
+        indptr.to(torch.int64).contiguous(), indices.contiguous(), score_src.contiguous(),
+        score_dst.contiguous(), value.contiguous(), float(negative_slope), rev,
+    )
+
+
+class _SoftmaxAggregate(torch.autograd.Function):
+    """Autograd over validated, contiguous operands; saves ``lse [num_dst, H]`` only."""
+
+    @staticmethod
+    def forward(ctx, indptr, indices, score_src, score_dst, value, negative_slope, rev):
+        fwd = lookup("softmax_aggregate_fwd", value.device)
+        ctx.bwd = lookup("softmax_aggregate_bwd", value.device)  # same backend as forward
+        out, lse = fwd(indptr, indices, score_src, score_dst, value, negative_slope)
+        ctx.save_for_backward(indptr, indices, score_src, score_dst, value, out, lse)
+        ctx.negative_slope, ctx.rev = negative_slope, rev
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        indptr, indices, score_src, score_dst, value, out, lse = ctx.saved_tensors
+        rev = reverse_of(indptr, indices, score_src.shape[0], ctx.rev)
+        grads = ctx.bwd(
+            indptr, indices, rev, score_src, score_dst, value, out, lse,
+            grad_out.to(value.dtype).contiguous(), ctx.negative_slope,
+        )
+        g_src, g_dst, g_val = (
+            g if need else None for g, need in zip(grads, ctx.needs_input_grad[2:5])
+        )
+        return None, None, g_src, g_dst, g_val, None, None

@@ -1,0 +1,232 @@
+"""g-SpMM: reference == explicit loops; numba == reference (forward and backward); gradcheck."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from graph_cases import CASES, graph_case, to_csc
+from kernel_testing import assert_same, max_degree, run
+
+from ngra.kernels import gspmm, transpose_csc, use_backend
+
+pytestmark = pytest.mark.usefixtures("parallel_kernels")
+
+REDUCES = ["sum", "mean", "max", "min"]
+# name -> (src feature shape, edge feature shape or None)
+MODES = {
+    "copy": ((6,), None),
+    "copy_3d": ((2, 3), None),
+    "u_mul_e_scalar": ((5,), ()),
+    "u_mul_e_heads": ((2, 4), (2,)),
+    "u_mul_e_full": ((2, 3), (2, 3)),
+}
+DTYPES = [torch.float32, torch.float64]
+INDEX_DTYPES = [torch.int32, torch.int64]
+
+
+def _feats(mode, num_src, num_edges, dtype, gen):
+    fshape, eshape = MODES[mode]
+    src = torch.randn((num_src,) + fshape, dtype=dtype, generator=gen)
+    edge = (
+        None if eshape is None else torch.randn((num_edges,) + eshape, dtype=dtype, generator=gen)
+    )
+    return src, edge
+
+
+# ---------------------------------------------------------------- reference vs loops
+def _loop_gspmm(indptr, indices, src, edge, reduce):
+    """out[v] = reduce over in-edges, written as plain Python loops."""
+    num_dst = indptr.numel() - 1
+    out = torch.zeros((num_dst,) + src.shape[1:], dtype=src.dtype)
+    for v in range(num_dst):
+        msgs = []
+        for j in range(int(indptr[v]), int(indptr[v + 1])):
+            m = src[int(indices[j])]
+            if edge is not None:
+                w = edge[j]
+                m = m * w.reshape(w.shape + (1,) * (m.dim() - w.dim()))
+            msgs.append(m)
+        if msgs:
+            stack = torch.stack(msgs)
+            out[v] = {
+                "sum": stack.sum(0),
+                "mean": stack.mean(0),
+                "max": stack.max(0).values,
+                "min": stack.min(0).values,
+            }[reduce]
+    return out
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("reduce", REDUCES)
+def test_ref_matches_loops(reduce, mode, gen):
+    indptr, indices, num_src = graph_case("isolated", gen)
+    src, edge = _feats(mode, num_src, indices.numel(), torch.float64, gen)
+    with use_backend("ref"):
+        out = gspmm(indptr, indices, src, edge, reduce=reduce)
+    torch.testing.assert_close(out, _loop_gspmm(indptr, indices, src, edge, reduce))
+
+
+def test_ref_max_gradient_goes_to_first_extreme_edge():
+    # dst 0 <- src 0 (value 1), src 1 (value 3), src 2 (value 3): the tie goes to src 1.
+    indptr = torch.tensor([0, 3, 3])
+    indices = torch.tensor([0, 1, 2])
+    for backend in ("ref", "cpu"):
+        x = torch.tensor([[1.0], [3.0], [3.0]], requires_grad=True)
+        with use_backend(backend):
+            out = gspmm(indptr, indices, x, reduce="max")
+        out.sum().backward()
+        assert out.tolist() == [[3.0], [0.0]]
+        assert x.grad.flatten().tolist() == [0.0, 1.0, 0.0], backend
+
+
+# ---------------------------------------------------------------- numba vs reference
+# The 10^5-edge hub is slow on the reference: two modes only.
+HUB_MODES = ("copy", "u_mul_e_heads")
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _matrix():
+    """case x reduce x mode x float dtype; the index dtype alternates, so every
+    (float, index) dtype pair runs on every case."""
+    combos = itertools.product(CASES, REDUCES, MODES)
+    for i, (case, reduce, mode) in enumerate(combos):
+        if case == "hub" and mode not in HUB_MODES:
+            continue
+        for dtype, index_dtype in zip(DTYPES, INDEX_DTYPES[i % 2 :] + INDEX_DTYPES[: i % 2]):
+            name = f"{case}-{reduce}-{mode}-{_short(dtype)}-{_short(index_dtype)}"
+            yield pytest.param(case, reduce, mode, dtype, index_dtype, id=name)
+
+
+@pytest.mark.parametrize("case, reduce, mode, dtype, index_dtype", list(_matrix()))
+def test_cpu_matches_ref(case, reduce, mode, dtype, index_dtype, gen):
+    indptr, indices, num_src = graph_case(case, gen, index_dtype)
+    src, edge = _feats(mode, num_src, indices.numel(), dtype, gen)
+
+    def fn(x, w):
+        return gspmm(indptr, indices, x, w, reduce=reduce)
+
+    out_ref, grads_ref, grad_out = run("ref", fn, [src, edge], gen=gen)
+    out_cpu, grads_cpu, _ = run("cpu", fn, [src, edge], grad_out)
+    assert out_cpu.shape == (indptr.numel() - 1,) + src.shape[1:]
+    assert torch.isfinite(out_cpu).all()
+    assert_same([out_ref, *grads_ref], [out_cpu, *grads_cpu], dtype, max_degree(indptr))
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_rev_argument_gives_same_gradients(backend, gen):
+    indptr, indices, num_src = graph_case("bipartite_wide", gen)
+    src, edge = _feats("u_mul_e_heads", num_src, indices.numel(), torch.float64, gen)
+    rev = transpose_csc(indptr, indices, num_src)
+
+    def fn_rev(x, w):
+        return gspmm(indptr, indices, x, w, reduce="mean", rev=rev)
+
+    def fn(x, w):
+        return gspmm(indptr, indices, x, w, reduce="mean")
+
+    out_a, grads_a, grad_out = run(backend, fn_rev, [src, edge], gen=gen)
+    out_b, grads_b, _ = run(backend, fn, [src, edge], grad_out)
+    assert_same([out_a, *grads_a], [out_b, *grads_b], torch.float64)
+
+
+def test_graph_csr_is_a_valid_rev(gen):
+    import ngra
+
+    src_ids, dst_ids = torch.randint(0, 15, (2, 60), generator=gen)
+    g = ngra.Graph.from_edge_index(torch.stack([src_ids, dst_ids]), num_nodes=15)
+    x = torch.randn(15, 4, dtype=torch.float64, generator=gen)
+    out_a, grads_a, grad_out = run(
+        "cpu", lambda t: gspmm(g.indptr, g.indices, t, rev=g.csr()), [x], gen=gen
+    )
+    out_b, grads_b, _ = run("ref", lambda t: gspmm(g.indptr, g.indices, t), [x], grad_out)
+    assert_same([out_a, *grads_a], [out_b, *grads_b], torch.float64)
+
+
+def test_noncontiguous_inputs(gen):
+    indptr, indices, num_src = graph_case("random", gen)
+    base = torch.randn(6, num_src, dtype=torch.float64, generator=gen)
+    x = base.t()  # [num_src, 6], not contiguous
+    idx = torch.stack([indices, indices], 1)[:, 0]  # strided view
+    w = torch.randn(indices.numel(), 2, dtype=torch.float64, generator=gen)[:, 1]
+    with use_backend("cpu"):
+        out = gspmm(indptr, idx, x, w)
+    with use_backend("ref"):
+        ref = gspmm(indptr, indices.contiguous(), x.contiguous(), w.contiguous())
+    torch.testing.assert_close(out, ref)
+
+
+def test_zero_in_degree_gives_zero_not_inf():
+    indptr = torch.tensor([0, 0, 2, 2])
+    indices = torch.tensor([0, 1])
+    x = torch.tensor([[-1.0, 2.0], [3.0, -4.0]])
+    for backend in ("ref", "cpu"):
+        for reduce in REDUCES:
+            with use_backend(backend):
+                out = gspmm(indptr, indices, x, reduce=reduce)
+            assert out[0].tolist() == [0.0, 0.0] and out[2].tolist() == [0.0, 0.0]
+
+
+# ---------------------------------------------------------------- gradcheck
+def _gradcheck_graph(gen):
+    """7 sources, 6 destinations (2 and 5 without in-edges), no multi-edges."""
+    src, dst = [], []
+    for v in (0, 1, 3, 4):
+        k = int(torch.randint(1, 5, (1,), generator=gen))
+        chosen = torch.randperm(7, generator=gen)[:k]
+        src += chosen.tolist()
+        dst += [v] * k
+    indptr, indices = to_csc(torch.tensor(src), torch.tensor(dst), 6)
+    return indptr, indices, 7
+
+
+def _no_near_ties(indptr, indices, src, edge, gap=1e-3):
+    """True when no destination has two messages closer than ``gap`` (per feature)."""
+    # One destination per edge: gspmm then returns each edge's message.
+    per_edge = torch.arange(indices.numel() + 1)
+    with use_backend("ref"):
+        msg = gspmm(per_edge, indices, src, edge).reshape(indices.numel(), -1)
+    for v in range(indptr.numel() - 1):
+        vals = msg[int(indptr[v]) : int(indptr[v + 1])]
+        if vals.shape[0] > 1:
+            s = vals.sort(0).values
+            if bool((s[1:] - s[:-1] < gap).any()):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("reduce", REDUCES)
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_gradcheck(backend, reduce, mode, gen):
+    indptr, indices, num_src = _gradcheck_graph(gen)
+    for _ in range(20):
+        src, edge = _feats(mode, num_src, indices.numel(), torch.float64, gen)
+        if reduce in ("sum", "mean") or _no_near_ties(indptr, indices, src, edge):
+            break
+    inputs = (src.requires_grad_(),) + ((edge.requires_grad_(),) if edge is not None else ())
+
+    def fn(*args):
+        with use_backend(backend):
+            return gspmm(indptr, indices, *args, reduce=reduce)
+
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, fast_mode=True)
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_gradcheck_empty_graph(backend):
+    indptr = torch.zeros(4, dtype=torch.int64)
+    indices = torch.empty(0, dtype=torch.int64)
+    x = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(0, dtype=torch.float64, requires_grad=True)
+
+    def fn(a, b):
+        with use_backend(backend):
+            return gspmm(indptr, indices, a, b, reduce="max")
+
+    assert torch.autograd.gradcheck(fn, (x, w))
