@@ -50,13 +50,14 @@ def _spmm_sum(
         # Accumulate straight into the output row: it has one writer and stays in L1.
         for f in range(nf):
             out[v, f] = 0
-        for j in range(lo, hi):
-            if j + pf < num_edges:
-                prefetch_row(src, indices[j + pf])
-            u = indices[j]
-            e = eperm[j] if has_perm else j
-            # One loop nest per case keeps the inner loop branch-free (vectorized).
-            if reduce == MASKED_SUM:
+        # One edge loop per case, chosen per row: the inner loops stay branch-free
+        # (vectorized); a per-edge case switch cost ~10% on copy-sum.
+        if reduce == MASKED_SUM:
+            for j in range(lo, hi):
+                if j + pf < num_edges:
+                    prefetch_row(src, indices[j + pf])
+                u = indices[j]
+                e = eperm[j] if has_perm else j
                 for h in range(nh):
                     for d in range(nd):
                         f = h * nd + d
@@ -65,13 +66,27 @@ def _spmm_sum(
                             if has_edge:
                                 x = x * (edge[e, f] if vec_edge else edge[e, h])
                             out[v, f] += x
-            elif not has_edge:
+        elif not has_edge:
+            for j in range(lo, hi):
+                if j + pf < num_edges:
+                    prefetch_row(src, indices[j + pf])
+                u = indices[j]
                 for f in range(nf):
                     out[v, f] += src[u, f]
-            elif vec_edge:
+        elif vec_edge:
+            for j in range(lo, hi):
+                if j + pf < num_edges:
+                    prefetch_row(src, indices[j + pf])
+                u = indices[j]
+                e = eperm[j] if has_perm else j
                 for f in range(nf):
                     out[v, f] += src[u, f] * edge[e, f]
-            else:
+        else:
+            for j in range(lo, hi):
+                if j + pf < num_edges:
+                    prefetch_row(src, indices[j + pf])
+                u = indices[j]
+                e = eperm[j] if has_perm else j
                 for h in range(nh):
                     w = edge[e, h]
                     base = h * nd  # (indexing base + d vectorizes; range(base, ...) did not)
