@@ -22,7 +22,8 @@ Three pass kinds, all without atomics (each output row has exactly one writer):
              out-edges.
 
 Rows read at random (``src`` rows in the destination passes; ``dst``, ``g`` and
-``edge`` rows in the source pass) are prefetched a few edges ahead.
+``edge`` rows in the source pass) are prefetched ``ahead`` edges ahead (an argument,
+so that tuning it never needs a recompile).
 
 Only our own IR is turned into text; no user source is ever parsed or executed.
 Kernels are generated per float dtype: constants arrive as an array of the terms'
@@ -45,7 +46,7 @@ from ngra.kernels.fused_edge import EdgeExpr, derivative, topo_order
 __all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
 
 # Bump when the generated text changes meaning: it is part of every kernel's file name.
-CODEGEN_VERSION = "7"
+CODEGEN_VERSION = "8"
 
 _LEAF_ARRAY = {"src": "s", "dst": "d", "edge": "e"}
 _LEAF_ROW = {"src": "u", "dst": "v", "edge": "e"}
@@ -215,7 +216,7 @@ def generate(spec: KernelSpec) -> tuple[str, list[float]]:
         "import numpy as np",
         "from numba import njit",
         "",
-        "from ngra.kernels.cpu._util import PREFETCH, prefetch_row",
+        "from ngra.kernels.cpu._util import prefetch_row",
         "",
         "",
     ]
@@ -317,14 +318,15 @@ def _zero_rows(w: _Writer, rows: list[tuple[str, str, bool]]) -> None:
 
 
 def _prefetch(w: _Writer, arrays: list[str], index: str, bound: str) -> None:
-    """Hint the rows ``index[pos + PREFETCH]`` of ``arrays`` (random gathers)."""
+    """Hint the rows ``index[pos + ahead]`` of ``arrays`` (random gathers); ``ahead`` is a
+    kernel argument (:func:`ngra.kernels.cpu._util.prefetch_distance` of the gathered bytes)."""
     if not arrays:
         return
-    w(f"if pos + PREFETCH < {bound}:")
+    w(f"if pos + ahead < {bound}:")
     w.indent()
-    w(f"ahead = {index}[pos + PREFETCH]")
+    w(f"row = {index}[pos + ahead]")
     for a in arrays:
-        w(f"prefetch_row({a}, ahead)")
+        w(f"prefetch_row({a}, row)")
     w.dedent()
 
 
@@ -336,7 +338,7 @@ def _fwd(spec: KernelSpec, em: _Emitter) -> str:
     ext = spec.reduce in ("max", "min")
     w = _Writer()
     _open_kernel(w, spec, em,
-                 ["indptr", "indices", "consts", *spec.arrays(), "out"] + (["arg"] if ext else []))
+                 ["indptr", "indices", "consts", "ahead", *spec.arrays(), "out"] + (["arg"] if ext else []))
     w("nf = out.shape[1]")
     w("num_edges = indices.shape[0]")
     w("for v in range(v0, v1):")
@@ -384,7 +386,7 @@ def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
     ext = spec.reduce in ("max", "min")
     wide = {(k, i): wd for k, i, wd in spec.layout}
     w = _Writer()
-    _open_kernel(w, spec, em, ["indptr", "indices", "consts", *spec.arrays(), "g"]
+    _open_kernel(w, spec, em, ["indptr", "indices", "consts", "ahead", *spec.arrays(), "g"]
                  + (["arg"] if ext else []) + spec.grad_names())
     w("nf = g.shape[1]")
     w("num_edges = indices.shape[0]")
@@ -441,7 +443,7 @@ def _bwd_src(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
     ext = spec.reduce in ("max", "min")
     wide = {(k, i): wd for k, i, wd in spec.layout}
     w = _Writer()
-    _open_kernel(w, spec, em, ["indptr", "rev_indptr", "rev_indices", "rev_perm", "consts",
+    _open_kernel(w, spec, em, ["indptr", "rev_indptr", "rev_indices", "rev_perm", "consts", "ahead",
                               *spec.arrays(), "g"]
                  + (["arg"] if ext else []) + spec.grad_names())
     w("nf = g.shape[1]")

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ngra.kernels.cpu._codegen import KernelSpec, generate
-from ngra.kernels.cpu._util import as_numpy, run_rows
+from ngra.kernels.cpu._util import as_numpy, prefetch_distance, run_rows
 from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.registry import register
 
@@ -121,6 +121,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return "float32" if dtype == torch.float32 else "float64"
 
 
+def _gathered_bytes(layout, groups: dict[str, list[torch.Tensor]], kinds: tuple[str, ...]) -> int:
+    """Bytes of the wide rows of ``kinds`` read per edge: sets the prefetch distance and
+    tells :func:`run_rows` how much work an edge is."""
+    return max(1, sum(groups[k][i].shape[1] * groups[k][i].element_size()
+                      for k, i, wide in layout if wide and k in kinds))
+
+
 # ============================================================================ registered ops
 @register("fused_edge_fwd", "cpu")
 def fused_edge_fwd(
@@ -137,7 +144,9 @@ def fused_edge_fwd(
     kern, consts = kernel_for(spec)
     ip = as_numpy(indptr.to(torch.int64).contiguous())
     extra = [as_numpy(arg)] if ext else []
-    run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts, *arrays, as_numpy(out), *extra)
+    row_bytes = _gathered_bytes(layout, {"src": src, "dst": dst, "edge": edge}, ("src",))
+    run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts, prefetch_distance(row_bytes),
+             *arrays, as_numpy(out), *extra, row_bytes=row_bytes)
     return out, arg
 
 
@@ -175,8 +184,10 @@ def fused_edge_bwd(
         spec = KernelSpec("bwd_dst", dtype, call.expr, call.reduce, layout, dst_side)
         kern, consts = kernel_for(spec)
         outs = [torch.empty_like(groups[k][i]) for k, i in dst_side]
-        run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts, *arrays, g, *extra,
-                 *[as_numpy(o) for o in outs])
+        row_bytes = _gathered_bytes(layout, groups, ("src",))
+        run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts,
+                 prefetch_distance(row_bytes), *arrays, g, *extra,
+                 *[as_numpy(o) for o in outs], row_bytes=row_bytes)
         for (k, i), o in zip(dst_side, outs):
             grads[k][i] = o
 
@@ -187,9 +198,12 @@ def fused_edge_bwd(
         spec = KernelSpec("bwd_src", dtype, call.expr, call.reduce, layout, src_side)
         kern, consts = kernel_for(spec)
         outs = [torch.empty_like(groups[k][i]) for k, i in src_side]
+        row_bytes = (_gathered_bytes(layout, groups, ("dst", "edge"))
+                     + grad_out.shape[1] * grad_out.element_size())
         run_rows(kern, rp, ip, rp, as_numpy(rev_indices.contiguous()),
-                 as_numpy(rev_perm.to(torch.int64).contiguous()), consts, *arrays, g, *extra,
-                 *[as_numpy(o) for o in outs])
+                 as_numpy(rev_perm.to(torch.int64).contiguous()), consts,
+                 prefetch_distance(row_bytes), *arrays, g, *extra,
+                 *[as_numpy(o) for o in outs], row_bytes=row_bytes)
         for (k, i), o in zip(src_side, outs):
             grads[k][i] = o
     return grads["src"], grads["dst"], grads["edge"]

@@ -10,7 +10,9 @@ Stated bound on ``peak RSS - RSS before the step``::
            + 160 * E                (graph structure caches and the tiling's index arrays)
            + 96 MiB                 (fixed: JIT-compiled kernels, thread stacks, allocator slack)
 
-The child runs with ``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB so that glibc returns
+The budgeted child runs twice and the second run is measured, so that JIT compilation
+(numba caches compiled kernels on disk) is not counted. The child runs with
+``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB so that glibc returns
 freed tensors to the OS and RSS follows live memory instead of the allocator's cache.
 """
 
@@ -25,27 +27,30 @@ from pathlib import Path
 import pytest
 
 CHILD = Path(__file__).with_name("memory_child.py")
-N, E, F = 32768, 524288, 16
+N, E = 32768, 524288
 MIB = 2**20
 
 
-def _run(model: str, budget: str) -> dict:
+def _run(model: str, budget: str, f: int) -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS="2")
-    out = subprocess.run([sys.executable, str(CHILD), model, budget, str(N), str(E), str(F)],
+    out = subprocess.run([sys.executable, str(CHILD), model, budget, str(N), str(E), str(f)],
                          capture_output=True, text=True, timeout=600, env=env, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("model, budget_mib", [("mpnn", 96), ("gat", 96)])
-def test_peak_rss_within_budget(model, budget_mib):
+@pytest.mark.parametrize("model, width, budget_mib", [("mpnn", 16, 96), ("gat", 64, 96)])
+def test_peak_rss_within_budget(model, width, budget_mib):
     budget = budget_mib * MIB
-    bound = budget + 8 * N * F * 4 + 160 * E + 96 * MIB
-    chunked = _run(model, str(budget))
+    bound = budget + 8 * N * width * 4 + 160 * E + 96 * MIB
+    # A first run fills numba's on-disk cache (a fresh checkout compiles every kernel on
+    # first use, and compiler memory is not the layer's working set); the second measures.
+    _run(model, str(budget), width)
+    chunked = _run(model, str(budget), width)
     assert chunked["grad_ok"]
     used = chunked["peak"] - chunked["before"]
     assert used <= bound, f"{model}: used {used / MIB:.0f} MiB > bound {bound / MIB:.0f} MiB"
-    whole = _run(model, "none")
+    whole = _run(model, "none", width)
     whole_used = whole["peak"] - whole["before"]
     # the unchunked run's edge tensors need > 4x the budget: it must exceed the bound
     assert whole_used > bound, f"{model}: unchunked used only {whole_used / MIB:.0f} MiB"

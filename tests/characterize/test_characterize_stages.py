@@ -112,7 +112,7 @@ def test_stage_times_sum_to_total_within_remainder(framework, mode, model):
         assert all(r.fused) and stages["Scatter"] == 0.0  # compiled: the Scatter is fused
         if model == "gcn":
             # the transform moved before propagation (layer 2, 16 -> 3) is ApplyVertex work;
-            # GCN has no hoisted edge terms
-            assert stages["ApplyEdge"] == 0.0 and stages["ApplyVertex"] > 0
+            # GCN has no hoisted edge terms (layer 1's empty pre stage takes microseconds)
+            assert stages["ApplyEdge"] < 0.1 * stages["ApplyVertex"]
     if framework == "ngra-generic":
         assert not any(r.fused) and stages["Scatter"] > 0
