@@ -27,9 +27,9 @@ so that tuning it never needs a recompile).
 
 Only our own IR is turned into text; no user source is ever parsed or executed.
 Kernels are generated per float dtype: constants arrive as an array of the terms'
-dtype, so float32 kernels stay float32, and ``exp`` (also inside ``sigmoid``) is a
-generated branch-free polynomial (:func:`_exp_source`) that LLVM vectorizes across
-feature columns; ``math.exp`` is a scalar libm call that blocks vectorization and
+dtype, so float32 kernels stay float32, and ``exp`` and ``sigmoid`` are generated
+branch-free polynomials (:func:`_exp_source`) that LLVM vectorizes across feature
+columns; ``math.exp`` is a scalar libm call that blocks vectorization and
 costs several times more on this machine.
 """
 
@@ -46,7 +46,7 @@ from ngra.kernels.fused_edge import EdgeExpr, derivative, topo_order
 __all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
 
 # Bump when the generated text changes meaning: it is part of every kernel's file name.
-CODEGEN_VERSION = "8"
+CODEGEN_VERSION = "10"
 
 _LEAF_ARRAY = {"src": "s", "dst": "d", "edge": "e"}
 _LEAF_ROW = {"src": "u", "dst": "v", "edge": "e"}
@@ -65,6 +65,8 @@ class KernelSpec:
             ``wide`` is False for a width-1 term (broadcast over columns).
         grads: ``((kind, index), ...)`` leaves whose gradients this kernel writes
             (backward kinds only): dst and edge leaves for ``bwd_dst``, src for ``bwd_src``.
+        flush_denormals: run with the x86 FTZ/DAZ bits set (restored on return), see
+            :data:`ngra.kernels.cpu.fused_edge.FLUSH_DENORMALS`.
     """
 
     kind: str
@@ -73,12 +75,14 @@ class KernelSpec:
     reduce: str
     layout: tuple[tuple[str, int, bool], ...]
     grads: tuple[tuple[str, int], ...] = ()
+    flush_denormals: bool = False
 
     def digest(self) -> str:
         text = "|".join([
             CODEGEN_VERSION, self.kind, self.dtype, self.expr.key(), self.reduce,
             ",".join(f"{k}{i}{'w' if w else 'n'}" for k, i, w in self.layout),
             ",".join(f"{k}{i}" for k, i in self.grads),
+            "ftz" if self.flush_denormals else "",
         ])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -152,7 +156,7 @@ class _Emitter:
         if op == "neg":
             return f"-{a[0]}"
         if op == "sigmoid":
-            return f"{one} / ({one} + _exp(-{a[0]}))"
+            return f"_sigmoid({a[0]})"
         if op == "tanh":
             return f"math.tanh({a[0]})"
         if op == "exp":
@@ -217,6 +221,8 @@ def generate(spec: KernelSpec) -> tuple[str, list[float]]:
         "from numba import njit",
         "",
         "from ngra.kernels.cpu._util import prefetch_row",
+        *(["from ngra.kernels.cpu.fused_edge import FTZ_DAZ, mxcsr_get, mxcsr_set"]
+          if spec.flush_denormals else []),
         "",
         "",
     ]
@@ -272,6 +278,7 @@ def _exp_source(dtype: str) -> str:
         f"_LN2_LO = {ft}({ln2_lo!r})",
         f"_HALF = {ft}(0.5)",
         f"_ZERO = {ft}(0.0)",
+        f"_ONE = {ft}(1.0)",
         f"_INF = {ft}(np.inf)",
         f"_BIAS = {it}({bias})",
     ]
@@ -295,6 +302,20 @@ def _exp_source(dtype: str) -> str:
         "    y = _INF if x > _X_HI else y",
         "    y = _ZERO if x < _X_LO else y",
         "    return x if x != x else y",
+        "",
+        "",
+        f'@njit(cache=True, nogil=True, error_model="numpy", fastmath={_FASTMATH})',
+        "def _sigmoid(x):  # pragma: no cover",
+        "    # 1 / (1 + e^-x) with e^-x clamped to the normal range: beyond it sigmoid has",
+        "    # saturated to 0 or 1 anyway, so the overflow/underflow fix-ups of _exp are not needed",
+        "    t = _X_LO if x > -_X_LO else -x",
+        "    t = _X_HI if t > _X_HI else t",
+        "    z = np.floor(t * _LOG2E + _HALF)",
+        "    r = (t - z * _LN2_HI) - z * _LN2_LO",
+        f"    p = {horner}",
+        f"    e = p * {it}(({it}(z) + _BIAS) << {shift}).view({ft})",
+        "    y = _ONE / (_ONE + e)",
+        "    return x if x != x else y",
     ]
     return "\n".join(lines) + "\n"
 
@@ -303,7 +324,19 @@ def _open_kernel(w: _Writer, spec: KernelSpec, em: _Emitter, args: list[str]) ->
     w(_DECO)
     w(f"def kernel({', '.join(args + ['v0', 'v1'])}):  # pragma: no cover")
     w.indent()
+    if spec.flush_denormals:
+        # Saturated sigmoids/exps feed subnormal products, which cost ~100 cycles each on
+        # x86: flush them to zero in this thread while the kernel runs.
+        w("fp_env = mxcsr_get()")
+        w("mxcsr_set(fp_env | FTZ_DAZ)")
     em.header(w)
+
+
+def _close_kernel(w: _Writer, spec: KernelSpec) -> str:
+    w.depth = 1
+    if spec.flush_denormals:
+        w("mxcsr_set(fp_env)")
+    return w.text()
 
 
 def _zero_rows(w: _Writer, rows: list[tuple[str, str, bool]]) -> None:
@@ -337,8 +370,8 @@ def _wide_leaves(spec: KernelSpec, kind: str) -> list[str]:
 def _fwd(spec: KernelSpec, em: _Emitter) -> str:
     ext = spec.reduce in ("max", "min")
     w = _Writer()
-    _open_kernel(w, spec, em,
-                 ["indptr", "indices", "consts", "ahead", *spec.arrays(), "out"] + (["arg"] if ext else []))
+    args = ["indptr", "indices", "consts", "ahead", *spec.arrays(), "out"]
+    _open_kernel(w, spec, em, args + (["arg"] if ext else []))
     w("nf = out.shape[1]")
     w("num_edges = indices.shape[0]")
     w("for v in range(v0, v1):")
@@ -379,7 +412,7 @@ def _fwd(spec: KernelSpec, em: _Emitter) -> str:
         w(f"inv = c1 / {_ft(spec)}(end - start)")
         w("for f in range(nf):")
         w.indent()("out[v, f] *= inv")
-    return w.text()
+    return _close_kernel(w, spec)
 
 
 def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
@@ -436,7 +469,7 @@ def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
     for name, row, wd in dst_rows:
         if not wd:
             w(f"{name}[{row}, 0] = {name}_acc")
-    return w.text()
+    return _close_kernel(w, spec)
 
 
 def _bwd_src(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
@@ -477,4 +510,4 @@ def _bwd_src(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
     for name, row, wd in src_rows:
         if not wd:
             w(f"{name}[{row}, 0] = {name}_acc")
-    return w.text()
+    return _close_kernel(w, spec)

@@ -428,3 +428,16 @@ def test_only_width_one_terms_give_width_one_output(gen):
         with use_backend(backend):
             out = fused_edge_aggregate(indptr, indices, U_MUL_E, [x], [], [w], reduce="mean")
         assert out.shape == (indptr.numel() - 1, 1)
+
+
+def test_subnormals_flushed_inside_kernels_only():
+    """x86: kernels run with FTZ/DAZ (saturated gates are ~100x slower as subnormals);
+    the caller's floating-point environment is restored afterwards."""
+    ip, ix = torch.tensor([0, 1, 2]), torch.tensor([0, 1])
+    x = torch.full((2, F), 1e-20)  # 1e-20 * 1e-20 is subnormal in float32
+    w = torch.full((2, 1), 1e-20)
+    with use_backend("cpu"):
+        out = fused_edge_aggregate(ip, ix, U_MUL_E, [x], [], [w], reduce="mean")
+    want = 0.0 if cpu_fe.FLUSH_DENORMALS else 1e-40
+    torch.testing.assert_close(out, torch.full((2, F), want), atol=0.0, rtol=1e-3)
+    assert float(torch.tensor([1e-40]) * 1.0) != 0.0  # torch still keeps subnormals
