@@ -16,7 +16,6 @@ Nothing here knows about graphs or GNNs; keep it that way so any benchmark can u
 from __future__ import annotations
 
 import csv
-import ctypes
 import gc
 import math
 import multiprocessing as mp
@@ -32,6 +31,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ngra.memstat import malloc_trim, peak_rss_bytes, reset_peak_rss, rss_bytes
 
 __all__ = [
     "PeakRSS",
@@ -151,35 +152,6 @@ def time_fn(
 
 
 # -------------------------------------------------------------------------------- memory
-def _status_kb(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def rss_bytes() -> int:
-    """Current resident set size of this process."""
-    kb = _status_kb("VmRSS")
-    if kb is not None:
-        return kb * 1024
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def malloc_trim() -> None:
-    """Give freed heap pages back to the OS (glibc), so a baseline is not inflated."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 _malloc_trim = malloc_trim  # older name, kept for callers
 
 
@@ -207,14 +179,11 @@ class PeakRSS:
         return max(0, self.peak - self.baseline)
 
     def __enter__(self) -> PeakRSS:  # noqa: PYI034
-        gc.collect()
-        malloc_trim()
-        self.baseline = rss_bytes()
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
+        if reset_peak_rss():
+            self.baseline = rss_bytes()
             self.method = "VmHWM (clear_refs reset)"
-        except OSError:
+        else:
+            self.baseline = rss_bytes()
             self.method = "psutil RSS sampling (1 ms)"
             self.peak = self.baseline
             self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -235,7 +204,7 @@ class PeakRSS:
             self._thread.join()
             self.peak = max(self.peak, rss_bytes())
         else:
-            self.peak = (_status_kb("VmHWM") or 0) * 1024
+            self.peak = peak_rss_bytes()
 
 
 def _child_main(conn, fn, args, kwargs) -> None:

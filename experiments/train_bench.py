@@ -31,7 +31,7 @@ What is measured
 
 How
     Every (framework, model, graph) case runs in a fresh child process (this file
-    with ``--child``), so its peak memory (``ru_maxrss``) is its own: ``peak MB`` is
+    with ``--child``), so its peak memory (``VmHWM``, :mod:`ngra.memstat`) is its own: ``peak MB`` is
     that maximum RSS over the process's life (interpreter, libraries, dataset and warm-up
     compiles included); ``train MB`` is an epoch's working memory: the high-water mark of
     the timed epochs above the RSS after the warm-up epoch (``_bench_util.PeakRSS``,
@@ -54,7 +54,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -64,6 +63,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench_util as bu  # noqa: E402
+
+from ngra.memstat import peak_rss_bytes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
@@ -136,7 +137,7 @@ def _setup_rss() -> float:
 
 
 def _lifetime_peak() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # KiB on Linux
+    return float(peak_rss_bytes())  # this process's own, not its parent's (ngra.memstat)
 
 
 def _load(spec: str):
@@ -598,7 +599,7 @@ def write_report(results: list[Result], path: Path, meta: dict[str, Any]) -> Non
         f"- Versions: {meta['versions']}.",
         "- Time: median epoch (forward + loss + backward + Adam step) after 1 warm-up epoch "
         "(numba compile, plan compile); 2 timed epochs on R-MAT 2^18, more elsewhere (`n`).",
-        "- Memory: `peak` = max RSS (`ru_maxrss`) of a fresh process running only that case "
+        "- Memory: `peak` = max RSS (`VmHWM`) of a fresh process running only that case "
         "(interpreter, libraries, dataset and warm-up compiles included); `train` = an "
         "epoch's working memory: high-water RSS of the timed epochs above the RSS after the "
         "warm-up epoch (activations, messages, temporaries; parameters, gradients, optimizer "

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import random
-import resource
 import statistics
 import tempfile
 import time
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ngra.memstat import peak_rss_bytes
 from ngra.models import MODELS, build_model, prepare
 from ngra.runtime.budget import memory_budget
 
@@ -82,7 +82,7 @@ class TrainConfig:
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return peak_rss_bytes() / 2**20
 
 
 def _seed_all(seed: int) -> None:

@@ -32,9 +32,7 @@ the peak is the process's lifetime peak (``peak_note`` says so).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -45,9 +43,15 @@ import torch
 import torch.nn.functional as F
 
 from ngra.characterize.stages import (
-    LAYER_RANGE, STAGES, classify_layer_ops, model_rule, probe_stage, sum_by_stage,
+    LAYER_RANGE,
+    STAGES,
+    classify_layer_ops,
+    model_rule,
+    probe_stage,
+    sum_by_stage,
 )
 from ngra.characterize.workloads import Workload, build_ngra
+from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 __all__ = ["RunResult", "run_workload", "attribute_events", "plan_info", "FRAMEWORKS",
            "peak_rss_reset", "peak_rss_mb"]
@@ -100,41 +104,17 @@ class RunResult:
 
 
 # ---------------------------------------------------------------- memory
-def _status_kb(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def peak_rss_reset() -> tuple[float, str]:
     """Free what can be freed, reset the high-water mark; returns (baseline MiB, note)."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-    note = "peak RSS above the run's starting RSS (high-water mark reset per run)"
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
+    if reset_peak_rss():
+        note = "peak RSS above the run's starting RSS (high-water mark reset per run)"
+    else:
         note = "process lifetime peak RSS (high-water mark reset unavailable)"
-    rss = _status_kb("VmRSS")
-    return (rss / 1024.0 if rss is not None else 0.0), note
+    return rss_bytes() / 2**20, note
 
 
 def peak_rss_mb() -> float:
-    hwm = _status_kb("VmHWM")
-    if hwm is None:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    return hwm / 1024.0
+    return peak_rss_bytes() / 2**20
 
 
 # ---------------------------------------------------------------- steps

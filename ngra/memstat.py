@@ -1,0 +1,76 @@
+"""Process memory readings: current RSS, peak RSS, and a resettable high-water mark.
+
+Peak RSS is read from the kernel's per-address-space high-water mark (``VmHWM`` in
+``/proc/self/status``), never from ``getrusage(...).ru_maxrss``: Linux carries a
+parent's peak across fork and exec into the child's ``ru_maxrss``, so a child started
+by a large process (pytest after a thousand tests, a benchmark driver) would report
+its parent's peak as its own. ``VmHWM`` belongs to the exec'd address space only, and
+writing ``5`` to ``/proc/self/clear_refs`` resets it, so one step's own peak can be
+measured. Off Linux, ``ru_maxrss`` is the fallback (it can only overstate).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import sys
+
+__all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim"]
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _maxrss_bytes() -> int:
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    kb = _status_kb("VmRSS")
+    if kb is not None:
+        return kb * 1024
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def peak_rss_bytes() -> int:
+    """Peak RSS of this process since it started or since :func:`reset_peak_rss`."""
+    kb = _status_kb("VmHWM")
+    return kb * 1024 if kb is not None else _maxrss_bytes()
+
+
+def reset_peak_rss() -> bool:
+    """Free what can be freed and reset the high-water mark to the current RSS.
+
+    Returns False where the reset is unavailable (not Linux, or ``clear_refs`` not
+    writable): :func:`peak_rss_bytes` is then the process-lifetime peak.
+    """
+    gc.collect()
+    malloc_trim()
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def malloc_trim() -> None:
+    """Give freed heap pages back to the OS (glibc), so a baseline is not inflated."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
