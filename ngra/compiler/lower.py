@@ -5,14 +5,18 @@ A plan has the interface of :class:`ngra.runtime.generic.GenericPlan`:
 * ``accumulator``: the Gather accumulator (:func:`ngra.runtime.gather.make_accumulator`);
 * ``pre(x) -> terms``: the vertex-side stage (hoisted terms, a transform moved before
   propagation), a dict ``term key -> [N, ...]``;
-* ``edge(tile, terms, edata) -> partial``: the accumulator's partial state for one
-  :class:`~ngra.runtime.tiles.TileView` (sum/mean: per-destination sums over the
-  tile's interval; max/min: ``(values, has_edges)``; softmax: ``(m, s, o)``);
+* ``edge(tile, src, dst, edata) -> partial``: the accumulator's partial state for one
+  staged :class:`~ngra.runtime.tiles.TileView` (sum/mean: per-destination sums over the
+  tile's interval; max/min: ``(values, has_edges)``; softmax: ``(m, s, o)``), from the
+  tile's staged source rows ``src`` and destination rows ``dst`` (dicts ``term key ->
+  rows``) and its edge data rows ``edata`` (see :mod:`ngra.runtime.staging`);
+* ``edge_reads() -> (src_keys, dst_keys)``: the terms the edge stage reads per side
+  (only those are staged);
 * ``post(x, acc) -> out``: ApplyVertex (the UDF, or its rewritten IR after a reorder);
 * ``describe() -> list[str]``: the explain lines.
 
-Source-side terms are indexed with the tile's global source ids; destination-side
-terms are sliced to the tile's interval ``[dst_lo, dst_hi)``.
+Source-side rows are indexed with the tile's local source ids; destination-side
+rows are the tile's interval ``[dst_lo, dst_hi)``, indexed with local destination ids.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from ngra.compiler.passes.fuse import (
 from ngra.runtime.generic import GenericPlan
 from ngra.runtime.gather import make_accumulator
 from ngra.runtime.tiles import TileView
-from ngra.saga import index_rows
 
 __all__ = ["CompiledPlan", "FallbackPlan", "lower"]
 
@@ -54,18 +57,11 @@ class FallbackPlan(GenericPlan):
 
 
 class _Tile:
-    """Per-tile inputs of the edge stage, gathered on demand (each at most once)."""
+    """Per-tile inputs of the edge stage, gathered per edge on demand (each at most once)."""
 
-    def __init__(self, tile: TileView, terms: dict, edata: Any) -> None:
-        self.tile, self.terms, self._edata = tile, terms, edata
+    def __init__(self, tile: TileView, src: dict, dst: dict, edata: Any) -> None:
+        self.tile, self.src, self.dst, self.edata = tile, src, dst, edata
         self._cache: dict[Any, Any] = {}
-        self._tile_edata: Any = None
-
-    @property
-    def edata(self) -> Any:
-        if self._tile_edata is None and self._edata is not None:
-            self._tile_edata = index_rows(self._edata, self.tile.edge_ids)
-        return self._tile_edata
 
     def __call__(self, n: Node) -> Any:
         key = (n.op, n.attrs["key"])
@@ -73,18 +69,16 @@ class _Tile:
             if n.op == Op.EDATA:
                 d = self.edata
                 v = d if n.attrs["key"] is None else d[n.attrs["key"]]
+            elif n.op == Op.SRC:
+                v = self.src[n.attrs["key"]].index_select(0, self.tile.src_idx)
             else:
-                idx = self.tile.src_idx if n.op == Op.SRC else self.tile.dst_idx
-                v = self.terms[n.attrs["key"]].index_select(0, idx)
+                v = self.dst[n.attrs["key"]].index_select(0, self.tile.dst_idx)
             self._cache[key] = v
         return self._cache[key]
 
     @property
     def num_dst(self) -> int:
         return self.tile.dst_hi - self.tile.dst_lo
-
-    def dst_rows(self, key: Any) -> torch.Tensor:
-        return self.terms[key][self.tile.dst_lo:self.tile.dst_hi]
 
 
 class CompiledPlan:
@@ -120,6 +114,14 @@ class CompiledPlan:
                     out[id(v)] = v
         return list(out.values())
 
+    def edge_reads(self) -> tuple[set, set]:
+        """``(src_keys, dst_keys)``: the terms the edge stage reads from sources / destinations."""
+        side: dict[Op, set] = {Op.SRC: set(), Op.DST: set()}
+        for n in self.program.edge.nodes.values():
+            if n.op in side:
+                side[n.op].add(n.attrs["key"])
+        return side[Op.SRC], side[Op.DST]
+
     # ------------------------------------------------------------------ stages
     def pre(self, x: Any) -> dict:
         def vertex(n: Node) -> Any:
@@ -128,8 +130,8 @@ class CompiledPlan:
 
         return run_stage(self.program.pre, vertex, self.resolver)
 
-    def edge(self, tile: TileView, terms: Any, edata: Any) -> Any:
-        ctx = _Tile(tile, terms, edata)
+    def edge(self, tile: TileView, src: Any, dst: Any, edata: Any) -> Any:
+        ctx = _Tile(tile, src, dst, edata)
         lowering = self.program.lowering
         if self.gather == "softmax":
             m = lowering[None]
@@ -194,7 +196,7 @@ class CompiledPlan:
 
     def _gspmm(self, ctx: _Tile, m: GspmmMatch, reduce: str) -> torch.Tensor:
         tile = ctx.tile
-        src = ctx.terms[m.src]
+        src = ctx.src[m.src]
         indices, rev = tile.src_idx, tile.rev
         if m.typed is not None:
             t, f = m.typed["types"], m.typed["width"]
@@ -209,8 +211,9 @@ class CompiledPlan:
     def _virtual(self, tile: TileView, types: torch.Tensor, num_types: int,
                  num_src: int) -> tuple[torch.Tensor, Any]:
         """Source ids ``u * T + type`` and their reverse CSR, cached per tile and type content."""
-        for ref, cached, vidx, vrev in self._typed_cache:
-            if ref() is tile.src_idx and cached.shape == types.shape and torch.equal(cached, types):
+        for ref, ns, cached, vidx, vrev in self._typed_cache:
+            if (ref() is tile.src_idx and ns == num_src and cached.shape == types.shape
+                    and torch.equal(cached, types)):
                 return vidx, vrev
         if types.numel() and (int(types.min()) < 0 or int(types.max()) >= num_types):
             raise IndexError(
@@ -219,7 +222,7 @@ class CompiledPlan:
             )
         vidx = tile.src_idx * num_types + types.to(tile.src_idx.dtype)
         vrev = kernels.transpose_csc(tile.indptr, vidx, num_src * num_types)
-        self._typed_cache.insert(0, (weakref.ref(tile.src_idx), types.clone(), vidx, vrev))
+        self._typed_cache.insert(0, (weakref.ref(tile.src_idx), num_src, types.clone(), vidx, vrev))
         del self._typed_cache[4:]
         return vidx, vrev
 
@@ -228,13 +231,13 @@ class CompiledPlan:
 
         tile = ctx.tile
         rest, width = m.out, math.prod(m.out) if m.out else 1
-        src_terms = [_term(ctx.terms[k], rest, lay) for k, lay in m.src]
+        src_terms = [_term(ctx.src[k], rest, lay) for k, lay in m.src]
         dst_terms = []
         params = [i for kind, i, _ in m.dst if kind == "param"]
         penv = evaluate(self.program.edge, params, ctx, self.resolver) if params else {}
         for kind, k, lay in m.dst:
             if kind == "term":
-                dst_terms.append(_term(ctx.dst_rows(k), rest, lay))
+                dst_terms.append(_term(ctx.dst[k], rest, lay))
             else:
                 v = _const_term(penv[k], rest, lay)
                 dst_terms.append(v.expand(ctx.num_dst, v.shape[1]))
@@ -250,21 +253,21 @@ class CompiledPlan:
 
     def _softmax(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
         tile = ctx.tile
-        value = ctx.terms[m.value]
+        value = ctx.src[m.value]
         n, nd = value.shape[0], ctx.num_dst
         h = math.prod(m.heads) if m.heads else 1
         d = math.prod(m.dims) if m.dims else 1
         like = value
-        s_src = (ctx.terms[m.score_src].reshape(n, h) if m.score_src is not None
+        s_src = (ctx.src[m.score_src].reshape(n, h) if m.score_src is not None
                  else like.new_zeros(n, h))
-        s_dst = (ctx.dst_rows(m.score_dst).reshape(nd, h) if m.score_dst is not None
+        s_dst = (ctx.dst[m.score_dst].reshape(nd, h) if m.score_dst is not None
                  else like.new_zeros(nd, h))
         v3 = value.reshape(n, h, d)
         out = kernels.softmax_aggregate(tile.indptr, tile.src_idx, s_src, s_dst, v3,
                                         negative_slope=m.slope, rev=tile.rev)
         o = out.reshape((nd,) + m.heads + m.dims)
         has = (tile.indptr[1:] > tile.indptr[:-1]).to(out.dtype)
-        if tile.edge_ids is None:
+        if tile.whole:
             # The tile holds every edge: no other tile merges into this state, so the
             # normalized output with unit weight (and no log-sum-exp) is the whole state.
             mm = out.new_zeros((nd,) + m.heads)
@@ -364,7 +367,7 @@ def _const_term(v: Any, rest: tuple[int, ...], layout: str) -> torch.Tensor:
 def _segment_lse(tile: TileView, s_src: torch.Tensor, s_dst: torch.Tensor,
                  slope: float) -> torch.Tensor:
     """Per-destination log-sum-exp of the tile's scores (differentiable), ``[N_dst, H]``."""
-    local = tile.dst_idx - tile.dst_lo
+    local = tile.dst_idx
     e = torch.nn.functional.leaky_relu(s_src.index_select(0, tile.src_idx)
                                        + s_dst.index_select(0, local), slope)
     m = kernels.segment_reduce(tile.indptr, e.detach(), "max")

@@ -13,10 +13,13 @@ keeps per edge and per destination row:
   (source, destination, edge id, reverse indices, reverse permutation);
 * ``bytes_per_dst_row = 4 * partial_per_row`` -- the resident accumulator, the
   tile partial, the merge temporary and the gradient rows;
-* ``bytes_per_src_row`` = one row of the vertex-side terms (what a device copy
-  of a source row costs; ``prefetch_factor = 2`` for double buffering);
-* ``fixed = 3 * parameter bytes + 16 * (N + 1)`` -- parameters with their
-  gradients and in-flight copies, and the tile's reverse offsets over sources.
+* ``bytes_per_src_row = (term row + 8) / GATHER_FRACTION`` -- one staged row of
+  the vertex-side terms (what a device copy of a source row costs;
+  ``prefetch_factor = 2`` for double buffering) and its reverse offset; a tile
+  stages at most ``S / GATHER_FRACTION`` rows for ``S`` touched sources (it
+  slices a span only when the span is under that, see :mod:`ngra.runtime.staging`);
+* ``fixed = 3 * parameter bytes`` -- parameters with their gradients and
+  in-flight copies.
 
 Vertex arrays of size ``N x F`` (layer inputs, outputs, their gradients) live
 outside the budget, as in NeuGraph, where they stay in host memory.
@@ -33,6 +36,7 @@ import torch
 
 from ngra.graph import Graph
 from ngra.partition import GridChoice, TileCost, choose_grid, parse_bytes, tile_graph
+from ngra.runtime.staging import GATHER_FRACTION, Stager
 from ngra.runtime.tiles import Grid, TileView, grid_from_tiles
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
@@ -95,13 +99,14 @@ def forced_grid(graph: Graph) -> Grid | None:
 
 
 def _sample_tile(graph: Graph) -> TileView:
+    """The first destinations holding about ``SAMPLE_EDGES`` edges, with global source ids
+    (staged as the identity on sources)."""
     indptr = graph.indptr
     m_target = min(graph.num_edges, SAMPLE_EDGES)
     d = int(torch.searchsorted(indptr, torch.tensor(m_target), right=False))
     d = max(1, min(d, graph.num_nodes))
     m = int(indptr[d])
-    return TileView(0, d, indptr[: d + 1], graph.indices[:m], graph.dst_index()[:m],
-                    torch.arange(m), None)
+    return TileView(0, d, indptr[: d + 1], graph.indices[:m], torch.arange(m))
 
 
 def _nbytes(x: Any) -> int:
@@ -127,6 +132,7 @@ def _row_bytes(x: Any) -> int:
 def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> tuple[float, float, Any, TileView]:
     """Bytes autograd saves per sample-tile edge and per destination row, the partial, the tile."""
     tile = _sample_tile(graph)
+    st = Stager(terms, edata, mode=None).stage(tile)
     m, d = tile.num_edges, tile.num_dst
     per_edge = per_row = 0
 
@@ -139,7 +145,7 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> tuple[float
         return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        part = plan.edge(tile, terms, edata)
+        part = st.run(plan)
     return per_edge / m, per_row / d, part, tile
 
 
@@ -175,10 +181,10 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
     m, d = tile.num_edges, tile.num_dst
     per_edge, per_row = per_edge * m, per_row * d
     return TileCost(
-        bytes_per_src_row=float(_row_bytes(terms)),
+        bytes_per_src_row=float((_row_bytes(terms) + 8) / GATHER_FRACTION),
         bytes_per_dst_row=float(4 * max(_nbytes(part), per_row) / d),
         bytes_per_edge=float(2 * per_edge / m + 40 + _row_bytes(edata)),
-        fixed=float(3 * _nbytes(params) + 16 * (graph.num_nodes + 1)),
+        fixed=float(3 * _nbytes(params)),
     )
 
 

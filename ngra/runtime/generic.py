@@ -1,8 +1,9 @@
 """The generic plan: runs any SAGA program with edge tensors materialized.
 
 This is the semantics every compiled plan must reproduce, and the fallback for
-programs the compiler cannot fuse: Scatter gathers the vertex rows each edge
-reads, ``apply_edge`` runs on the tile's edges, and the accumulator reduces the
+programs the compiler cannot fuse: Scatter gathers, from the tile's staged
+vertex rows (:mod:`ngra.runtime.staging`), the rows each edge reads,
+``apply_edge`` runs on the tile's edges, and the accumulator reduces the
 result per destination.
 """
 
@@ -15,7 +16,7 @@ import torch
 from ngra.runtime import probes
 from ngra.runtime.gather import make_accumulator
 from ngra.runtime.tiles import TileView
-from ngra.saga import Edge, SagaLayer, index_rows
+from ngra.saga import Edge, SagaLayer
 
 __all__ = ["GenericPlan"]
 
@@ -33,12 +34,12 @@ class GenericPlan:
     def pre(self, x: Any) -> Any:
         return x
 
-    def edge(self, tile: TileView, terms: Any, edata: Any) -> Any:
-        data = index_rows(edata, tile.edge_ids)
+    def edge(self, tile: TileView, src: Any, dst: Any, edata: Any) -> Any:
+        """The tile's partial state from its staged source / destination rows and edge data."""
         edge_view = _ProbedEdge if probes.active() else Edge
         with probes.stage("apply_edge") as s:
             msg = s.outputs(self.layer.apply_edge(
-                edge_view(terms, terms, tile.src_idx, tile.dst_idx, data)))
+                edge_view(src, dst, tile.src_idx, tile.dst_idx, edata)))
         _check_messages(self.layer, msg, tile.num_edges)
         with probes.stage("gather") as s:
             return s.outputs(self.accumulator.partial(tile.indptr, msg))

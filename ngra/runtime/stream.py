@@ -1,17 +1,19 @@
-"""Chunked streaming: the column walk, tile prefetch, and recompute-in-backward.
+"""Chunked streaming: the column walk, tile staging and prefetch, and recompute-in-backward.
 
 Forward walks destination columns; within a column the tiles stream by and
-their partial results merge into the column's resident accumulator. A
-background thread builds the next tile's view (global ids, reverse structure)
-while the current tile computes.
+their partial results merge into the column's resident accumulator. Each tile
+is staged first (:mod:`ngra.runtime.staging`: the vertex rows it touches, with
+local ids) by a background thread while the previous tile computes.
 
-When the grid has more than one tile, propagation runs inside
-:class:`StreamedPropagation`, a custom autograd Function: forward keeps no
-edge-level tensor, and backward walks source rows, recomputing each tile's edge
-stage with autograd and pulling the gradient of that tile's contribution back
-to the vertex terms, edge data and parameters. Edge-level memory is therefore
-O(tile), never O(E x F). The 1 x 1 grid runs the same column walk under plain
-autograd (there is nothing to bound, and no recomputation is needed).
+When the grid has more than one tile and the edge stage saves per-edge
+activations, propagation runs inside :class:`StreamedPropagation`, a custom
+autograd Function: forward keeps no edge-level tensor, and backward walks
+source rows, restaging each tile as fresh leaves, recomputing its edge stage
+with autograd and adding the gradient of that tile's contribution into the
+vertex terms, edge data and parameters. Edge-level memory is therefore
+O(tile), never O(E x F), and no gradient of size N x F is made per tile.
+The 1 x 1 grid runs the same column walk under plain autograd (staging is the
+identity, and no recomputation is needed).
 """
 
 from __future__ import annotations
@@ -19,19 +21,26 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import torch
 
 from ngra.graph import Graph
 from ngra.runtime import probes
-from ngra.runtime.tiles import Grid, TileView
+from ngra.runtime.staging import Staged, Stager, choose_device, flatten, forced_mode, unflatten
+from ngra.runtime.tiles import Grid
 
-__all__ = ["propagate", "run_streamed", "prefetched", "StreamedPropagation"]
+__all__ = ["propagate", "run_streamed", "prefetched", "stager_for", "plan_parameters",
+           "StreamedPropagation"]
 
 
-def prefetched(makers: Iterable[Callable[[], TileView]], depth: int = 1) -> Iterator[TileView]:
-    """Yield each maker's tile, building the next ``depth`` tiles in a background thread."""
+def prefetched(makers: Iterable[Callable[[], Any]], depth: int = 1) -> Iterator[Any]:
+    """Yield each maker's result, building the next ``depth`` in a background thread.
+
+    The thread runs with the caller's grad mode (staging under autograd records
+    its graph there).
+    """
     makers = list(makers)
     if len(makers) <= 1:
         for make in makers:
@@ -39,8 +48,10 @@ def prefetched(makers: Iterable[Callable[[], TileView]], depth: int = 1) -> Iter
         return
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
+    grad = torch.is_grad_enabled()
 
     def work() -> None:
+        torch.set_grad_enabled(grad)
         for make in makers:
             if stop.is_set():
                 return
@@ -61,34 +72,50 @@ def prefetched(makers: Iterable[Callable[[], TileView]], depth: int = 1) -> Iter
     thread.start()
     try:
         for _ in makers:
-            tile, exc = q.get()
+            item, exc = q.get()
             if exc is not None:
                 raise exc
-            yield tile
+            yield item
     finally:
         stop.set()
         thread.join()
 
 
+def staged(stager: Stager, tiles: Iterable[Any]) -> Iterator[Staged]:
+    """``tiles`` staged one ahead by the prefetch thread."""
+    return prefetched(partial(stager.stage, t) for t in tiles)
+
+
+def stager_for(plan: Any, terms: Any, edata: Any, **kw: Any) -> Stager:
+    """The :class:`Stager` of one propagation of ``plan``: the side(s) each term is
+    read on (``plan.edge_reads()``, when the plan knows), the compute device
+    (:func:`~ngra.runtime.staging.choose_device`) and the forced staging mode."""
+    reads = getattr(plan, "edge_reads", None)
+    kw.setdefault("mode", forced_mode())
+    kw.setdefault("device", choose_device(plan, terms))
+    return Stager(terms, edata, reads() if reads is not None else None, **kw)
+
+
 def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
               keep_state: bool = False) -> Any:
-    """The column walk: per column, merge tile partials, then finalize.
+    """The column walk: per column, stage and merge tile partials, then finalize.
 
     Returns the accumulator ``[N, ...]`` (and, with ``keep_state``, each
-    column's final accumulator state and the RNG state before each tile, so that
-    backward recomputes random ops such as dropout identically).
+    column's final accumulator state, the RNG state before each tile, so that
+    backward recomputes random ops such as dropout identically, and the stager).
     """
     acc = plan.accumulator
     in_deg = graph.in_degrees()
+    stager = stager_for(plan, terms, edata)
     cols, states, rng = [], [], {}
     for column in grid.columns:
         state, lo, hi = None, None, None
-        for tile in prefetched(column):
-            lo, hi = tile.dst_lo, tile.dst_hi
+        for st in staged(stager, column):
+            lo, hi = st.view.dst_lo, st.view.dst_hi
             if keep_state:
-                rng[tile.key] = torch.get_rng_state()
+                rng[st.view.key] = torch.get_rng_state()
             with probes.stage("edge") as s:
-                part = s.outputs(plan.edge(tile, terms, edata))
+                part = s.outputs(stager.to_host(st.run(plan)))
             with probes.stage("combine") as s:
                 state = s.outputs(acc.combine(state, part))
         with probes.stage("finalize") as s:
@@ -96,13 +123,13 @@ def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
         if keep_state:
             states.append((lo, hi, state))
     out = cols[0] if len(cols) == 1 else _cat(cols)
-    return (out, states, rng) if keep_state else out
+    return (out, states, rng, stager) if keep_state else out
 
 
 def run_streamed(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any) -> torch.Tensor:
     """Propagate over a multi-tile ``grid`` with O(tile) edge memory in backward."""
-    t_leaves, t_spec = _flatten(terms)
-    e_leaves, e_spec = _flatten(edata)
+    t_leaves, t_spec = flatten(terms)
+    e_leaves, e_spec = flatten(edata)
     params = [p for p in plan_parameters(plan) if p.requires_grad]
     ctx = _Context(plan, graph, grid, t_spec, len(t_leaves), e_spec, len(e_leaves), len(params))
     return StreamedPropagation.apply(ctx, *t_leaves, *e_leaves, *params)
@@ -126,19 +153,21 @@ class _Context:
 
 
 class StreamedPropagation(torch.autograd.Function):
-    """Propagation over a tile grid; backward recomputes one tile at a time."""
+    """Propagation over a tile grid; backward restages and recomputes one tile at a time."""
 
     @staticmethod
     def forward(ctx: Any, c: _Context, *leaves: torch.Tensor) -> torch.Tensor:
-        terms = _unflatten(c.t_spec, leaves[: c.nt])
-        edata = _unflatten(c.e_spec, leaves[c.nt: c.nt + c.ne])
+        terms = unflatten(c.t_spec, list(leaves[: c.nt]))
+        edata = unflatten(c.e_spec, list(leaves[c.nt: c.nt + c.ne]))
         with torch.no_grad():
-            out, states, rng = propagate(c.plan, c.graph, c.grid, terms, edata, keep_state=True)
+            out, states, rng, stager = propagate(c.plan, c.graph, c.grid, terms, edata,
+                                                 keep_state=True)
         if not isinstance(out, torch.Tensor):
             raise NotImplementedError(
                 "chunked streaming supports tensor-valued accumulators; this layer's "
                 f"apply_edge returns {type(out).__name__}. Run it without a memory budget.")
         ctx.c, ctx.rng = c, rng
+        ctx.staging = {"mode": stager.mode, "device": stager.device}  # backward restages alike
         ctx.final = [(lo, hi, c.plan.accumulator.final_stats(st, out[lo:hi]))
                      for lo, hi, st in states]
         ctx.save_for_backward(*leaves[: c.nt + c.ne])
@@ -149,76 +178,41 @@ class StreamedPropagation(torch.autograd.Function):
         c: _Context = ctx.c
         saved = ctx.saved_tensors
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
-        wanted = [i for i, t in enumerate(saved) if t.requires_grad and t.is_floating_point()]
         params = [p for p in plan_parameters(c.plan) if p.requires_grad][: c.np]
         grads: list[torch.Tensor | None] = [None] * (len(saved) + len(params))
-        terms = _unflatten(c.t_spec, inputs[: c.nt])
-        edata = _unflatten(c.e_spec, inputs[c.nt: c.nt + c.ne])
+        terms = unflatten(c.t_spec, inputs[: c.nt])
+        edata = unflatten(c.e_spec, inputs[c.nt: c.nt + c.ne])
+        stager = stager_for(c.plan, terms, edata, leaves=True, **ctx.staging)
         final = {lo: (hi, st) for lo, hi, st in ctx.final}
-        targets = [inputs[i] for i in wanted] + params
         acc = c.plan.accumulator
         in_deg = c.graph.in_degrees()
         rng_now = torch.get_rng_state()
         for row in c.grid.rows:  # backward walks source rows
-            for tile in prefetched(row):
-                if tile.num_edges == 0:
-                    continue
-                lo, hi = tile.dst_lo, tile.dst_hi
-                torch.set_rng_state(ctx.rng[tile.key])
+            for st in staged(stager, [t for t in row if t.num_edges]):
+                lo, hi = st.view.dst_lo, st.view.dst_hi
+                torch.set_rng_state(ctx.rng[st.view.key])
                 with torch.enable_grad():
-                    part = c.plan.edge(tile, terms, edata)
+                    part = stager.to_host(st.run(c.plan))
                     contrib = acc.contribution(part, final[lo][1], in_deg[lo:hi])
                 if not contrib.requires_grad:
                     continue
-                gs = torch.autograd.grad(contrib, targets, grad_out[lo:hi], allow_unused=True)
-                for k, g in enumerate(gs):
-                    if g is None:
-                        continue
-                    slot = wanted[k] if k < len(wanted) else len(saved) + (k - len(wanted))
-                    grads[slot] = g if grads[slot] is None else grads[slot].add_(g)
+                leaves = [x for _, x, _ in st.leaves]
+                gs = torch.autograd.grad(contrib, leaves + params, grad_out[lo:hi],
+                                         allow_unused=True)
+                for (slot, _, rows), g in zip(st.leaves, gs):
+                    if g is not None:
+                        if grads[slot] is None:
+                            grads[slot] = torch.zeros_like(saved[slot])
+                        rows.add_into(grads[slot], g)
+                for k, g in enumerate(gs[len(leaves):]):
+                    slot = len(saved) + k
+                    if g is not None:
+                        grads[slot] = g if grads[slot] is None else grads[slot].add_(g)
         torch.set_rng_state(rng_now)
         return (None, *grads)
 
 
-# ------------------------------------------------------------- pytrees
-def _flatten(x: Any) -> tuple[list[torch.Tensor], Any]:
-    if x is None:
-        return [], None
-    if isinstance(x, torch.Tensor):
-        return [x], "t"
-    if isinstance(x, Mapping):
-        keys = list(x)
-        leaves, specs = [], []
-        for k in keys:
-            lv, sp = _flatten(x[k])
-            leaves += lv
-            specs.append((k, sp, len(lv)))
-        return leaves, ("d", specs)
-    if isinstance(x, (tuple, list)):
-        leaves, specs = [], []
-        for v in x:
-            lv, sp = _flatten(v)
-            leaves += lv
-            specs.append((None, sp, len(lv)))
-        return leaves, ("l", specs, type(x))
-    raise TypeError(f"streaming: unsupported vertex/edge data of type {type(x).__name__}.")
-
-
-def _unflatten(spec: Any, leaves: Any) -> Any:
-    leaves = list(leaves)
-    if spec is None:
-        return None
-    if spec == "t":
-        return leaves[0]
-    out, i = [], 0
-    for key, sp, n in spec[1]:
-        out.append((key, _unflatten(sp, leaves[i: i + n])))
-        i += n
-    if spec[0] == "d":
-        return dict(out)
-    return spec[2](v for _, v in out)
-
-
+# ------------------------------------------------------------- helpers
 def _cat(cols: list[Any]) -> Any:
     if isinstance(cols[0], Mapping):
         return {k: torch.cat([c[k] for c in cols]) for k in cols[0]}

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from ngra import Graph
 from ngra.models import relation_norm
-from ngra.runtime.tiles import Grid, TileView
 
 N = 14
 GRAPH_CASES = ("random", "empty", "isolated", "self_loops", "multi_edges", "skewed")
@@ -40,32 +39,6 @@ def make_graph(case: str, n: int = N) -> Graph:
 
 def edge_types(graph: Graph, num_types: int) -> torch.Tensor:
     return torch.randint(0, num_types, (graph.num_edges,))
-
-
-def tile_grid(graph: Graph, p: int, q: int, with_rev: bool = False) -> Grid:
-    """A ``p x q`` grid: ``p`` destination intervals x ``q`` source intervals."""
-    from ngra.kernels import transpose_csc
-
-    n = graph.num_nodes
-    dst_cuts = torch.linspace(0, n, p + 1).long().tolist()
-    src_cuts = torch.linspace(0, n, q + 1).long().tolist()
-    dst_all = graph.dst_index()
-    columns = []
-    for lo, hi in zip(dst_cuts[:-1], dst_cuts[1:]):
-        e0, e1 = int(graph.indptr[lo]), int(graph.indptr[hi])
-        tiles = []
-        for slo, shi in zip(src_cuts[:-1], src_cuts[1:]):
-            pos = torch.arange(e0, e1)
-            src = graph.indices[e0:e1]
-            keep = (src >= slo) & (src < shi)
-            pos, src, dst = pos[keep], src[keep], dst_all[e0:e1][keep]
-            counts = torch.bincount(dst - lo, minlength=hi - lo)
-            indptr = torch.zeros(hi - lo + 1, dtype=torch.int64)
-            torch.cumsum(counts, 0, out=indptr[1:])
-            rev = transpose_csc(indptr, src, n) if with_rev else None
-            tiles.append(TileView(lo, hi, indptr, src, dst, pos, rev))
-        columns.append(tuple(tiles))
-    return Grid(tuple(columns), (p, q))
 
 
 # ---------------------------------------------------------------------------- references

@@ -1,0 +1,458 @@
+"""Tile staging: the vertex rows a tile touches, sliced or gathered, with local ids.
+
+Before its edge stage a partition tile (:class:`ngra.partition.Tile`) is staged:
+
+* source-side term rows are either a contiguous **span** ``terms[s_lo:s_hi]``
+  (``s_lo``, ``s_hi - 1``: the smallest and largest source the tile touches; a
+  zero-copy view on the same device, one contiguous copy to another device) or a
+  **gather** ``terms.index_select(0, src_rows)`` of the tile's unique sources
+  (NeuGraph's selective transfer), by the rule of :func:`choose_mode`;
+* destination-side term rows are the slice ``terms[dst_lo:dst_hi]``;
+* edge data rows are gathered by the tile's edge ids;
+* the tile's indices become local to the staged rows (:class:`TileView`): source
+  ids index the staged source rows, destination ids are ``dst - dst_lo``, and the
+  reverse structure runs over the staged source rows only, built from the
+  partition tile's CSR (``O(span + S)``, never ``O(N)``).
+
+The whole-graph tile of the 1 x 1 grid (a :class:`TileView` with global ids) is
+staged as the identity: no copies.
+
+Gradients never materialize an ``[N, ...]`` tensor per tile. Under plain
+autograd a staged block is a :class:`_Stage` node whose backward adds its rows
+into one per-propagation gradient sink (``index_add_`` for a gather, a slice
+add for a span); the sink is handed to the term's own gradient once every tile's
+backward has run (:class:`_Anchor`). The recomputing backward of
+:class:`ngra.runtime.stream.StreamedPropagation` stages fresh leaves instead
+(``Stager(..., leaves=True)``) and accumulates their gradients the same way.
+
+Device path: when the terms live on the host and the compute device
+(:func:`choose_device`) is a CUDA device, staged rows and the tile's index
+arrays are copied from pinned host buffers with ``non_blocking=True`` on a side
+CUDA stream (in the prefetch thread, while the previous tile computes); the
+consumer waits on the tile's event (:meth:`Staged.ready`) before its edge stage,
+and the edge stage's result comes back to the host accumulators
+(:meth:`Stager.to_host`).
+
+Tests and experiments force a mode with :func:`staging_mode`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ngra.runtime.tiles import Grid, TileView
+
+__all__ = ["GATHER_FRACTION", "Rows", "Staged", "Stager", "choose_device", "choose_mode",
+           "compute_device", "flatten", "forced_mode", "local_view", "staging_mode",
+           "staging_summary", "unflatten"]
+
+# Gather a tile's source rows when it touches fewer than this fraction of its span.
+# A span moves every row of [s_lo, s_hi) as one contiguous stream; a gather moves only
+# the S touched rows, but as random row reads, which run at about half the bandwidth of
+# a contiguous copy (this machine: random 512-byte row gather 13-15 GB/s vs copy 26-29
+# GB/s; host gather + PCIe copy vs one PCIe copy is the same trade on a GPU). The two
+# cost the same at S / span = 1/2. The same break-even holds for the backward side:
+# a span's gradient block (allocated, written, slice-added) costs span contiguous rows,
+# a gather's costs S rows with a random-access index_add_. On one device the forward
+# span is a free view, which makes gather's break-even lower, but the backward block of
+# a sparse span (span >> S) is the O(N x F)-per-tile cost staging exists to remove.
+GATHER_FRACTION = 0.5
+
+MODES = ("gather", "span")
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def staging_mode(mode: str | None) -> Iterator[None]:
+    """Force how every tile's source rows are staged in the block.
+
+    Args:
+        mode: ``"gather"`` (selective: only the tile's unique sources), ``"span"``
+            (the contiguous span of its sources) or ``None`` (the cost rule of
+            :func:`choose_mode`). For tests and experiments.
+    """
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"staging mode must be one of {MODES} or None; got {mode!r}.")
+    prev = getattr(_state, "mode", None)
+    _state.mode = mode
+    try:
+        yield
+    finally:
+        _state.mode = prev
+
+
+def forced_mode() -> str | None:
+    """The mode forced by :func:`staging_mode` in this thread, or ``None``."""
+    return getattr(_state, "mode", None)
+
+
+@contextlib.contextmanager
+def compute_device(device: str | torch.device | None) -> Iterator[None]:
+    """Run every edge stage in the block on ``device`` (e.g. ``"cuda:0"``).
+
+    Vertex terms left on the host are staged to it tile by tile, and results come
+    back to host accumulators. The plan's edge-stage parameters must live on
+    ``device``. ``None`` restores the default (see :func:`choose_device`).
+    """
+    prev = getattr(_state, "device", None)
+    _state.device = None if device is None else torch.device(device)
+    try:
+        yield
+    finally:
+        _state.device = prev
+
+
+def choose_device(plan: Any, terms: Any) -> torch.device:
+    """The device a plan's edge stages run on.
+
+    In order: the device set by :func:`compute_device`; else the CUDA device
+    holding the plan's edge-stage parameters (a layer moved to the GPU with its
+    vertex data left on the host streams that data to it); else the terms' device.
+    """
+    forced = getattr(_state, "device", None)
+    if forced is not None:
+        return forced
+    from ngra.runtime.stream import plan_parameters
+
+    devices = {p.device for p in plan_parameters(plan)}
+    if len(devices) == 1 and next(iter(devices)).type == "cuda":
+        return next(iter(devices))
+    return _home(flatten(terms)[0])
+
+
+def choose_mode(num_rows: int, span: int, forced: str | None = None) -> str:
+    """``"gather"`` when ``num_rows < GATHER_FRACTION * span`` (or when forced), else ``"span"``."""
+    if forced is not None:
+        return forced
+    return "gather" if num_rows < GATHER_FRACTION * span else "span"
+
+
+class Rows:
+    """Which rows of an ``[N, ...]`` tensor a staged block holds.
+
+    ``index`` (a gather of those rows), else ``[lo, hi)`` (``hi=None``: every row).
+    """
+
+    __slots__ = ("lo", "hi", "index")
+
+    def __init__(self, lo: int = 0, hi: int | None = None, index: torch.Tensor | None = None):
+        self.lo, self.hi, self.index = lo, hi, index
+
+    def covers(self, t: torch.Tensor) -> bool:
+        """Whether these are all of ``t``'s rows, in order (staging is the identity)."""
+        return self.index is None and self.lo == 0 and self.hi in (None, t.shape[0])
+
+    def take(self, t: torch.Tensor) -> torch.Tensor:
+        if self.index is not None:
+            return t.index_select(0, self.index)
+        return t if self.covers(t) else t[self.lo:self.hi]
+
+    def take_pinned(self, t: torch.Tensor) -> torch.Tensor:
+        """:meth:`take` into page-locked host memory (the source of an async device copy)."""
+        if self.index is not None:
+            out = torch.empty((self.index.numel(),) + tuple(t.shape[1:]), dtype=t.dtype,
+                              pin_memory=True)
+            return torch.index_select(t, 0, self.index, out=out)
+        x = self.take(t)
+        return x if x.is_pinned() else x.pin_memory()
+
+    def add_into(self, total: torch.Tensor, g: torch.Tensor) -> None:
+        """``total[rows] += g``: ``index_add_`` for a gather, a slice add for a span."""
+        g = g.to(total.device)
+        if self.index is not None:
+            total.index_add_(0, self.index, g)
+        elif self.covers(total):
+            total.add_(g)
+        else:
+            total[self.lo:self.hi].add_(g)
+
+
+def local_view(tile: Any, mode: str) -> tuple[TileView, Rows]:
+    """A partition tile's view with ids local to its staged source rows, and those rows."""
+    src_rows = tile.src_rows.long()
+    rev_ptr = tile.csr_indptr.long()
+    rev_dst, rev_perm = tile.csr_indices.long(), tile.csr_perm.long()
+    indices = tile.indices.long()
+    if mode == "gather" or src_rows.numel() == 0:
+        src_idx, rows = indices, Rows(index=src_rows)
+    else:
+        lo, hi = int(src_rows[0]), int(src_rows[-1]) + 1
+        local = src_rows - lo
+        src_idx, rows = local.index_select(0, indices), Rows(lo, hi)
+        per_row = torch.zeros(hi - lo, dtype=torch.int64)
+        per_row[local] = rev_ptr[1:] - rev_ptr[:-1]
+        rev_ptr = torch.zeros(hi - lo + 1, dtype=torch.int64)
+        torch.cumsum(per_row, 0, out=rev_ptr[1:])
+    view = TileView(tile.dst_lo, tile.dst_hi, tile.indptr.long(), src_idx, tile.edge_ids.long(),
+                    (rev_ptr, rev_dst, rev_perm), key=(tile.col, tile.row))
+    return view, rows
+
+
+class Staged:
+    """A tile ready for its edge stage.
+
+    Attributes:
+        view: the :class:`TileView` (ids local to the staged rows).
+        src, dst: the staged source / destination term rows, shaped like the terms.
+        edata: the tile's edge data rows (tile-CSC order), shaped like the edge data.
+        mode: ``"whole"`` (identity), ``"span"`` or ``"gather"``.
+        leaves: ``(slot, leaf, rows)`` of each staged leaf when staged with
+            ``leaves=True`` (``slot`` counts term leaves, then edge-data leaves).
+    """
+
+    __slots__ = ("view", "src", "dst", "edata", "mode", "leaves", "_event", "_device", "_keep")
+
+    def __init__(self, view: TileView, mode: str) -> None:
+        self.view, self.mode = view, mode
+        self.src = self.dst = self.edata = None
+        self.leaves: list[tuple[int, torch.Tensor, Rows]] = []
+        self._event: Any = None
+        self._device: torch.device | None = None
+        self._keep: list[torch.Tensor] = []  # device copies (and their pinned sources)
+
+    def ready(self) -> Staged:
+        """Make the current CUDA stream wait for this tile's copies (no-op on one device)."""
+        if self._event is not None:
+            stream = torch.cuda.current_stream(self._device)
+            stream.wait_event(self._event)
+            for t in self._keep:
+                if t.device.type == "cuda":
+                    t.record_stream(stream)
+            self._event = None
+        return self
+
+    def run(self, plan: Any) -> Any:
+        """The plan's edge stage on this tile."""
+        self.ready()
+        return plan.edge(self.view, self.src, self.dst, self.edata)
+
+
+class Stager:
+    """Stages the tiles of one propagation (see the module docstring).
+
+    Args:
+        terms: the vertex terms ``[N, ...]`` (a tensor or a dict of tensors).
+        edata: edge data in CSC order (a tensor, a dict of tensors, or ``None``).
+        reads: ``(src_keys, dst_keys)``: the term keys the edge stage reads per side
+            (``None``: all). Terms a side never reads are not staged for it.
+        device: where edge stages run (default: the terms' device).
+        mode: force ``"gather"`` or ``"span"`` (default ``None``: :func:`choose_mode`).
+        leaves: stage fresh leaves that require grad, recorded in
+            :attr:`Staged.leaves` (the recomputing backward), instead of tracking
+            staging under autograd.
+    """
+
+    def __init__(self, terms: Any, edata: Any, reads: tuple[Any, Any] | None = None,
+                 device: torch.device | None = None, leaves: bool = False,
+                 mode: str | None = None) -> None:
+        self.t_leaves, self.t_spec = flatten(terms)
+        self.e_leaves, self.e_spec = flatten(edata)
+        keys = self.t_spec if isinstance(self.t_spec, tuple) else None
+        src_keys, dst_keys = reads if reads is not None else (None, None)
+        self.src_slots = _slots(keys, src_keys, len(self.t_leaves))
+        self.dst_slots = _slots(keys, dst_keys, len(self.t_leaves))
+        self.mode = mode
+        self.host = _home(self.t_leaves + self.e_leaves)
+        self.device = self.host if device is None else torch.device(device)
+        self.transfer = self.device != self.host
+        if self.transfer and (self.device.type != "cuda" or self.host.type != "cpu"):
+            raise ValueError(f"staging moves host terms to a CUDA device; got terms on "
+                             f"{self.host} and compute device {self.device}.")
+        self.stream = torch.cuda.Stream(self.device) if self.transfer else None
+        self.leaves = leaves
+        self.counts = {"whole": 0, "span": 0, "gather": 0}
+        self._sinks: dict[int, tuple[_Sink, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def stage(self, tile: Any) -> Staged:
+        """Stage ``tile``: a partition tile, or a :class:`TileView` with global ids (identity)."""
+        if isinstance(tile, TileView):
+            view, src_rows, mode = tile, Rows(), "whole"
+            dst_rows = Rows(tile.dst_lo, tile.dst_hi)
+            edge_rows = Rows(index=tile.edge_ids)
+        else:
+            mode = "gather"
+            if tile.num_src_rows:
+                span = int(tile.src_rows[-1]) - int(tile.src_rows[0]) + 1
+                mode = choose_mode(tile.num_src_rows, span, self.mode)
+            view, src_rows = local_view(tile, mode)
+            dst_rows = Rows(tile.dst_lo, tile.dst_hi)
+            edge_rows = Rows(index=view.edge_ids)
+        self.counts[mode] += 1
+        st = Staged(view, mode)
+        nt = len(self.t_leaves)
+        st.src = unflatten(self.t_spec, [
+            self._leaf(i, self.t_leaves[i], src_rows, st) if i in self.src_slots else None
+            for i in range(nt)], keep=self.src_slots)
+        st.dst = unflatten(self.t_spec, [
+            self._leaf(i, self.t_leaves[i], dst_rows, st) if i in self.dst_slots else None
+            for i in range(nt)], keep=self.dst_slots)
+        st.edata = unflatten(self.e_spec, [self._leaf(nt + j, t, edge_rows, st)
+                                           for j, t in enumerate(self.e_leaves)])
+        if self.transfer:
+            st.view = _view_to(view, self._copy, st)
+            st._event, st._device = self.stream.record_event(), self.device
+        return st
+
+    def to_host(self, x: Any) -> Any:
+        """An edge stage's result on the host (where the accumulators live)."""
+        if not self.transfer:
+            return x
+        if isinstance(x, torch.Tensor):
+            return x.to(self.host)
+        if isinstance(x, Mapping):
+            return {k: self.to_host(v) for k, v in x.items()}
+        if isinstance(x, (tuple, list)):
+            return type(x)(self.to_host(v) for v in x)
+        return x
+
+    def describe(self) -> str:
+        """How this propagation's tiles were staged."""
+        c = self.counts
+        where = f" to {self.device}" if self.transfer else ""
+        return (f"staged{where}: {c['gather']} gathered, {c['span']} spanned, "
+                f"{c['whole']} whole-graph")
+
+    # ---------------------------------------------------------------- internals
+    def _leaf(self, slot: int, t: torch.Tensor, rows: Rows, st: Staged) -> torch.Tensor:
+        wants_grad = t.requires_grad and t.is_floating_point()
+        if self.leaves and wants_grad:
+            x = self._copy(rows.take_pinned(t.detach()) if self.transfer else
+                           rows.take(t.detach()), st).detach().requires_grad_()
+            st.leaves.append((slot, x, rows))
+            return x
+        if wants_grad and torch.is_grad_enabled() and (self.transfer or not rows.covers(t)):
+            sink, token = self._sink(slot, t)
+            return _Stage.apply(token, t, rows, sink, self, st)
+        if self.transfer:
+            with torch.no_grad():
+                return self._copy(rows.take_pinned(t), st)
+        return rows.take(t)
+
+    def _copy(self, x: torch.Tensor, st: Staged) -> torch.Tensor:
+        """``x`` (pinned host memory) on the compute device, copied on the side stream."""
+        if not self.transfer:
+            return x
+        if not x.is_pinned():
+            x = x.pin_memory()
+        with torch.cuda.stream(self.stream):
+            y = x.to(self.device, non_blocking=True)
+        st._keep += [x, y]
+        return y
+
+    def _sink(self, slot: int, t: torch.Tensor) -> tuple[_Sink, torch.Tensor]:
+        with self._lock:
+            if slot not in self._sinks:
+                sink = _Sink()
+                self._sinks[slot] = (sink, _Anchor.apply(sink, t))
+            return self._sinks[slot]
+
+
+class _Sink:
+    """One propagation's gradient of one term: allocated once, filled tile by tile."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+
+
+class _Anchor(torch.autograd.Function):
+    """Hands a term its sink's gradient after every tile's :class:`_Stage` backward has run.
+
+    Its output (a scalar token) feeds each tile's staging, so autograd runs this
+    node's backward only once all of them are done.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, sink: _Sink, t: torch.Tensor) -> torch.Tensor:
+        ctx.sink = sink
+        return t.new_zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, _: torch.Tensor) -> tuple[None, torch.Tensor | None]:
+        total, ctx.sink.total = ctx.sink.total, None
+        return None, total
+
+
+class _Stage(torch.autograd.Function):
+    """One staged block of a term; backward adds its rows into the term's sink."""
+
+    @staticmethod
+    def forward(ctx: Any, token: torch.Tensor, t: torch.Tensor, rows: Rows, sink: _Sink,
+                stager: Stager, st: Staged) -> torch.Tensor:
+        ctx.rows, ctx.sink, ctx.like = rows, sink, (t.shape, t.dtype, t.device)
+        ctx.token = (token.dtype, token.device)
+        if stager.transfer:
+            return stager._copy(rows.take_pinned(t), st)
+        return rows.take(t)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        shape, dtype, device = ctx.like
+        if ctx.sink.total is None:
+            ctx.sink.total = torch.zeros(shape, dtype=dtype, device=device)
+        ctx.rows.add_into(ctx.sink.total, g)
+        return torch.zeros((), dtype=ctx.token[0], device=ctx.token[1]), None, None, None, None, None
+
+
+def staging_summary(grid: Grid, mode: str | None = None) -> str:
+    """How the cost rule (or a forced ``mode``) stages ``grid``'s tiles, as one line."""
+    tiles = [t for col in grid.columns for t in col if not isinstance(t, TileView) and t.num_edges]
+    if not tiles:
+        return "staging: whole graph (identity, no copies)"
+    counts = {"gather": 0, "span": 0}
+    moved = spans = 0
+    for t in tiles:
+        span = int(t.src_rows[-1]) - int(t.src_rows[0]) + 1
+        m = choose_mode(t.num_src_rows, span, mode)
+        counts[m] += 1
+        moved += t.num_src_rows if m == "gather" else span
+        spans += span
+    return (f"staging: {counts['gather']} of {len(tiles)} tiles gather their source rows, "
+            f"{counts['span']} slice a span; {moved} source rows staged vs {spans} in spans")
+
+
+# ---------------------------------------------------------------- flat pytrees
+def flatten(tree: Any) -> tuple[list[torch.Tensor], Any]:
+    """Leaves and spec of vertex or edge data: ``None``, a tensor, or a dict of tensors."""
+    if tree is None:
+        return [], None
+    if isinstance(tree, torch.Tensor):
+        return [tree], "t"
+    if isinstance(tree, Mapping) and all(isinstance(v, torch.Tensor) for v in tree.values()):
+        return list(tree.values()), tuple(tree)
+    raise TypeError("streaming: vertex/edge data must be a tensor or a dict of tensors; got "
+                    f"{type(tree).__name__}.")
+
+
+def unflatten(spec: Any, leaves: list[Any], keep: Any = None) -> Any:
+    """The inverse of :func:`flatten`; with ``keep``, a dict holds only those leaf slots."""
+    if spec is None:
+        return None
+    if spec == "t":
+        return leaves[0]
+    return {k: v for i, (k, v) in enumerate(zip(spec, leaves)) if keep is None or i in keep}
+
+
+def _slots(keys: tuple | None, wanted: Any, n: int) -> frozenset[int]:
+    if keys is None or wanted is None:
+        return frozenset(range(n))
+    return frozenset(i for i, k in enumerate(keys) if k in wanted)
+
+
+def _home(leaves: list[torch.Tensor]) -> torch.device:
+    return leaves[0].device if leaves else torch.device("cpu")
+
+
+def _view_to(view: TileView, copy: Any, st: Staged) -> TileView:
+    """The tile's index arrays on the compute device."""
+    rev = None if view.rev is None else tuple(copy(r, st) for r in view.rev)
+    return TileView(view.dst_lo, view.dst_hi, copy(view.indptr, st), copy(view.src_idx, st),
+                    view.edge_ids, rev, view.key, view.whole)
