@@ -9,6 +9,7 @@ from _compiler_cases import ZOO, assert_close_all, grads, make_graph, zoo_case
 from ngra.compiler import compile_layer, disabled
 from ngra.runtime.budget import grid_shape
 from ngra.runtime.executor import edge_data_csc
+from ngra.runtime.staging import staging_mode
 
 TOL = {"rtol": 1e-9, "atol": 1e-10}
 
@@ -20,8 +21,9 @@ def _inputs(layer, x, ed):
     return inputs
 
 
+@pytest.mark.parametrize("staging", ["gather", "span"])
 @pytest.mark.parametrize("name", ZOO)
-def test_zoo_on_a_grid_equals_whole_graph(name):
+def test_zoo_on_a_grid_equals_whole_graph(name, staging):
     layer, g, ed, _, kinds = zoo_case(name, make_graph("skewed", n=23))
     layer = layer.double()
     if isinstance(ed, torch.Tensor) and ed.is_floating_point():
@@ -31,14 +33,14 @@ def test_zoo_on_a_grid_equals_whole_graph(name):
     whole = layer(g, x, ed)
     probe = torch.randn_like(whole)
     expect = [whole] + grads(whole, probe, _inputs(layer, x, ed))
-    with grid_shape(3, 2):
+    with grid_shape(3, 2), staging_mode(staging):
         out = layer(g, x, ed)
         got = [out] + grads(out, probe, _inputs(layer, x, ed))
         with disabled():
             out_g = layer(g, x, ed)
             generic = [out_g] + grads(out_g, probe, _inputs(layer, x, ed))
-    assert_close_all(got, expect, f"{name} 3x2 grid vs whole graph", **TOL)
-    assert_close_all(generic, expect, f"{name} generic 3x2 grid vs whole graph", **TOL)
+    assert_close_all(got, expect, f"{name} 3x2 grid ({staging}) vs whole graph", **TOL)
+    assert_close_all(generic, expect, f"{name} generic 3x2 grid ({staging}) vs whole graph", **TOL)
 
 
 @pytest.mark.parametrize("how", ["max", "softmax"])

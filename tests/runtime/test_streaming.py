@@ -1,4 +1,5 @@
-"""Chunked streaming == whole-graph execution, forward, backward and training."""
+"""Chunked streaming == whole-graph execution, forward, backward and training,
+with tiles staged by gathering their source rows and by slicing their span."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import ngra
 from ngra import Graph, SagaLayer, compiler
 from ngra.models import MODELS, build_model, prepare
 from ngra.runtime.budget import grid_shape
+from ngra.runtime.staging import staging_mode
 
 N = 48
 SHAPES = [(2, 1), (1, 3), (3, 2)]
@@ -49,9 +51,10 @@ def _grads(out, model, x, go):
     return torch.autograd.grad(out, [x] + ps, go, allow_unused=True)
 
 
+@pytest.mark.parametrize("staging", ["gather", "span"])
 @pytest.mark.parametrize("mode", ["compiled", "generic"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_chunked_equals_whole_graph(name, mode):
+def test_chunked_equals_whole_graph(name, mode, staging):
     seed = int(torch.randint(1 << 20, ()))
     pg, ed, model = _setup(name, seed)
     model.eval()
@@ -62,14 +65,15 @@ def test_chunked_equals_whole_graph(name, mode):
         go = torch.randn_like(out)
         ref = _grads(out, model, x, go)
         for shape in SHAPES:
-            with grid_shape(*shape):
+            with grid_shape(*shape), staging_mode(staging):
                 out2 = model(pg, x, ed)
-            torch.testing.assert_close(out2, out, msg=f"{name} {shape} forward (seed {seed})")
+            what = f"{name} {shape} {staging}"
+            torch.testing.assert_close(out2, out, msg=f"{what} forward (seed {seed})")
             for a, b in zip(_grads(out2, model, x, go), ref):
                 if a is None or b is None:
                     assert a is None and b is None or (a if b is None else b).abs().max() == 0
                     continue
-                torch.testing.assert_close(a, b, msg=f"{name} {shape} backward (seed {seed})")
+                torch.testing.assert_close(a, b, msg=f"{what} backward (seed {seed})")
 
 
 @pytest.mark.parametrize("name", ["gcn", "gat", "mpnn"])
@@ -111,15 +115,16 @@ class _Reducer(SagaLayer):
         return acc * 2
 
 
+@pytest.mark.parametrize("staging", ["gather", "span"])
 @pytest.mark.parametrize("how", ["sum", "mean", "max", "min"])
-def test_every_gather_streams(how):
+def test_every_gather_streams(how, staging):
     layer = type(f"R_{how}", (_Reducer,), {"gather": how})().double()
     g = _graph(int(torch.randint(1 << 20, ())))
     x = torch.randn(N, 4, dtype=torch.float64, requires_grad=True)
     out = layer(g, x)
     go = torch.randn_like(out)
     ref = torch.autograd.grad(out, [x, layer.lin.weight], go)
-    with grid_shape(3, 3):
+    with grid_shape(3, 3), staging_mode(staging):
         out2 = layer(g, x)
     torch.testing.assert_close(out2, out)
     for a, b in zip(torch.autograd.grad(out2, [x, layer.lin.weight], go), ref):
