@@ -131,15 +131,18 @@ def reorder_dataset(ds: Any, method: str, seed: int = 0) -> Any:
 
 @torch.no_grad()
 def grid_report(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any) -> str:
-    """The tile grid each layer call chose under the active memory budget, and its predicted peak."""
+    """The tile grid each layer call chose under the active memory budget, its predicted
+    peak, and how its tiles are staged (gathered vs spanned source rows)."""
     from ngra.runtime.probes import Recorder
 
     model.eval()
     with Recorder() as rec:
         model(graph, x, edge_data)
     lines = ["chunked streaming (memory budget):"]
+    staging = rec.notes.get("staging", [])
     for i, choice in enumerate(rec.notes.get("grid", [])):
         lines.append(f"  layer {i}: " + choice.describe().replace("\n", "\n  "))
+        lines.append(f"    {staging[i]}")
     if len(lines) == 1:
         lines.append("  every layer runs on the 1 x 1 grid")
     return "\n".join(lines)

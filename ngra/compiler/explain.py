@@ -16,7 +16,9 @@ def explain(layer: nn.Module, graph: Any, x: Any = None, edge_data: Any = None) 
 
     Shows which passes fired (and why the others did not), what was hoisted to the
     vertex side (with shapes), the reorder decision with the widths, which kernel
-    runs per stage, and why a pattern did not fuse.
+    runs per stage, and why a pattern did not fuse. Inside ``ngra.memory_budget``
+    (or a forced ``grid_shape``) it also shows the grid and how its tiles are
+    staged (source rows gathered vs sliced as a span).
 
     Args:
         layer: a :class:`ngra.SagaLayer`, or a model containing SAGA layers (then
@@ -82,7 +84,21 @@ def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) 
     plan = compile_layer(layer, graph, x, edata)
     head = (f"{type(layer).__name__} (gather={layer.gather}) on {graph!r}; "
             f"x {_shape_text(x)}; edge data {_shape_text(edata)}")
-    return [head] + plan.describe()
+    return [head] + plan.describe() + _grid_lines(plan, graph, x, edata)
+
+
+def _grid_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:
+    """The grid and its staging, when a memory budget or a forced grid shape is active."""
+    from ngra.runtime.budget import current_budget, forced_grid
+    from ngra.runtime.executor import choose_runtime_grid
+    from ngra.runtime.staging import forced_mode, staging_summary
+
+    if current_budget() is None and forced_grid(graph) is None:
+        return []
+    with torch.no_grad():
+        grid = choose_runtime_grid(plan, graph, plan.pre(x), edata)
+    p, q = grid.shape
+    return [f"grid    {p} x {q} ({grid.num_tiles} tiles); {staging_summary(grid, forced_mode())}"]
 
 
 def _shape_text(d: Any) -> str:

@@ -18,6 +18,7 @@ import torch
 from ngra.graph import Graph
 from ngra.runtime import probes
 from ngra.runtime.budget import current_budget, forced_grid, grid_for, needs_recompute
+from ngra.runtime.staging import forced_mode, staging_summary
 from ngra.runtime.stream import plan_parameters, propagate, run_streamed
 from ngra.runtime.tiles import Grid, whole_graph_grid
 
@@ -74,8 +75,11 @@ def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> Grid
     if budget is None:
         return whole_graph_grid(graph)
     grid, choice = grid_for(plan, graph, terms, edata, plan_parameters(plan), budget)
+    staging = staging_summary(grid, forced_mode())
     probes.annotate("grid", choice)
-    log.debug("%s: %s", type(getattr(plan, "layer", plan)).__name__, choice.describe())
+    probes.annotate("staging", staging)
+    log.debug("%s: %s; %s", type(getattr(plan, "layer", plan)).__name__, choice.describe(),
+              staging)
     return grid
 
 

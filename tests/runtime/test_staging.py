@@ -137,3 +137,13 @@ def test_backward_makes_no_n_by_f_tensor_per_tile(name, forced):
             out.backward(torch.ones_like(out))
         counts.append(probe.count)
     assert counts[0] == counts[1] < 9, counts
+
+
+def test_explain_reports_the_grid_and_its_staging():
+    import ngra
+
+    g = _graph().gcn_norm()
+    with grid_shape(3, 3), staging_mode("gather"):
+        text = ngra.explain(GCNConv(F, F), g)
+    assert "grid    3 x 3 (9 tiles); staging: 9 of 9 tiles gather their source rows" in text
+    assert "grid " not in ngra.explain(GCNConv(F, F), g)
