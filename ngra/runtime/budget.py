@@ -36,7 +36,8 @@ import torch
 
 from ngra.graph import Graph
 from ngra.partition import GridChoice, TileCost, choose_grid, parse_bytes, tile_graph
-from ngra.runtime.staging import GATHER_FRACTION, Stager
+from ngra.runtime.staging import GATHER_FRACTION
+from ngra.runtime.stream import stager_for
 from ngra.runtime.tiles import Grid, TileView, grid_from_tiles
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
@@ -132,7 +133,8 @@ def _row_bytes(x: Any) -> int:
 def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> tuple[float, float, Any, TileView]:
     """Bytes autograd saves per sample-tile edge and per destination row, the partial, the tile."""
     tile = _sample_tile(graph)
-    st = Stager(terms, edata, mode=None).stage(tile)
+    stager = stager_for(plan, terms, edata, mode=None)
+    st = stager.stage(tile)
     m, d = tile.num_edges, tile.num_dst
     per_edge = per_row = 0
 
@@ -145,7 +147,7 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> tuple[float
         return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        part = st.run(plan)
+        part = stager.to_host(st.run(plan))
     return per_edge / m, per_row / d, part, tile
 
 
