@@ -96,7 +96,8 @@ def _ngra_case(spec: str, model: str, budget: str | None, epochs: int, cap: int,
 
         ds = _dataset(spec, data_root)
         graph, edata = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
-        net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=HIDDEN, heads=HEADS)
+        hidden = HIDDEN // HEADS if model == "gat" else HIDDEN  # GAT: HEADS x 16, as the baselines
+        net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=HEADS)
         opt = torch.optim.Adam(net.parameters(), lr=0.01)
         notes: dict = {}
 
