@@ -139,7 +139,7 @@ class Rows:
     ``index`` (a gather of those rows), else ``[lo, hi)`` (``hi=None``: every row).
     """
 
-    __slots__ = ("lo", "hi", "index")
+    __slots__ = ("hi", "index", "lo")
 
     def __init__(self, lo: int = 0, hi: int | None = None, index: torch.Tensor | None = None):
         self.lo, self.hi, self.index = lo, hi, index
@@ -206,7 +206,7 @@ class Staged:
             ``leaves=True`` (``slot`` counts term leaves, then edge-data leaves).
     """
 
-    __slots__ = ("view", "src", "dst", "edata", "mode", "leaves", "_event", "_device", "_keep")
+    __slots__ = ("_device", "_event", "_keep", "dst", "edata", "leaves", "mode", "src", "view")
 
     def __init__(self, view: TileView, mode: str) -> None:
         self.view, self.mode = view, mode
@@ -266,7 +266,6 @@ class Stager:
                              f"{self.host} and compute device {self.device}.")
         self.stream = torch.cuda.Stream(self.device) if self.transfer else None
         self.leaves = leaves
-        self.counts = {"whole": 0, "span": 0, "gather": 0}
         self._sinks: dict[int, tuple[_Sink, torch.Tensor]] = {}
         self._lock = threading.Lock()
 
@@ -284,7 +283,6 @@ class Stager:
             view, src_rows = local_view(tile, mode)
             dst_rows = Rows(tile.dst_lo, tile.dst_hi)
             edge_rows = Rows(index=view.edge_ids)
-        self.counts[mode] += 1
         st = Staged(view, mode)
         nt = len(self.t_leaves)
         st.src = unflatten(self.t_spec, [
@@ -311,13 +309,6 @@ class Stager:
         if isinstance(x, (tuple, list)):
             return type(x)(self.to_host(v) for v in x)
         return x
-
-    def describe(self) -> str:
-        """How this propagation's tiles were staged."""
-        c = self.counts
-        where = f" to {self.device}" if self.transfer else ""
-        return (f"staged{where}: {c['gather']} gathered, {c['span']} spanned, "
-                f"{c['whole']} whole-graph")
 
     # ---------------------------------------------------------------- internals
     def _leaf(self, slot: int, t: torch.Tensor, rows: Rows, st: Staged) -> torch.Tensor:
