@@ -268,8 +268,14 @@ def _targets(rows: list[dict]) -> list[str]:
         fits = [r for r in ok if r["model"] == model and r["framework"] == "ngra"
                 and r["budget"] != "none" and r["peak_delta"] <= quarter]
         if not fits:
-            lines.append(f"- {model}: no budget brought the epoch peak to 1/4 of unchunked "
-                         f"({fmt_bytes(quarter)}): not judged.")
+            lowest = min((r["peak_delta"] for r in ok if r["model"] == model
+                          and r["framework"] == "ngra" and r["budget"] != "none"), default=None)
+            lines.append(
+                f"- {model}: no budget brought the epoch peak to 1/4 of unchunked "
+                f"({fmt_bytes(quarter)}; lowest {fmt_bytes(lowest)}): not judged. What is left "
+                "is vertex-level (layer inputs/outputs, their gradients, dense layers), which "
+                "tiling does not divide; a plan that keeps no per-edge tensors has nothing to "
+                "stream.")
         else:
             best = min(fits, key=lambda r: r["epoch_s"])
             t = best["epoch_s"] / base["epoch_s"]
