@@ -102,7 +102,12 @@ class _GSpMM(torch.autograd.Function):
     def forward(ctx, indptr, indices, src, edge, reduce, rev):
         ctx.backend = current_backend()
         out, arg = lookup("gspmm", src.device)(indptr, indices, src, edge, reduce, None)
-        ctx.reduce, ctx.rev = reduce, rev
+        ctx.reduce, ctx.rev, ctx.num_src = reduce, rev, src.shape[0]
+        # Backward reads source rows only for the edge gradient (and the arg-extreme
+        # routing): otherwise keep none, since a streamed tile's staged rows would stay
+        # alive until backward for nothing.
+        if not (ctx.needs_input_grad[3] or reduce in ("max", "min")):
+            src = src.new_empty((0,) + tuple(src.shape[1:]))
         ctx.save_for_backward(indptr, indices, src, edge, arg)
         return out
 
@@ -117,8 +122,7 @@ class _GSpMM(torch.autograd.Function):
         indptr, indices, src, edge, arg = ctx.saved_tensors
         need_src, need_edge = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
         grad_out = grad_out.contiguous()
-        num_src = src.shape[0]
-        rev = reverse_of(indptr, indices, num_src, ctx.rev) if need_src else None
+        rev = reverse_of(indptr, indices, ctx.num_src, ctx.rev) if need_src else None
         if ctx.reduce in ("max", "min"):
             grad_src, grad_edge = lookup("gspmm_arg_backward", src.device)(
                 indptr, indices, rev, grad_out, src, edge, arg, need_src, need_edge
