@@ -232,7 +232,7 @@ def check_rev(
     return (
         rindptr.to(torch.int64).contiguous(),
         rindices.contiguous(),
-        rperm.to(torch.int64).contiguous(),
+        rperm.contiguous(),
     )
 
 

@@ -15,7 +15,7 @@ import ctypes
 import gc
 import sys
 
-__all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim"]
+__all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim", "release_large_frees"]
 
 
 def _status_kb(key: str) -> int | None:
@@ -74,3 +74,33 @@ def malloc_trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+_M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
+LARGE_FREE_BYTES = 1 << 20
+_released = False
+
+
+def release_large_frees(threshold: int = LARGE_FREE_BYTES) -> bool:
+    """Serve allocations of ``threshold`` bytes and more with their own mappings (glibc),
+    so that freeing them returns the memory to the OS at once.
+
+    glibc raises its mmap threshold (up to 32 MiB) each time a mapped block is
+    freed; afterwards the per-tile temporaries of a chunked walk (staged rows,
+    partials, edge slices: 1-32 MiB each, made by two threads) come from heap
+    arenas that keep freed pages, and the process peak grows past the working
+    set (GCN on R-MAT 2^18 under a 128 MB budget: epoch peak 1.29x unchunked;
+    1.06x with this). Process-wide and for the rest of the process (an explicit
+    threshold also turns glibc's adaptation off). Large buffers are then
+    page-faulted afresh on each allocation, the price of a bounded peak.
+    :func:`ngra.memory_budget` calls it. Returns False where not glibc.
+    """
+    global _released
+    if _released:
+        return True
+    try:
+        ok = bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+    except (OSError, AttributeError):
+        return False
+    _released = ok
+    return ok

@@ -23,6 +23,11 @@ keeps per edge and per destination row:
 
 Vertex arrays of size ``N x F`` (layer inputs, outputs, their gradients) live
 outside the budget, as in NeuGraph, where they stay in host memory.
+
+Entering a budget also makes glibc return freed large blocks (>= 1 MiB) to the
+OS at once (:func:`ngra.memstat.release_large_frees`): without it, the heap
+arenas keep the per-tile temporaries of a chunked walk and the process peak
+drifts above the working set.
 """
 
 from __future__ import annotations
@@ -35,13 +40,15 @@ from typing import Any
 import torch
 
 from ngra.graph import Graph
-from ngra.partition import GridChoice, TileCost, choose_grid, parse_bytes, tile_graph
+from ngra.memstat import release_large_frees
+from ngra.partition import (GridChoice, TileCost, choose_grid, default_bounds, parse_bytes,
+                            tile_graph)
 from ngra.runtime.staging import GATHER_FRACTION
 from ngra.runtime.stream import stager_for
-from ngra.runtime.tiles import Grid, TileView, grid_from_tiles
+from ngra.runtime.tiles import Grid, TileView, grid_from_tiles, whole_graph_grid
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
-           "grid_for", "needs_recompute"]
+           "grid_for", "executor_grid"]
 
 _state = threading.local()
 SAMPLE_EDGES = 4096
@@ -57,6 +64,7 @@ def memory_budget(size: int | float | str) -> Iterator[int]:
         The budget in bytes.
     """
     budget = parse_bytes(size)
+    release_large_frees()  # freed tile temporaries go back to the OS (see ngra.memstat)
     prev = getattr(_state, "budget", None)
     _state.budget = budget
     try:
@@ -95,8 +103,23 @@ def forced_grid(graph: Graph) -> Grid | None:
     p, q = min(shape[0], max(graph.num_nodes, 1)), min(shape[1], max(graph.num_nodes, 1))
     key = ("ngra.forced-grid", p, q)
     if key not in graph._cache:
-        graph._cache[key] = grid_from_tiles(graph, tile_graph(graph, p, q))
+        graph._cache[key] = executor_grid(graph, *default_bounds(graph, p, q))
     return graph._cache[key]
+
+
+def executor_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor) -> Grid:
+    """The grid the executor walks for these interval bounds.
+
+    ``1 x 1`` is :func:`whole_graph_grid` over the graph's own arrays (no copy); any
+    other shape is partition tiles with int32 indices when the ids fit (half the
+    memory of int64; the staged views widen them per tile).
+    """
+    if dst_bounds.numel() == 2 and src_bounds.numel() == 2:
+        return whole_graph_grid(graph)
+    wide = max(graph.num_nodes, graph.num_edges) >= 2**31
+    tiles = tile_graph(graph, dst_bounds=dst_bounds, src_bounds=src_bounds,
+                       index_dtype=torch.int64 if wide else torch.int32)
+    return grid_from_tiles(graph, tiles)
 
 
 def _sample_tile(graph: Graph) -> TileView:
@@ -151,29 +174,6 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> tuple[float
     return per_edge / m, per_row / d, part, tile
 
 
-# Saved bytes per edge at or below this are index-sized (a kernel keeping its own
-# inputs' indices): such an edge stage keeps nothing O(E x F) for backward.
-INDEX_ONLY_BYTES = 32
-
-
-def needs_recompute(plan: Any, graph: Graph, terms: Any, edata: Any) -> bool:
-    """Whether a multi-tile walk must recompute tiles in backward to bound memory.
-
-    Fused kernels (g-SpMM, one-pass softmax aggregation, the fused edge kernel)
-    keep only index-sized state per edge for their backward, so tiles can stay
-    under plain autograd; an edge stage that saves per-edge activations (a
-    generic ``apply_edge``) is recomputed tile by tile. Cached per plan and graph.
-    """
-    if graph.num_edges == 0:
-        return False
-    key = ("ngra.recompute", id(plan))
-    hit = graph._cache.get(key)
-    if hit is None or hit[0] is not plan:
-        per_edge = _saved_bytes(plan, graph, terms, edata)[0]
-        hit = graph._cache[key] = (plan, per_edge > INDEX_ONLY_BYTES)
-    return hit[1]
-
-
 def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
                       params: list[torch.Tensor]) -> TileCost:
     """The layer's :class:`TileCost`, measured on a sample tile (see module docs)."""
@@ -206,8 +206,8 @@ def grid_for(plan: Any, graph: Graph, terms: Any, edata: Any, params: list[torch
     cost = measure_tile_cost(plan, graph, terms, edata, params)
     ckey = ("ngra.grid", budget, cost)
     if ckey not in cache:
-        choice = choose_grid(graph, cost, budget)
-        cache[ckey] = (grid_from_tiles(graph, choice.grid), choice)
+        choice = choose_grid(graph, cost, budget, verify=False)
+        cache[ckey] = (executor_grid(graph, choice.dst_bounds, choice.src_bounds), choice)
     grid, choice = cache[ckey]
     cache[pkey] = (plan, grid, choice)
     return grid, choice

@@ -17,7 +17,7 @@ import torch
 
 from ngra.graph import Graph
 from ngra.runtime import probes
-from ngra.runtime.budget import current_budget, forced_grid, grid_for, needs_recompute
+from ngra.runtime.budget import current_budget, forced_grid, grid_for
 from ngra.runtime.staging import forced_mode, staging_summary
 from ngra.runtime.stream import plan_parameters, propagate, run_streamed
 from ngra.runtime.tiles import Grid, whole_graph_grid
@@ -57,8 +57,7 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any) -> 
         terms = s.outputs(plan.pre(s.inputs(x)))
     if grid is None:
         grid = choose_runtime_grid(plan, graph, terms, edata)
-    if (grid.num_tiles > 1 and torch.is_grad_enabled()
-            and needs_recompute(plan, graph, terms, edata)):
+    if grid.num_tiles > 1 and torch.is_grad_enabled():
         acc = run_streamed(plan, graph, grid, terms, edata)
     else:
         acc = propagate(plan, graph, grid, terms, edata)

@@ -174,23 +174,27 @@ class Rows:
 
 
 def local_view(tile: Any, mode: str) -> tuple[TileView, Rows]:
-    """A partition tile's view with ids local to its staged source rows, and those rows."""
-    src_rows = tile.src_rows.long()
-    rev_ptr = tile.csr_indptr.long()
-    rev_dst, rev_perm = tile.csr_indices.long(), tile.csr_perm.long()
-    indices = tile.indices.long()
+    """A partition tile's view with ids local to its staged source rows, and those rows.
+
+    A gathering tile's view uses the tile's own index arrays (no copy, in the
+    tile's index dtype; kernels take int32 or int64 ids): autograd keeps the
+    views of every tile until backward, so copies here would cost O(E) memory
+    per layer. A span remaps source ids (one new ``[E_t]`` array in the tile's
+    dtype) and spreads the reverse offsets over the span.
+    """
+    src_rows, rev_ptr = tile.src_rows, tile.csr_indptr.long()
     if mode == "gather" or src_rows.numel() == 0:
-        src_idx, rows = indices, Rows(index=src_rows)
+        src_idx, rows = tile.indices, Rows(index=src_rows.long())
     else:
         lo, hi = int(src_rows[0]), int(src_rows[-1]) + 1
-        local = src_rows - lo
-        src_idx, rows = local.index_select(0, indices), Rows(lo, hi)
+        local = (src_rows - lo).to(tile.indices.dtype)
+        src_idx, rows = local.index_select(0, tile.indices.long()), Rows(lo, hi)
         per_row = torch.zeros(hi - lo, dtype=torch.int64)
-        per_row[local] = rev_ptr[1:] - rev_ptr[:-1]
+        per_row[local.long()] = rev_ptr[1:] - rev_ptr[:-1]
         rev_ptr = torch.zeros(hi - lo + 1, dtype=torch.int64)
         torch.cumsum(per_row, 0, out=rev_ptr[1:])
-    view = TileView(tile.dst_lo, tile.dst_hi, tile.indptr.long(), src_idx, tile.edge_ids.long(),
-                    (rev_ptr, rev_dst, rev_perm), key=(tile.col, tile.row))
+    view = TileView(tile.dst_lo, tile.dst_hi, tile.indptr.long(), src_idx, tile.edge_ids,
+                    (rev_ptr, tile.csr_indices, tile.csr_perm), key=(tile.col, tile.row))
     return view, rows
 
 

@@ -1,7 +1,8 @@
 """Child process for the memory-budget test: one training step, peak RSS as JSON.
 
 Usage: python memory_child.py MODEL BUDGET NUM_NODES NUM_EDGES WIDTH
-(BUDGET is bytes, or "none"). Prints one JSON line with the RSS before the step,
+(MODEL: ``mpnn`` or ``gat`` with the compiler off, or ``gcn`` compiled to its fused
+g-SpMM; BUDGET is bytes, or "none"). Prints one JSON line with the RSS before the step,
 the peak RSS of the step, the peak RSS of start-up (imports, JIT warm-up; for
 diagnosis only), and the sizes the bound is stated in.
 
@@ -21,7 +22,8 @@ import torch
 import ngra
 from ngra import compiler
 from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
-from ngra.models import GATConv, MPNNConv
+from ngra.models import GATConv, GCNConv, MPNNConv
+from ngra.runtime.probes import Recorder
 
 
 def main() -> None:
@@ -33,27 +35,43 @@ def main() -> None:
     g = ngra.Graph.from_edge_index(torch.stack([src, dst]), num_nodes=n)
     g.csr(), g.dst_index()  # graph structure is built before the measurement
     x = torch.randn(n, f, requires_grad=True)
+    fused = model == "gcn"
     if model == "mpnn":
         layer, edata = MPNNConv(f, f, edge_dim=1, hidden=64), torch.rand(e, 1)
+    elif fused:
+        g = g.gcn_norm()
+        g.csr(), g.dst_index()
+        layer, edata = GCNConv(f, f), None
     else:
         layer, edata = GATConv(f, f // 4, heads=4), None
-    with compiler.disabled(), ngra.memory_budget(64 * 1024):
+    compiled = compiler.disabled if not fused else _null
+    with compiled(), ngra.memory_budget(64 * 1024):
         # JIT warm-up on a small graph (numba compiles kernels for tiling and the edge
         # stage on first use): compiler memory is not the layer's working set.
         small = ngra.Graph.from_edge_index(torch.randint(0, 64, (2, 512)), num_nodes=64)
+        small = small.gcn_norm() if fused else small
         sx = torch.randn(64, f, requires_grad=True)
         layer(small, sx, edata[:512] if edata is not None else None).sum().backward()
         layer.zero_grad()
+    if fused:  # steady state: the grid is chosen and tiled once, then reused per epoch
+        ctx = ngra.memory_budget(int(budget)) if budget != "none" else _null()
+        with ctx:
+            layer(g, x, edata).square().sum().backward()
+        layer.zero_grad()
+        x.grad = None
     startup_peak = peak_rss_bytes()
     reset = reset_peak_rss()
     before = rss_bytes()
-    with compiler.disabled():  # GAT with fusion switched off; MPNN cannot fuse anyway
+    # GAT with fusion switched off; MPNN cannot fuse anyway; GCN runs its fused plan
+    with compiled(), Recorder() as rec:
         ctx = ngra.memory_budget(int(budget)) if budget != "none" else _null()
         with ctx:
             out = layer(g, x, edata)
             out.square().sum().backward()
     peak = peak_rss_bytes()
+    grids = [c.shape for c in rec.notes.get("grid", [])]
     print(json.dumps({"before": before, "peak": peak, "startup_peak": startup_peak,
+                      "tiles": grids[0][0] * grids[0][1] if grids else 1,
                       "peak_reset": reset, "num_nodes": n, "num_edges": e, "width": f,
                       "grad_ok": bool(torch.isfinite(x.grad).all())}))
 
