@@ -6,6 +6,7 @@ dispatches through the registry to a backend (``ref``: plain torch, ``cpu``:
 numba, ``gpu``: torch on CUDA).
 """
 
+from ngra.kernels.dropout import dropout
 from ngra.kernels.edge_softmax import edge_softmax
 from ngra.kernels.gsddmm import gsddmm
 from ngra.kernels.gspmm import gspmm
@@ -16,6 +17,7 @@ from ngra.kernels.transpose import transpose_csc
 __all__ = [
     "available",
     "current_backend",
+    "dropout",
     "edge_softmax",
     "gsddmm",
     "gspmm",

@@ -5,7 +5,7 @@ the only place in ngra that imports numba. If numba is missing the import fails
 with ImportError and the registry falls back to ``"ref"``.
 """
 
-from ngra.kernels.cpu import edge_softmax, gsddmm, gspmm, segment_reduce, transpose  # noqa: F401
+from ngra.kernels.cpu import dropout, edge_softmax, gsddmm, gspmm, segment_reduce, transpose  # noqa: F401
 
 # softmax_aggregate is written in parallel (kernels/cpu/softmax_aggregate.py); it
 # registers itself here once the file exists.

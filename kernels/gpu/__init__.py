@@ -5,7 +5,7 @@ a gpu kernel handed CPU tensors raises a clear RuntimeError. ``auto`` dispatch
 only picks this backend for CUDA tensors.
 """
 
-from ngra.kernels.gpu import edge_softmax, gsddmm, gspmm, segment_reduce, transpose  # noqa: F401
+from ngra.kernels.gpu import dropout, edge_softmax, gsddmm, gspmm, segment_reduce, transpose  # noqa: F401
 
 # softmax_aggregate is written in parallel (kernels/gpu/softmax_aggregate.py); it
 # registers itself here once the file exists.

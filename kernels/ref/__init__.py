@@ -3,7 +3,7 @@
 Importing this package registers every op under the ``"ref"`` backend.
 """
 
-from ngra.kernels.ref import edge_softmax, gsddmm, gspmm, segment_reduce, transpose  # noqa: F401
+from ngra.kernels.ref import dropout, edge_softmax, gsddmm, gspmm, segment_reduce, transpose  # noqa: F401
 
 # softmax_aggregate is written in parallel (kernels/ref/softmax_aggregate.py); it
 # registers itself here once the file exists.

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ngra.graph import Graph
+from ngra.kernels import dropout
 from ngra.models.commnet import CommNetConv
 from ngra.models.gat import GATConv
 from ngra.models.gcn import GCNConv
@@ -65,6 +66,9 @@ MODELS: dict[str, ModelSpec] = {
 class GNN(nn.Module):
     """A stack of SAGA layers with dropout and activations between them.
 
+    Dropout is :func:`ngra.kernels.dropout` (``F.dropout``'s distribution, drawn
+    in parallel: torch's one-thread ``bernoulli_`` was most of a PubMed epoch).
+
     ``forward(graph, x, edge_data)`` where ``graph``/``edge_data`` come from
     :meth:`prepare`.
     """
@@ -81,15 +85,15 @@ class GNN(nn.Module):
 
     def forward(self, graph: Graph, x: torch.Tensor, edge_data: Any = None) -> torch.Tensor:
         if self.head_in is not None:
-            x = self.act(self.head_in(F.dropout(x, self.dropout, self.training)))
+            x = self.act(self.head_in(dropout(x, self.dropout, self.training)))
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = F.dropout(x, self.dropout, self.training)
+            x = dropout(x, self.dropout, self.training)
             x = layer(graph, x, edge_data)
             if i < last or self.head_out is not None:
                 x = self.act(x)
         if self.head_out is not None:
-            x = self.head_out(F.dropout(x, self.dropout, self.training))
+            x = self.head_out(dropout(x, self.dropout, self.training))
         return x
 
 

@@ -1,0 +1,58 @@
+"""Dropout with a counter-based mask: the same distribution as ``F.dropout``, drawn in parallel.
+
+Each element is kept with probability ``1 - p`` (to within ``2**-32``) and scaled
+by ``1 / (1 - p)``; the mask is a hash of the element's index and two seeds that
+come from torch's default generator, so ``torch.manual_seed`` and RNG-state
+replay (the streaming executor's recomputing backward) reproduce it, on any
+number of threads. It is not bit-identical to ``F.dropout``'s stream.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ngra.kernels._checks import check_feat
+from ngra.kernels.registry import current_backend, lookup, use_backend
+
+__all__ = ["dropout"]
+
+
+def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
+    """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``.
+
+    Args:
+        x: float32/float64 tensor of any shape.
+        p: drop probability in ``[0, 1]``. (default: ``0.5``)
+        training: identity when ``False``. (default: ``True``)
+
+    Returns:
+        A tensor shaped like ``x`` (``x`` itself when not training or ``p == 0``).
+    """
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"dropout probability must be a number in [0, 1]; got {p!r}.")
+    x = check_feat(x, "x")
+    if not training or p == 0:
+        return x
+    if p == 1:
+        return x * 0
+    return _Dropout.apply(x, float(p))
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p):
+        ctx.backend = current_backend()
+        s1, s2 = (int(s) for s in torch.randint(0, 2**32, (2,), dtype=torch.int64))
+        thr = min(round(p * 2**32), 2**32)
+        ctx.scale = 1.0 / (1.0 - p)
+        out, mask = lookup("dropout", x.device)(x.contiguous(), s1, s2, thr, ctx.scale)
+        ctx.save_for_backward(mask)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        with use_backend(ctx.backend):
+            return lookup("dropout_backward", grad.device)(grad.contiguous(), mask, ctx.scale), None

@@ -1,0 +1,50 @@
+"""Reference dropout: the counter-based mask in plain torch (the specification).
+
+Element ``i`` of a flattened tensor is kept when ``mask_hash(i, s1, s2) >= thr``
+with ``thr = round(p * 2**32)``: a 32-bit integer hash (two rounds of a
+xorshift-multiply mixer) of the element's index and two 32-bit seeds drawn from
+torch's generator. Every element's draw depends only on ``(i, s1, s2)``, so any
+number of threads produce the same mask, and replaying torch's RNG state
+replays the mask.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ngra.kernels.registry import register
+
+M32 = 0xFFFFFFFF
+C1, C2 = 0x7FEB352D, 0x846CA68B
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for int64 ``x`` in ``[0, 2**32)`` without int64 overflow."""
+    lo, hi = x & 0xFFFF, x >> 16
+    return (lo * c + ((hi * c) << 16)) & M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, C1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, C2)
+    return x ^ (x >> 16)
+
+
+def mask_hash(idx: torch.Tensor, s1: int, s2: int) -> torch.Tensor:
+    """The 32-bit draw of each flat element index (int64 in, int64 in ``[0, 2**32)`` out)."""
+    return _mix32(_mix32((idx + s1) & M32) ^ s2)
+
+
+@register("dropout", "ref")
+def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float):
+    """``(x * mask * scale, mask)`` for a contiguous ``x``; ``mask`` is bool, shaped like ``x``."""
+    idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
+    mask = (mask_hash(idx, s1, s2) >= thr).view(x.shape)
+    return x * mask * scale, mask
+
+
+@register("dropout_backward", "ref")
+def dropout_backward(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    return grad * mask * scale
