@@ -12,6 +12,7 @@ from ngra.kernels.gsddmm import gsddmm
 from ngra.kernels.gspmm import gspmm
 from ngra.kernels.registry import available, current_backend, lookup, register, use_backend
 from ngra.kernels.segment_reduce import segment_reduce
+from ngra.kernels.softmax_aggregate import softmax_aggregate
 from ngra.kernels.transpose import transpose_csc
 
 __all__ = [
@@ -24,16 +25,7 @@ __all__ = [
     "lookup",
     "register",
     "segment_reduce",
+    "softmax_aggregate",
     "transpose_csc",
     "use_backend",
 ]
-
-# softmax_aggregate (one-pass attention aggregation) is written in parallel in
-# kernels/softmax_aggregate.py; it is exported here once that file exists.
-try:
-    from ngra.kernels.softmax_aggregate import softmax_aggregate  # noqa: F401
-except ModuleNotFoundError as exc:
-    if exc.name != "ngra.kernels.softmax_aggregate":
-        raise
-else:
-    __all__.append("softmax_aggregate")
