@@ -112,7 +112,8 @@ def executor_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tens
 
     ``1 x 1`` is :func:`whole_graph_grid` over the graph's own arrays (no copy); any
     other shape is partition tiles with int32 indices when the ids fit (half the
-    memory of int64; the staged views widen them per tile).
+    memory of int64; staged views use them as they are, see
+    :func:`ngra.runtime.staging.local_view`).
     """
     if dst_bounds.numel() == 2 and src_bounds.numel() == 2:
         return whole_graph_grid(graph)

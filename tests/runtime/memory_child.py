@@ -54,8 +54,7 @@ def main() -> None:
         layer(small, sx, edata[:512] if edata is not None else None).sum().backward()
         layer.zero_grad()
     if fused:  # steady state: the grid is chosen and tiled once, then reused per epoch
-        ctx = ngra.memory_budget(int(budget)) if budget != "none" else _null()
-        with ctx:
+        with _budget(budget):
             layer(g, x, edata).square().sum().backward()
         layer.zero_grad()
         x.grad = None
@@ -64,8 +63,7 @@ def main() -> None:
     before = rss_bytes()
     # GAT with fusion switched off; MPNN cannot fuse anyway; GCN runs its fused plan
     with compiled(), Recorder() as rec:
-        ctx = ngra.memory_budget(int(budget)) if budget != "none" else _null()
-        with ctx:
+        with _budget(budget):
             out = layer(g, x, edata)
             out.square().sum().backward()
     peak = peak_rss_bytes()
@@ -74,6 +72,11 @@ def main() -> None:
                       "tiles": grids[0][0] * grids[0][1] if grids else 1,
                       "peak_reset": reset, "num_nodes": n, "num_edges": e, "width": f,
                       "grad_ok": bool(torch.isfinite(x.grad).all())}))
+
+
+def _budget(budget: str):
+    """``ngra.memory_budget(budget)``, or no budget for ``"none"``."""
+    return ngra.memory_budget(int(budget)) if budget != "none" else _null()
 
 
 class _null:
