@@ -1,0 +1,87 @@
+"""Two kernel probes quoted in issue notes (interleaved rounds, so noise hits every variant).
+
+    python experiments/kernel_probes.py gspmm-output   # copy-sum g-SpMM: fresh vs reused output, vs DGL
+    python experiments/kernel_probes.py dropout        # ngra.kernels.dropout vs F.dropout, 19,717 x 500
+
+``gspmm-output`` runs on R-MAT 2^18 (edge factor 16, self-loops), F=64: ngra's
+``gspmm`` as called, its numba kernel into a reused output buffer, the same
+kernel into a fresh ``torch.empty`` output, and DGL's ``copy_u_sum``; it prints
+median times and the median of per-round ratios to DGL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+
+def _rounds(cands: dict, base: str, rounds: int = 9) -> None:
+    res = {k: [] for k in cands}
+    for f in cands.values():
+        f(), f()
+    for _ in range(rounds):
+        for k, f in cands.items():
+            t = time.perf_counter()
+            f()
+            res[k].append(time.perf_counter() - t)
+    for k, ts in res.items():
+        ratio = statistics.median(a / b for a, b in zip(ts, res[base]))
+        print(f"{k:14s} median {statistics.median(ts) * 1e3:7.1f} ms   vs {base}: {ratio:.2f}x")
+
+
+def gspmm_output(data_root: str | None) -> None:
+    import ngra.kernels as K
+    from ngra._compat import import_dgl
+    from ngra.datasets import load
+    from ngra.kernels.cpu._util import prefetch_distance, run_rows
+    from ngra.kernels.cpu.gspmm import _spmm_sum
+
+    dgl = import_dgl()
+    g = load("rmat:scale=18,edge_factor=16,feat=1,classes=2,seed=0", root=data_root).graph
+    g = g.add_self_loops()
+    ip, ind, n = g.indptr.contiguous(), g.indices.contiguous(), g.num_nodes
+    x = torch.randn(n, 64)
+    xn, ipn, indn = x.numpy(), ip.numpy(), ind.numpy()
+    pf = prefetch_distance(xn.strides[0])
+    reused = np.empty_like(xn)
+
+    def kernel(out: np.ndarray) -> None:
+        run_rows(_spmm_sum, ipn, ipn, indn, np.zeros(1, np.int64), xn, np.zeros((1, 1), np.float32),
+                 np.zeros((1, 1), np.int64), out, 1, 0, False, False, pf, row_bytes=xn.strides[0])
+
+    dg = dgl.graph((ind, g.dst_index()), num_nodes=n)
+    dg.create_formats_()
+    _rounds({"ngra gspmm": lambda: K.gspmm(ip, ind, x, reduce="sum"),
+             "kernel reused": lambda: kernel(reused),
+             "kernel fresh": lambda: kernel(torch.empty(n, 64).numpy()),
+             "dgl": lambda: dgl.ops.copy_u_sum(dg, x)}, "dgl")
+
+
+def dropout() -> None:
+    import torch.nn.functional as F
+
+    from ngra.kernels import dropout as ngra_dropout
+
+    x = torch.randn(19717, 500, requires_grad=True)
+    _rounds({"F.dropout": lambda: F.dropout(x, 0.5, True),
+             "ngra dropout": lambda: ngra_dropout(x, 0.5),
+             "F fwd+bwd": lambda: F.dropout(x, 0.5, True).sum().backward(),
+             "ngra fwd+bwd": lambda: ngra_dropout(x, 0.5).sum().backward()}, "F.dropout")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("probe", choices=("gspmm-output", "dropout"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--data-root", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    gspmm_output(args.data_root) if args.probe == "gspmm-output" else dropout()
+
+
+if __name__ == "__main__":
+    main()
