@@ -88,6 +88,8 @@ def eval_node(n: Node, vals: list[Any], inputs: Callable[[Node], Any], resolver:
 
 
 def _linear(a: dict, x: Any, w: Any, b: Any = None) -> Any:
+    if "cols" in a:  # a column block of the weight (the split pass)
+        w = w[:, a["cols"][0]:a["cols"][1]]
     return F.linear(x, w, b)
 
 

@@ -41,7 +41,7 @@ class Op(enum.Enum):
     PARAM = "param"        # attrs: path         a layer tensor (parameter/buffer), read at run time
     CONST = "const"        # attrs: value        a Python number or a constant tensor
     # dense
-    LINEAR = "linear"      # attrs: module       args (x, weight[, bias])
+    LINEAR = "linear"      # attrs: module[, cols]  args (x, weight[, bias]); cols=(a, b): weight[:, a:b]
     # element-wise
     ADD = "add"
     SUB = "sub"
@@ -349,6 +349,11 @@ def _verify_attrs(n: Node, where: str) -> None:
             raise IRError(f"{where}: {n.op.value} needs a tuple of ints; got {vals!r}.")
     if n.op in (Op.UNSQUEEZE, Op.GATHER, Op.INDEX_SELECT, Op.CAT) and not isinstance(a["dim"], int):
         raise IRError(f"{where}: {n.op.value} dim must be an int; got {a['dim']!r}.")
+    if n.op == Op.LINEAR and "cols" in a and not (
+            isinstance(a["cols"], tuple) and len(a["cols"]) == 2
+            and all(isinstance(c, int) for c in a["cols"]) and 0 <= a["cols"][0] < a["cols"][1]):
+        raise IRError(f"{where}: linear cols must be (start, stop) with 0 <= start < stop; "
+                      f"got {a['cols']!r}.")
     if n.op == Op.PARAM and not isinstance(a["path"], str):
         raise IRError(f"{where}: param path must be a str; got {a['path']!r}.")
     if n.op == Op.OPAQUE and a["kind"] not in ("call_function", "call_method", "call_module"):
@@ -403,10 +408,11 @@ def format_node(stage: Stage, nid: int, depth: int = 0) -> str:
             return f"{v:g}"
         return "<tensor>" if hasattr(v, "shape") else repr(v)
     if n.op == Op.LINEAR:
+        cols = f"[:, {a['cols'][0]}:{a['cols'][1]}]" if "cols" in a else ""
         if a["module"] is not None:
-            return f"{a['module']}({sub(n.args[0])})"
+            return f"{a['module']}{cols}({sub(n.args[0])})"
         rest = ", ".join(sub(i) for i in n.args[1:])
-        return f"linear({sub(n.args[0])}, {rest})"
+        return f"linear({sub(n.args[0])}, {rest}{cols})"
     if n.op in _INFIX:
         return f"({sub(n.args[0])} {_INFIX[n.op]} {sub(n.args[1])})"
     if n.op == Op.NEG:

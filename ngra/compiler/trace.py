@@ -4,8 +4,9 @@ The UDFs are run once with proxies (``edge.src``, ``edge.dst``, ``edge.data`` an
 ``vertex``/``acc``; a dict of vertex or edge data becomes a dict of proxies). A
 custom :class:`SagaTracer` keeps every ``torch.nn`` module call, ``nn.Sequential``
 included, as one ``call_module`` node; user-defined submodules are traced through.
-Each fx node then becomes one IR node: known torch calls map to the closed op set,
-anything else to an ``OPAQUE`` node that still executes.
+Each fx node then becomes IR: known torch calls map to the closed op set (an
+``nn.Sequential`` of Linear and activation modules is inlined, one node per
+child), anything else to an ``OPAQUE`` node that still executes.
 
 A program that cannot be traced (data-dependent control flow, iteration over a
 proxy, unsupported Python) raises :class:`TraceFailure` with the reason; the
@@ -536,20 +537,37 @@ class _Converter:
         path = target[len("layer."):] if target.startswith("layer.") else None
         if path is None or kwargs or len(args) != 1 or not isinstance(args[0], fx.Node):
             return None
-        x = args[0]
+        if not _lowerable(mod):
+            return None
+        return self.lower_module(path, mod, self.val(args[0]))
+
+    def lower_module(self, path: str, mod: nn.Module, x: int) -> int:
+        """IR for ``mod(x)`` (``x`` an IR id); ``nn.Sequential`` is inlined child by child."""
+        if type(mod) is nn.Sequential:
+            for name, child in mod.named_children():
+                x = self.lower_module(f"{path}.{name}", child, x)
+            return x
         if type(mod) is nn.Linear:
             w = self.node(Op.PARAM, [], {"path": f"{path}.weight"}, f"{path}.weight")
-            ids = [self.val(x), w]
+            ids = [x, w]
             if mod.bias is not None:
                 ids.append(self.node(Op.PARAM, [], {"path": f"{path}.bias"}, f"{path}.bias"))
             return self.node(Op.LINEAR, ids, {"module": path}, path)
         if type(mod) is nn.Identity:
-            return self.val(x)
-        if type(mod) in _ACT_MODULES and not getattr(mod, "inplace", False):
-            return _ACT_MODULES[type(mod)], [x], {}
-        if type(mod) is nn.LeakyReLU and not mod.inplace:
-            return Op.LEAKY_RELU, [x], {"slope": float(mod.negative_slope)}
-        return None
+            return x
+        if type(mod) is nn.LeakyReLU:
+            return self.node(Op.LEAKY_RELU, [x], {"slope": float(mod.negative_slope)}, path)
+        return self.node(_ACT_MODULES[type(mod)], [x], {}, path)
+
+
+def _lowerable(mod: nn.Module) -> bool:
+    """Modules the IR expresses: Linear, Identity, ReLU/Sigmoid/Tanh/LeakyReLU (not in
+    place), and ``nn.Sequential`` chains of them (inlined, so hoist and split see inside)."""
+    if type(mod) is nn.Sequential:
+        return len(mod) > 0 and all(_lowerable(m) for m in mod)
+    if type(mod) in (nn.Linear, nn.Identity):
+        return True
+    return type(mod) in (*_ACT_MODULES, nn.LeakyReLU) and not getattr(mod, "inplace", False)
 
 
 def _module_is_random(mod: nn.Module) -> bool:

@@ -112,7 +112,8 @@ def test_stage_times_sum_to_total_within_remainder(framework, mode, model):
         assert all(r.fused) and stages["Scatter"] == 0.0  # compiled: the Scatter is fused
         if model == "gcn":
             # the transform moved before propagation (layer 2, 16 -> 3) is ApplyVertex work;
-            # GCN has no hoisted edge terms (layer 1's empty pre stage takes microseconds)
-            assert stages["ApplyEdge"] < 0.1 * stages["ApplyVertex"]
+            # GCN has no hoisted edge terms (layer 1's empty pre stage takes microseconds:
+            # 100 us of slack for the probes around it on a busy machine)
+            assert stages["ApplyEdge"] < 0.1 * stages["ApplyVertex"] + 1e-4
     if framework == "ngra-generic":
         assert not any(r.fused) and stages["Scatter"] > 0

@@ -282,8 +282,9 @@ def test_hoisted_but_unfusable_runs_interpreted():
     assert "hoist    fired" in text and "non-element-wise op (cat)" in text
 
 
-# ---------------------------------------------------------------------------- must not fuse
 class CatMLP(SagaLayer):
+    """A linear over cat(src, dst): split by input block, both blocks hoisted, then fused."""
+
     gather = "sum"
 
     def __init__(self, f):
@@ -292,6 +293,58 @@ class CatMLP(SagaLayer):
 
     def apply_edge(self, edge):
         return torch.relu(self.lin(torch.cat([edge.src, edge.dst], -1)))
+
+
+def test_linear_over_cat_splits_hoists_and_fuses():
+    g = make_graph("random")
+    plan = _check(CatMLP(F_IN), g, _x(g), kinds=("fused_edge",))
+    text = "\n".join(plan.describe())
+    assert "split    fired" in text
+    assert "t0 = lin[:, 0:5](edge.src)" in text and "t1 = lin[:, 5:10](edge.dst)" in text
+
+
+class EdgeNetwork(SagaLayer):
+    """MPNN's edge network: a Sequential MLP over cat(src, dst, edge.data)."""
+
+    gather = "sum"
+
+    def __init__(self, f, d):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(2 * f + d, 4), nn.ReLU(), nn.Linear(4, 3))
+
+    def apply_edge(self, edge):
+        return self.mlp(torch.cat([edge.src, edge.dst, edge.data], dim=-1))
+
+
+@pytest.mark.parametrize("case", ["random", "isolated", "multi_edges", "empty"])
+def test_edge_network_hoists_the_first_layer_blocks(case):
+    g = make_graph(case)
+    ed = torch.randn(g.num_edges, 2, dtype=torch.float64)
+    plan = _check(EdgeNetwork(F_IN, 2), g, _x(g), ed, kinds=("interp",))
+    text = "\n".join(plan.describe())
+    assert "t0 = mlp.0[:, 0:5](edge.src)" in text and "t1 = mlp.0[:, 5:10](edge.dst)" in text
+    assert "mlp.0[:, 10:12](edge.data)" in text and "cat(" not in text.split("stages:")[1]
+
+
+def test_sequential_with_an_unknown_module_stays_opaque():
+    layer = EdgeNetwork(F_IN, 2)
+    layer.mlp.append(nn.LayerNorm(3))
+    g = make_graph("random")
+    ed = torch.randn(g.num_edges, 2, dtype=torch.float64)
+    plan = _check(layer, g, _x(g), ed)
+    assert plan.kind == "generic" and "opaque call (mlp)" in plan.reason
+
+
+# ---------------------------------------------------------------------------- must not fuse
+class ProductMLP(SagaLayer):
+    gather = "sum"
+
+    def __init__(self, f):
+        super().__init__()
+        self.lin = nn.Linear(f, f)
+
+    def apply_edge(self, edge):
+        return torch.relu(self.lin(edge.src * edge.dst))
 
 
 class ControlFlow(SagaLayer):
@@ -331,7 +384,7 @@ class EagerRandom(SagaLayer):
 
 
 @pytest.mark.parametrize("layer, why", [
-    (CatMLP(F_IN), "non-element-wise op (linear)"),
+    (ProductMLP(F_IN), "non-element-wise op (linear)"),
     (ControlFlow(), "data-dependent control flow"),
     (EdgeDropout(F_IN), "random op (dropout)"),
     (InPlace(), "in place"),
@@ -357,11 +410,11 @@ def test_dropout_in_training_matches_generic_and_differs_between_calls():
     assert not torch.equal(layer(g, x), layer(g, x))
 
 
-def test_cat_mlp_reason_names_the_expression():
+def test_product_mlp_reason_names_the_expression():
     g = make_graph("random")
-    text = explain(CatMLP(F_IN), g, torch.randn(g.num_nodes, F_IN))
+    text = explain(ProductMLP(F_IN), g, torch.randn(g.num_nodes, F_IN))
     assert "apply_edge reads edge.src and edge.dst inside a non-element-wise op (linear)" in text
-    assert "relu(lin(cat([edge.src, edge.dst], -1)))" in text
+    assert "relu(lin((edge.src * edge.dst)))" in text
 
 
 class OpaqueVertex(SagaLayer):
