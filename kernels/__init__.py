@@ -12,7 +12,7 @@ from ngra.kernels.gsddmm import gsddmm
 from ngra.kernels.gspmm import gspmm
 from ngra.kernels.registry import available, current_backend, lookup, register, use_backend
 from ngra.kernels.segment_reduce import segment_reduce
-from ngra.kernels.softmax_aggregate import softmax_aggregate
+from ngra.kernels.softmax_aggregate import softmax_aggregate, softmax_aggregate_backward
 from ngra.kernels.transpose import transpose_csc
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "register",
     "segment_reduce",
     "softmax_aggregate",
+    "softmax_aggregate_backward",
     "transpose_csc",
     "use_backend",
 ]

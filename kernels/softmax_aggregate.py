@@ -22,7 +22,7 @@ from ngra.kernels._checks import check_csc, check_feat, check_rev, check_same_de
 from ngra.kernels.registry import lookup
 from ngra.kernels.transpose import reverse_of
 
-__all__ = ["softmax_aggregate"]
+__all__ = ["softmax_aggregate", "softmax_aggregate_backward"]
 
 
 def softmax_aggregate(
@@ -34,7 +34,8 @@ def softmax_aggregate(
     *,
     negative_slope: float = 0.2,
     rev: Any = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> Any:
     r"""Attention-weighted aggregation over each destination's in-edges (GAT).
 
     .. math::
@@ -60,9 +61,15 @@ def softmax_aggregate(
             ``indptr``/``indices``/``perm`` such as ``ngra.Graph.csr()`` (default:
             built on demand in backward by :func:`ngra.kernels.transpose.reverse_of`,
             which caches the last few).
+        return_lse: also return the per-destination log-sum-exp of the scores
+            (default: ``False``).
 
     Returns:
-        ``[num_dst, H, D]`` tensor of ``value``'s dtype.
+        ``[num_dst, H, D]`` tensor of ``value``'s dtype; with ``return_lse``, the pair
+        ``(out, lse)`` where ``lse`` is ``[num_dst, H]`` float64, ``-inf`` for a
+        destination without in-edges, and not differentiable (the chunked executor
+        merges per-tile ``lse`` into the normalizer that
+        :func:`softmax_aggregate_backward` takes).
 
     Raises:
         TypeError: non-tensor arguments, wrong dtypes, mixed devices.
@@ -110,10 +117,64 @@ def softmax_aggregate(
         raise ValueError(f"negative_slope must be finite; got {negative_slope}.")
     if rev is not None:
         rev = check_rev(rev, num_src, num_dst, indices.numel(), indices.device)
-    return _SoftmaxAggregate.apply(
+    out, lse = _SoftmaxAggregate.apply(
         indptr.to(torch.int64).contiguous(), indices.contiguous(), score_src.contiguous(),
         score_dst.contiguous(), value.contiguous(), float(negative_slope), rev,
     )
+    return (out, lse) if return_lse else out
+
+
+def softmax_aggregate_backward(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    score_src: torch.Tensor,
+    score_dst: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    *,
+    negative_slope: float = 0.2,
+    rev: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""The gradients of :func:`softmax_aggregate` over these edges, given the normalizer.
+
+    With ``lse`` and ``out`` of the *whole* aggregation, the gradient of
+    ``out`` restricted to a subset of each destination's in-edges is this same
+    formula on that subset,
+
+    .. math::
+        lpha_{uv} = \exp(e_{uv} - \mathrm{lse}_v), \quad
+        \partial \mathrm{value}_u \mathrel{+}= lpha_{uv} g_v, \quad
+        \partial e_{uv} = lpha_{uv} (g_v \cdot \mathrm{value}_u - g_v \cdot \mathrm{out}_v),
+
+    so a chunked executor differentiates one tile at a time without recomputing
+    its forward. Arguments are as for :func:`softmax_aggregate`, plus ``out``
+    ``[num_dst, H, D]``, ``lse`` ``[num_dst, H]`` (any float dtype) and ``grad_out``
+    ``[num_dst, H, D]``.
+
+    Returns:
+        ``(grad_score_src [num_src, H], grad_score_dst [num_dst, H], grad_value [num_src, H, D])``.
+    """
+    num_src = score_src.shape[0]
+    num_dst = check_csc(indptr, indices, num_src)
+    want = (num_dst,) + tuple(value.shape[1:])
+    for name, t in (("out", out), ("grad_out", grad_out)):
+        t = check_feat(t, name)
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must be [num_dst, H, D] = {list(want)}; got {list(t.shape)}.")
+    if tuple(lse.shape) != want[:2]:
+        raise ValueError(f"lse must be [num_dst, H] = {list(want[:2])}; got {list(lse.shape)}.")
+    check_same_device(indices, score_src=score_src, score_dst=score_dst, value=value, out=out,
+                      lse=lse, grad_out=grad_out)
+    bwd = lookup("softmax_aggregate_bwd", value.device)
+    rev = reverse_of(indptr, indices, num_src,
+                     None if rev is None else check_rev(rev, num_src, num_dst, indices.numel(),
+                                                        indices.device))
+    return bwd(indptr.to(torch.int64).contiguous(), indices.contiguous(), rev,
+               score_src.contiguous(), score_dst.contiguous(), value.contiguous(),
+               out.to(value.dtype).contiguous(), lse, grad_out.to(value.dtype).contiguous(),
+               float(negative_slope))
 
 
 class _SoftmaxAggregate(torch.autograd.Function):
@@ -126,11 +187,12 @@ class _SoftmaxAggregate(torch.autograd.Function):
         out, lse = fwd(indptr, indices, score_src, score_dst, value, negative_slope)
         ctx.save_for_backward(indptr, indices, score_src, score_dst, value, out, lse)
         ctx.negative_slope, ctx.rev = negative_slope, rev
-        return out
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_lse):
         indptr, indices, score_src, score_dst, value, out, lse = ctx.saved_tensors
         rev = reverse_of(indptr, indices, score_src.shape[0], ctx.rev)
         grads = ctx.bwd(

@@ -251,33 +251,68 @@ class CompiledPlan:
             out = out.expand(out.shape[0], width)
         return out.reshape((ctx.num_dst,) + rest)
 
-    def _softmax(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
-        tile = ctx.tile
+    def _softmax_operands(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
+        """``(score_src [n, H], score_dst [nd, H], value [n, H, D])`` of a staged tile."""
         value = ctx.src[m.value]
         n, nd = value.shape[0], ctx.num_dst
         h = math.prod(m.heads) if m.heads else 1
         d = math.prod(m.dims) if m.dims else 1
-        like = value
         s_src = (ctx.src[m.score_src].reshape(n, h) if m.score_src is not None
-                 else like.new_zeros(n, h))
+                 else value.new_zeros(n, h))
         s_dst = (ctx.dst[m.score_dst].reshape(nd, h) if m.score_dst is not None
-                 else like.new_zeros(nd, h))
-        v3 = value.reshape(n, h, d)
-        out = kernels.softmax_aggregate(tile.indptr, tile.src_idx, s_src, s_dst, v3,
-                                        negative_slope=m.slope, rev=tile.rev)
+                 else value.new_zeros(nd, h))
+        return s_src, s_dst, value.reshape(n, h, d)
+
+    def _softmax(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
+        tile, nd = ctx.tile, ctx.num_dst
+        s_src, s_dst, v3 = self._softmax_operands(ctx, m)
+        out, lse = kernels.softmax_aggregate(tile.indptr, tile.src_idx, s_src, s_dst, v3,
+                                             negative_slope=m.slope, rev=tile.rev,
+                                             return_lse=True)
         o = out.reshape((nd,) + m.heads + m.dims)
         has = (tile.indptr[1:] > tile.indptr[:-1]).to(out.dtype)
+        ss = has.view((nd,) + (1,) * len(m.heads)).expand((nd,) + m.heads)
         if tile.whole:
             # The tile holds every edge: no other tile merges into this state, so the
             # normalized output with unit weight (and no log-sum-exp) is the whole state.
-            mm = out.new_zeros((nd,) + m.heads)
-            ss = has.view((nd,) + (1,) * len(m.heads)).expand((nd,) + m.heads)
-            return mm, ss, o
-        lse = _segment_lse(tile, s_src, s_dst, m.slope).reshape((nd,) + m.heads)
-        hasb = has.view((nd,) + (1,) * len(m.heads)).bool()
-        mm = torch.where(hasb, lse, torch.zeros_like(lse))
-        ss = has.view((nd,) + (1,) * len(m.heads)).expand((nd,) + m.heads)
-        return mm, ss, o
+            return out.new_zeros((nd,) + m.heads), ss, o
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (s_src, s_dst, v3)):
+            # the kernel's lse is not differentiable; chunked training differentiates
+            # tiles with tile_grads, so only a lone partial tile under autograd gets here
+            lse = _segment_lse(tile, s_src, s_dst, m.slope)
+        lse = lse.reshape((nd,) + m.heads)
+        return torch.where(lse > -math.inf, lse, torch.zeros_like(lse)), ss, o
+
+    def tile_grads(self, staged: Any, final: Any, grad: torch.Tensor) -> list | None:
+        """Gradients of one tile's share of the output, without recomputing its forward.
+
+        ``staged`` is a :class:`~ngra.runtime.staging.Staged` tile, ``final`` the
+        accumulator's :meth:`~ngra.runtime.gather.Accumulator.final_stats` for the
+        tile's destinations, and ``grad`` the output gradient of those rows. Returns
+        ``[(staged rows, their gradient), ...]``, or ``None`` when the plan has no
+        direct rule (the executor then recomputes the tile under autograd).
+
+        A fused softmax aggregation has one: with the whole aggregation's
+        log-sum-exp and output, the tile's gradient is the kernel's backward on the
+        tile's edges (:func:`ngra.kernels.softmax_aggregate_backward`).
+        """
+        m = self.program.lowering.get(None)
+        if self.gather != "softmax" or not isinstance(m, SoftmaxMatch):
+            return None
+        ctx = _Tile(staged.view, staged.src, staged.dst, staged.edata)
+        tile, nd = ctx.tile, ctx.num_dst
+        s_src, s_dst, v3 = (t.detach() for t in self._softmax_operands(ctx, m))
+        lse, out = final
+        g_src, g_dst, g_val = kernels.softmax_aggregate_backward(
+            tile.indptr, tile.src_idx, s_src, s_dst, v3, out.reshape(nd, *v3.shape[1:]),
+            lse.reshape(nd, v3.shape[1]), grad.reshape(nd, *v3.shape[1:]),
+            negative_slope=m.slope, rev=tile.rev)
+        pairs = [(ctx.src[m.value], g_val)]
+        if m.score_src is not None:
+            pairs.append((ctx.src[m.score_src], g_src))
+        if m.score_dst is not None:
+            pairs.append((ctx.dst[m.score_dst], g_dst))
+        return [(t, g.reshape(t.shape)) for t, g in pairs]
 
     # ------------------------------------------------------------------ explain
     def describe(self) -> list[str]:

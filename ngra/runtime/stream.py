@@ -10,7 +10,9 @@ inside :class:`StreamedPropagation`, a custom autograd Function: forward keeps
 no edge-level tensor, and backward walks source rows, restaging each tile as
 fresh leaves, recomputing its edge stage with autograd and adding the gradient
 of that tile's contribution into the vertex terms, edge data and parameters
-before the next tile. Edge-level memory is therefore O(tile), never O(E x F),
+before the next tile. A plan with a direct rule (``plan.tile_grads``: a fused
+softmax aggregation, whose gradient on a tile follows from the whole
+aggregation's log-sum-exp and output) skips the recomputation. Edge-level memory is therefore O(tile), never O(E x F),
 and no gradient of size N x F is made per tile. This holds for fused kernels
 too, although they save no per-edge activations: under plain autograd every
 tile's staged rows and source gradient would stay alive together (the engine
@@ -194,9 +196,20 @@ class StreamedPropagation(torch.autograd.Function):
         acc = c.plan.accumulator
         in_deg = c.graph.in_degrees()
         rng_now = torch.get_rng_state()
+        direct = getattr(c.plan, "tile_grads", None)
         for row in c.grid.rows:  # backward walks source rows
             for st in staged(stager, [t for t in row if t.num_edges]):
                 lo, hi = st.view.dst_lo, st.view.dst_hi
+                pairs = None if direct is None else direct(st, final[lo][1], grad_out[lo:hi])
+                if pairs is not None:  # the plan differentiates the tile without recomputing
+                    slots = {id(x): (slot, rows) for slot, x, rows in st.leaves}
+                    for x, g in pairs:
+                        if id(x) in slots:
+                            slot, rows = slots[id(x)]
+                            if grads[slot] is None:
+                                grads[slot] = torch.zeros_like(saved[slot])
+                            rows.add_into(grads[slot], g)
+                    continue
                 torch.set_rng_state(ctx.rng[st.view.key])
                 with torch.enable_grad():
                     part = stager.to_host(st.run(c.plan))

@@ -17,7 +17,7 @@ import ngra.kernels.gpu.softmax_aggregate as gpu_impl
 import ngra.kernels.ref.softmax_aggregate as ref_impl  # noqa: F401
 from ngra.kernels import edge_softmax, gspmm, transpose_csc
 from ngra.kernels.registry import use_backend
-from ngra.kernels.softmax_aggregate import softmax_aggregate
+from ngra.kernels.softmax_aggregate import softmax_aggregate, softmax_aggregate_backward
 
 BACKENDS = ("ref", "cpu")
 # The gpu backend's registered kernels need CUDA; its torch implementation is
@@ -346,3 +346,47 @@ def test_rev_must_match_graph():
         _call(rev=(rev[0], rev[1] + 4, rev[2]))
     with pytest.raises(ValueError, match="num_src \\+ 1"):
         _call(rev=transpose_csc(args["indptr"], args["indices"], 8))
+
+
+# ------------------------------------------------------------------- split backward (chunking)
+def _edge_subset(indptr, indices, keep):
+    """The CSC of the edges where ``keep`` holds (destinations kept, sources kept)."""
+    counts = torch.zeros(indptr.numel() - 1, dtype=torch.int64)
+    dst = torch.repeat_interleave(torch.arange(counts.numel()), indptr[1:] - indptr[:-1])
+    counts.index_add_(0, dst[keep], torch.ones(int(keep.sum()), dtype=torch.int64))
+    sub = torch.zeros_like(indptr)
+    torch.cumsum(counts, 0, out=sub[1:])
+    return sub, indices[keep]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["random", "skewed", "isolated", "bipartite_wide"])
+def test_backward_splits_over_edge_subsets(case, backend, gen):
+    """Given the whole aggregation's lse and output, the backward on two halves of the
+    edges sums to the whole backward (the chunked executor's per-tile rule)."""
+    indptr, indices, num_src = graph_case(case, gen)
+    ss, sd, val, grad = _inputs(num_src, indptr.numel() - 1, 3, 4, torch.float64, gen)
+    with use_backend(backend):
+        out, lse = softmax_aggregate(indptr, indices, ss, sd, val, return_lse=True)
+        assert lse.dtype == torch.float64 and not lse.requires_grad
+        whole = softmax_aggregate_backward(indptr, indices, ss, sd, val, out, lse, grad)
+        keep = torch.rand(indices.numel(), generator=gen) < 0.5
+        halves = [softmax_aggregate_backward(*_edge_subset(indptr, indices, k), ss, sd, val,
+                                             out, lse, grad) for k in (keep, ~keep)]
+    ref = _oracle(indptr, indices, ss, sd, val, grad)
+    torch.testing.assert_close(out, ref[0])
+    for i, (w, a, b) in enumerate(zip(whole, *halves)):
+        torch.testing.assert_close(w, ref[i + 1], msg=f"gradient {i} of the whole")
+        torch.testing.assert_close(a + b, w, msg=f"gradient {i}: halves vs whole")
+    empty = (indptr[1:] == indptr[:-1])
+    assert torch.isneginf(lse[empty]).all() and torch.isfinite(lse[~empty]).all()
+
+
+def test_backward_checks_shapes(gen):
+    indptr, indices, num_src = _tiny_mixed()
+    ss, sd, val, grad = _inputs(num_src, 4, 2, 3, torch.float64, gen)
+    out, lse = softmax_aggregate(indptr, indices, ss, sd, val, return_lse=True)
+    with pytest.raises(ValueError, match=r"grad_out must be \[num_dst, H, D\] = \[4, 2, 3\]"):
+        softmax_aggregate_backward(indptr, indices, ss, sd, val, out, lse, grad[:3])
+    with pytest.raises(ValueError, match=r"lse must be \[num_dst, H\]"):
+        softmax_aggregate_backward(indptr, indices, ss, sd, val, out, lse[:, :1], grad)
