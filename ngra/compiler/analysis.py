@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ngra.compiler.interp import Resolver, eval_node
+from ngra.compiler.interp import Resolver, apply_sink, eval_node
 from ngra.compiler.ir import ELEMENTWISE, INPUT_DOMAIN, INPUTS, Node, Op, Program, Stage
 
 __all__ = ["SAMPLE_ROWS", "Samples", "annotate"]
@@ -73,6 +73,12 @@ def annotate(program: Program, samples: Samples, resolver: Resolver) -> None:
                 acc = {k: edge_vals.get(r.id, _UNKNOWN) for k, r in out.items()}
             else:
                 acc = edge_vals.get(out.id, _UNKNOWN)
+            if program.sink is not None and isinstance(acc, torch.Tensor):
+                ones = torch.ones(acc.shape[0], dtype=torch.int64, device=acc.device)
+                try:
+                    acc = apply_sink(program.sink, program.gather, acc, ones, resolver)
+                except Exception:  # noqa: BLE001 - no shapes for the vertex stage then
+                    acc = _UNKNOWN
 
             def vertex_input(n: Node) -> Any:
                 if n.op == Op.ACC:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ngra.compiler.ir import Node, Op, Stage, map_refs
 
-__all__ = ["Resolver", "run_stage", "evaluate"]
+__all__ = ["Resolver", "run_stage", "evaluate", "apply_sink"]
 
 
 class Resolver:
@@ -71,7 +71,7 @@ def eval_node(n: Node, vals: list[Any], inputs: Callable[[Node], Any], resolver:
     if op in (Op.SRC, Op.DST, Op.EDATA, Op.VERTEX, Op.ACC):
         return inputs(n)
     if op == Op.PARAM:
-        return resolver.param(a["path"])
+        return _param(a, resolver)
     if op == Op.CONST:
         return a["value"]
     if op == Op.OPAQUE:
@@ -88,9 +88,24 @@ def eval_node(n: Node, vals: list[Any], inputs: Callable[[Node], Any], resolver:
 
 
 def _linear(a: dict, x: Any, w: Any, b: Any = None) -> Any:
-    if "cols" in a:  # a column block of the weight (the split pass)
-        w = w[:, a["cols"][0]:a["cols"][1]]
     return F.linear(x, w, b)
+
+
+def _param(a: dict, resolver: Resolver) -> Any:
+    v = resolver.param(a["path"])
+    if "cols" in a:  # a column block (the split pass)
+        v = v[:, a["cols"][0]:a["cols"][1]]
+    return v
+
+
+def apply_sink(sink: dict, gather: str, acc: Any, in_degree: Any, resolver: Resolver) -> Any:
+    """The Linear the sink pass moved after the gather, applied to the accumulator:
+    ``acc @ W.T + deg * b`` (sum) or ``+ [deg > 0] * b`` (mean)."""
+    out = F.linear(acc, _param(sink["weight"], resolver))
+    if sink["bias"] is not None:
+        d = in_degree.to(out.dtype) if gather == "sum" else (in_degree > 0).to(out.dtype)
+        out = out + d.view((-1,) + (1,) * (out.dim() - 1)) * _param(sink["bias"], resolver)
+    return out
 
 
 def _sum(a: dict, x: Any) -> Any:

@@ -38,10 +38,11 @@ class Op(enum.Enum):
     EDATA = "edata"        # attrs: key          edge data (None: a plain tensor)
     VERTEX = "vertex"      # attrs: key          vertex data (None: a plain tensor)
     ACC = "acc"            # attrs: key          the gathered accumulator
-    PARAM = "param"        # attrs: path         a layer tensor (parameter/buffer), read at run time
+    PARAM = "param"        # attrs: path[, cols] a layer tensor (parameter/buffer), read at run time;
+                           #                     cols=(a, b): its column block [:, a:b]
     CONST = "const"        # attrs: value        a Python number or a constant tensor
     # dense
-    LINEAR = "linear"      # attrs: module[, cols]  args (x, weight[, bias]); cols=(a, b): weight[:, a:b]
+    LINEAR = "linear"      # attrs: module       args (x, weight[, bias])
     # element-wise
     ADD = "add"
     SUB = "sub"
@@ -211,6 +212,10 @@ class Program:
     terms: dict[Any, dict[str, Any]] = field(default_factory=dict)
     next_id: int = 0
     vertex_rewritten: bool = False  # post must run the vertex IR, not the UDF
+    # the sink pass: a Linear moved from the end of ApplyEdge to after the gather,
+    # {"module": name, "weight": PARAM attrs, "bias": PARAM attrs or None}
+    # (applied by interp.apply_sink), or None
+    sink: dict[str, Any] | None = None
     lowering: dict[Any, Any] = field(default_factory=dict)  # message key -> kernel match (fuse)
     # stage kind -> why it must run exactly as written (random or in-place calls), found
     # before dead-code elimination so that an unused in-place call still counts
@@ -349,10 +354,10 @@ def _verify_attrs(n: Node, where: str) -> None:
             raise IRError(f"{where}: {n.op.value} needs a tuple of ints; got {vals!r}.")
     if n.op in (Op.UNSQUEEZE, Op.GATHER, Op.INDEX_SELECT, Op.CAT) and not isinstance(a["dim"], int):
         raise IRError(f"{where}: {n.op.value} dim must be an int; got {a['dim']!r}.")
-    if n.op == Op.LINEAR and "cols" in a and not (
+    if n.op == Op.PARAM and "cols" in a and not (
             isinstance(a["cols"], tuple) and len(a["cols"]) == 2
             and all(isinstance(c, int) for c in a["cols"]) and 0 <= a["cols"][0] < a["cols"][1]):
-        raise IRError(f"{where}: linear cols must be (start, stop) with 0 <= start < stop; "
+        raise IRError(f"{where}: param cols must be (start, stop) with 0 <= start < stop; "
                       f"got {a['cols']!r}.")
     if n.op == Op.PARAM and not isinstance(a["path"], str):
         raise IRError(f"{where}: param path must be a str; got {a['path']!r}.")
@@ -401,18 +406,17 @@ def format_node(stage: Stage, nid: int, depth: int = 0) -> str:
     if n.op == Op.ACC:
         return "acc" if a["key"] is None else f"acc[{a['key']!r}]"
     if n.op == Op.PARAM:
-        return a["path"]
+        return a["path"] + (f"[:, {a['cols'][0]}:{a['cols'][1]}]" if "cols" in a else "")
     if n.op == Op.CONST:
         v = a["value"]
         if isinstance(v, float):
             return f"{v:g}"
         return "<tensor>" if hasattr(v, "shape") else repr(v)
     if n.op == Op.LINEAR:
-        cols = f"[:, {a['cols'][0]}:{a['cols'][1]}]" if "cols" in a else ""
         if a["module"] is not None:
-            return f"{a['module']}{cols}({sub(n.args[0])})"
+            return f"{a['module']}({sub(n.args[0])})"
         rest = ", ".join(sub(i) for i in n.args[1:])
-        return f"linear({sub(n.args[0])}, {rest}{cols})"
+        return f"linear({sub(n.args[0])}, {rest})"
     if n.op in _INFIX:
         return f"({sub(n.args[0])} {_INFIX[n.op]} {sub(n.args[1])})"
     if n.op == Op.NEG:

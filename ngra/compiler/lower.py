@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ngra import kernels
-from ngra.compiler.interp import Resolver, evaluate, run_stage
+from ngra.compiler.interp import Resolver, apply_sink, evaluate, run_stage
 from ngra.compiler.ir import Node, Op, Program, format_key, format_node, iter_refs
 from ngra.compiler.passes import PassNote
 from ngra.compiler.passes.fuse import (
@@ -159,7 +159,12 @@ class CompiledPlan:
             return value, tile.indptr[1:] > tile.indptr[:-1]
         return value
 
-    def post(self, x: Any, acc: Any) -> Any:
+    def post(self, x: Any, acc: Any, in_degree: torch.Tensor | None = None) -> Any:
+        if self.program.sink is not None:
+            if in_degree is None:
+                raise ValueError(f"{self.layer_name}: this plan applies a Linear after the "
+                                 "gather and needs the graph's in-degrees (post(x, acc, in_degree)).")
+            acc = apply_sink(self.program.sink, self.gather, acc, in_degree, self.resolver)
         if not self.program.vertex_rewritten:
             return self.resolver.layer.apply_vertex(x, acc)
 
@@ -341,6 +346,9 @@ class CompiledPlan:
         lines.append(f"  gather  {self.gather}" + (" (partial sums per tile; divided by the "
                                                     "in-degree at the end)" if self.gather == "mean"
                                                     else ""))
+        if p.sink is not None:
+            lines.append(f"  sink    (per vertex) {p.sink['module']} applied to the gathered "
+                         "messages (moved from the end of ApplyEdge)")
         if p.vertex_rewritten:
             out = ", ".join(format_node(p.vertex, r.id) for r in _refs(p.vertex.outputs))
             lines.append(f"  vertex  apply_vertex rewritten: {out}")

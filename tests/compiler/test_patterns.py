@@ -300,7 +300,8 @@ def test_linear_over_cat_splits_hoists_and_fuses():
     plan = _check(CatMLP(F_IN), g, _x(g), kinds=("fused_edge",))
     text = "\n".join(plan.describe())
     assert "split    fired" in text
-    assert "t0 = lin[:, 0:5](edge.src)" in text and "t1 = lin[:, 5:10](edge.dst)" in text
+    assert "t0 = linear(edge.src, lin.weight[:, 0:5])" in text
+    assert "t1 = linear(edge.dst, lin.weight[:, 5:10])" in text
 
 
 class EdgeNetwork(SagaLayer):
@@ -316,14 +317,42 @@ class EdgeNetwork(SagaLayer):
         return self.mlp(torch.cat([edge.src, edge.dst, edge.data], dim=-1))
 
 
+@pytest.mark.parametrize("gather", ["sum", "mean"])
 @pytest.mark.parametrize("case", ["random", "isolated", "multi_edges", "empty"])
-def test_edge_network_hoists_the_first_layer_blocks(case):
+def test_edge_network_lowers_to_one_fused_kernel(case, gather):
+    """split + hoist take the first layer's src/dst blocks per vertex, sink moves the
+    second layer after the gather (bias deg(v) times for sum, once for mean), and what
+    is left per edge is element-wise: one fused kernel."""
+    layer = type(f"EdgeNetwork_{gather}", (EdgeNetwork,), {"gather": gather})(F_IN, 2)
     g = make_graph(case)
     ed = torch.randn(g.num_edges, 2, dtype=torch.float64)
-    plan = _check(EdgeNetwork(F_IN, 2), g, _x(g), ed, kinds=("interp",))
+    plan = _check(layer, g, _x(g), ed, kinds=("fused_edge",))
     text = "\n".join(plan.describe())
-    assert "t0 = mlp.0[:, 0:5](edge.src)" in text and "t1 = mlp.0[:, 5:10](edge.dst)" in text
-    assert "mlp.0[:, 10:12](edge.data)" in text and "cat(" not in text.split("stages:")[1]
+    assert "t0 = linear(edge.src, mlp.0.weight[:, 0:5])" in text
+    assert "t1 = linear(edge.dst, mlp.0.weight[:, 5:10])" in text
+    assert "sink     fired: propagate-then-transform: mlp.2 (4 -> 3)" in text
+    assert "cat(" not in text.split("stages:")[1]
+
+
+def test_sink_needs_a_linear_gather():
+    layer = type("EdgeNetwork_max", (EdgeNetwork,), {"gather": "max"})(F_IN, 2)
+    g = make_graph("random")
+    ed = torch.randn(g.num_edges, 2, dtype=torch.float64)
+    plan = _check(layer, g, _x(g), ed, kinds=("interp",))
+    text = "\n".join(plan.describe())
+    assert "sink     skipped: gather 'max' is not linear (needs sum or mean)" in text
+    assert "hoist    fired" in text  # the first layer's blocks are still per vertex
+
+
+def test_scalar_edge_feature_block_is_an_outer_product_in_the_kernel():
+    """A width-1 edge block is ``edge.data * W[:, j]`` inside the kernel: the only
+    per-edge input is the [E, 1] edge data itself."""
+    g = make_graph("random")
+    ed = torch.randn(g.num_edges, 1, dtype=torch.float64)
+    plan = _check(EdgeNetwork(F_IN, 1), g, _x(g), ed, kinds=("fused_edge",))
+    text = "\n".join(plan.describe())
+    assert "(edge.data * mlp.0.weight[:, 10:11].view(-1,))" in text
+    assert "relu(src0 + dst0 + edge0 * dst1 + dst2)" in text
 
 
 def test_sequential_with_an_unknown_module_stays_opaque():

@@ -228,18 +228,20 @@ def _match_elementwise(edge: Stage, msg: Node) -> Any:
                 return fail(n, f"constant {format_node(edge, i)} does not broadcast to the message")
             dst.setdefault(("param", i), (len(dst), lay))
             res = E.dst(dst[("param", i)][0])
+        elif n.op in ELEMENTWISE:
+            # element-wise work on edge data stays in the kernel too: ``edge.data * w``
+            # reads one scalar per edge instead of a precomputed [E, F] term
+            args = [walk(a) for a in n.args]
+            bad = next((a for a in args if isinstance(a, str)), None)
+            if bad is not None:
+                return bad
+            res = _build(E, n, args)
         elif n.deps <= {"edge"}:
             lay = _leaf_layout(n, rest, True) if n.rowwise else None
             if lay not in ("full", "ones"):
                 return fail(n, f"edge term {format_node(edge, i)} does not match the message shape")
             ekeys.setdefault(i, (len(ekeys), lay))
             res = E.edge(ekeys[i][0])
-        elif n.op in ELEMENTWISE:
-            args = [walk(a) for a in n.args]
-            bad = next((a for a in args if isinstance(a, str)), None)
-            if bad is not None:
-                return bad
-            res = _build(E, n, args)
         else:
             return _not_elementwise(edge, n, expr_text)
         memo[i] = res

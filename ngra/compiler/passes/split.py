@@ -5,9 +5,10 @@ for the column blocks ``A, B, C`` of ``W``. The split matters when a part reads 
 ``edge.src`` or only ``edge.dst``: the hoist pass that runs next then computes that
 part's product once per vertex instead of once per edge. An MPNN edge network's
 ``mlp(cat([edge.src, edge.dst, edge.data], -1))`` is the example: its first layer
-becomes ``t0[src] + t1[dst] + mlp.0[:, 2F:](edge.data)``, so per edge only the
+becomes ``t0[src] + t1[dst] + edge.data * W[:, 2F] + b``, so per edge only the
 edge-data block (and the layers after the first) runs, and no ``[E, 2F + D]``
-concatenation is written.
+concatenation is written. A width-1 block is written as that outer product
+(element-wise, so it can fuse) rather than a Linear.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def run(program: Program) -> PassNote:
 
 
 def _splittable(edge: Stage, n: Node) -> bool:
-    if n.op != Op.LINEAR or "cols" in n.attrs:
+    if n.op != Op.LINEAR:
         return False
     cat = edge.nodes[n.args[0]]
     if cat.op != Op.CAT or cat.shape is None or len(cat.args) < 2:
@@ -64,20 +65,32 @@ def _splittable(edge: Stage, n: Node) -> bool:
 
 
 def _expand(program: Program, edge: Stage, lin: Node, nodes: dict[int, Node]) -> int:
-    """Add the per-block linears and their sum to ``nodes``; returns the sum's id."""
+    """Add the per-block products and their sum to ``nodes``; returns the sum's id.
+
+    A block of width 1 (a scalar edge feature) is an outer product, written as
+    ``part * W[:, j]`` (element-wise, so it fuses) instead of a Linear.
+    """
     cat = edge.nodes[lin.args[0]]
-    x, w, *bias = lin.args
+    w = edge.nodes[lin.args[1]]
+    bias = list(lin.args[2:])
+
+    def add(op: Op, args: tuple, attrs: dict, name: str) -> int:
+        nid = program.new_id()
+        nodes[nid] = Node(nid, op, args, attrs, name=name)
+        return nid
+
     start, total = 0, None
     for i, part_id in enumerate(cat.args):
         width = edge.nodes[part_id].shape[-1]
-        attrs = {"module": lin.attrs["module"], "cols": (start, start + width)}
-        args = (part_id, w, *bias) if i == 0 else (part_id, w)
+        block = add(Op.PARAM, (), {**w.attrs, "cols": (start, start + width)},
+                    f"{w.name}_{i}")
         start += width
-        nid = program.new_id()
-        nodes[nid] = Node(nid, Op.LINEAR, args, attrs, name=f"{lin.name}_{i}")
-        if total is not None:
-            sid = program.new_id()
-            nodes[sid] = Node(sid, Op.ADD, (total, nid), {}, name=f"{lin.name}_sum")
-            nid = sid
-        total = nid
+        if width == 1 and edge.nodes[part_id].deps not in _ONE_SIDE:
+            row = add(Op.VIEW, (block,), {"shape": (-1,)}, f"{w.name}_{i}_row")
+            term = add(Op.MUL, (part_id, row), {}, f"{lin.name}_{i}")
+        else:
+            term = add(Op.LINEAR, (part_id, block), {"module": None}, f"{lin.name}_{i}")
+        total = term if total is None else add(Op.ADD, (total, term), {}, f"{lin.name}_sum")
+    for b in bias:  # once, after the blocks
+        total = add(Op.ADD, (total, b), {}, f"{lin.name}_bias")
     return total
