@@ -10,16 +10,20 @@ from ngra.kernels.dropout import dropout
 from ngra.kernels.edge_softmax import edge_softmax
 from ngra.kernels.gsddmm import gsddmm
 from ngra.kernels.gspmm import gspmm
-from ngra.kernels.registry import available, current_backend, lookup, register, use_backend
+from ngra.kernels.registry import (
+    available, backward_only, current_backend, forward_skipped, lookup, register, use_backend,
+)
 from ngra.kernels.segment_reduce import segment_reduce
 from ngra.kernels.softmax_aggregate import softmax_aggregate, softmax_aggregate_backward
 from ngra.kernels.transpose import transpose_csc
 
 __all__ = [
     "available",
+    "backward_only",
     "current_backend",
     "dropout",
     "edge_softmax",
+    "forward_skipped",
     "gsddmm",
     "gspmm",
     "lookup",

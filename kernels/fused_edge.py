@@ -57,7 +57,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ngra.kernels._checks import check_choice, check_csc, check_feat, check_range, check_rev
-from ngra.kernels.registry import lookup
+from ngra.kernels.registry import forward_skipped, lookup
 from ngra.kernels.transpose import reverse_of
 
 __all__ = [
@@ -657,7 +657,11 @@ class _FusedEdge(torch.autograd.Function):
         ctx.bwd = lookup("fused_edge_bwd", device)  # same backend as the forward
         terms = tuple(t.contiguous() for t in terms)
         src, dst, edge = call.split(terms)
-        out, aux = fwd(indptr, indices, call, src, dst, edge)
+        if forward_skipped(call.reduce):
+            out = indptr.new_zeros((), dtype=call.dtype).expand(indptr.numel() - 1, call.width)
+            aux = None
+        else:
+            out, aux = fwd(indptr, indices, call, src, dst, edge)
         ctx.call, ctx.rev, ctx.num_src = call, rev, num_src
         ctx.save_for_backward(indptr, indices, *((aux,) if aux is not None else ()), *terms)
         ctx.has_aux = aux is not None

@@ -22,7 +22,7 @@ from ngra.kernels._checks import (
     check_same_device,
     spmm_layout,
 )
-from ngra.kernels.registry import current_backend, lookup, use_backend
+from ngra.kernels.registry import current_backend, forward_skipped, lookup, use_backend
 from ngra.kernels.transpose import Rev, reverse_of
 
 __all__ = ["gspmm"]
@@ -101,7 +101,13 @@ class _GSpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, indptr, indices, src, edge, reduce, rev):
         ctx.backend = current_backend()
-        out, arg = lookup("gspmm", src.device)(indptr, indices, src, edge, reduce, None)
+        if forward_skipped(reduce):
+            shape = (indptr.numel() - 1,) + tuple(
+                src.shape[1:] if edge is None else torch.broadcast_shapes(src.shape[1:],
+                                                                          edge.shape[1:]))
+            out, arg = src.new_zeros(()).expand(shape), None
+        else:
+            out, arg = lookup("gspmm", src.device)(indptr, indices, src, edge, reduce, None)
         ctx.reduce, ctx.rev, ctx.num_src = reduce, rev, src.shape[0]
         # Backward reads source rows only for the edge gradient (and the arg-extreme
         # routing): otherwise keep none, since a streamed tile's staged rows would stay

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["BACKENDS", "available", "current_backend", "lookup", "register", "use_backend"]
+__all__ = ["BACKENDS", "available", "backward_only", "current_backend", "forward_skipped",
+           "lookup", "register", "use_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -108,3 +109,27 @@ def use_backend(backend: str) -> Iterator[None]:
         yield
     finally:
         _state.backend = prev
+
+
+@contextlib.contextmanager
+def backward_only() -> Iterator[None]:
+    """Inside the block, ``sum``/``mean`` g-SpMM and fused edge kernels skip their forward.
+
+    They return zeros shaped like their output (a broadcast view, no memory) and keep
+    what their backward reads, so gradients through them are exact while the
+    values are not. For a caller that differentiates a result *linear* in those
+    outputs and needs nothing else from them: the chunked executor's per-tile
+    backward, which would otherwise run each tile's kernel forward a second time
+    only to rebuild the autograd graph.
+    """
+    prev = getattr(_state, "backward_only", False)
+    _state.backward_only = True
+    try:
+        yield
+    finally:
+        _state.backward_only = prev
+
+
+def forward_skipped(reduce: str) -> bool:
+    """Whether a kernel with this reducer skips its forward here (see :func:`backward_only`)."""
+    return reduce in ("sum", "mean") and getattr(_state, "backward_only", False)

@@ -12,7 +12,11 @@ fresh leaves, recomputing its edge stage with autograd and adding the gradient
 of that tile's contribution into the vertex terms, edge data and parameters
 before the next tile. A plan with a direct rule (``plan.tile_grads``: a fused
 softmax aggregation, whose gradient on a tile follows from the whole
-aggregation's log-sum-exp and output) skips the recomputation. Edge-level memory is therefore O(tile), never O(E x F),
+aggregation's log-sum-exp and output) skips the recomputation; a compiled plan
+with a linear Gather (sum, mean) recomputes under
+:func:`ngra.kernels.backward_only`, which skips its g-SpMM and fused-edge
+kernels' forward (their outputs enter the accumulator linearly, so only their
+backward is needed). Edge-level memory is therefore O(tile), never O(E x F),
 and no gradient of size N x F is made per tile. This holds for fused kernels
 too, although they save no per-edge activations: under plain autograd every
 tile's staged rows and source gradient would stay alive together (the engine
@@ -24,6 +28,7 @@ autograd (staging is the identity, and no recomputation is needed).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -32,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ngra import kernels
 from ngra.graph import Graph
 from ngra.memstat import malloc_trim
 from ngra.runtime import probes
@@ -197,6 +203,10 @@ class StreamedPropagation(torch.autograd.Function):
         in_deg = c.graph.in_degrees()
         rng_now = torch.get_rng_state()
         direct = getattr(c.plan, "tile_grads", None)
+        # A compiled plan feeds its kernels' outputs to a linear accumulator unchanged:
+        # the recomputation needs their autograd graph, not their values.
+        linear = getattr(c.plan, "kind", "") == "compiled" and c.plan.accumulator.linear
+        skip = kernels.backward_only if linear else contextlib.nullcontext
         for row in c.grid.rows:  # backward walks source rows
             for st in staged(stager, [t for t in row if t.num_edges]):
                 lo, hi = st.view.dst_lo, st.view.dst_hi
@@ -211,7 +221,7 @@ class StreamedPropagation(torch.autograd.Function):
                             rows.add_into(grads[slot], g)
                     continue
                 torch.set_rng_state(ctx.rng[st.view.key])
-                with torch.enable_grad():
+                with torch.enable_grad(), skip():
                     part = stager.to_host(st.run(c.plan))
                     contrib = acc.contribution(part, final[lo][1], in_deg[lo:hi])
                 if not contrib.requires_grad:
