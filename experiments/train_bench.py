@@ -100,6 +100,7 @@ class Case:
     warmup: int = 1
     repeats: int = 5
     epoch_cap_s: float = 30.0  # after a warm-up epoch this slow, time one more and stop
+    dropout: float | None = None  # every framework's dropout (None: the zoo model's)
 
     @property
     def label(self) -> str:
@@ -154,7 +155,8 @@ def _ngra_step(case: Case, ds) -> tuple[Any, Any, str]:
 
     ngra.compiler.set_enabled(case.framework == "ngra")
     hidden = GAT_HIDDEN if case.model == "gat" else HIDDEN
-    model = build_model(case.model, ds.num_features, ds.num_classes, hidden=hidden, heads=GAT_HEADS)
+    model = build_model(case.model, ds.num_features, ds.num_classes, hidden=hidden, heads=GAT_HEADS,
+                        dropout=case.dropout)
     graph, edata = prepare(case.model, ds.graph)
     x, y, mask = ds.x, ds.y, ds.train_mask
     plan = ""
@@ -263,10 +265,16 @@ def _dgl_model(model: str, f_in: int, n_cls: int, g, weight):
     raise ValueError(model)
 
 
+#: ``--dropout``: overrides every model's dropout (set in the child from its Case).
+DROPOUT: float | None = None
+
+
 def _Net(convs, call, act, dropout):
     """Dropout before every layer, ``act`` between layers: the layout of ngra's zoo GNN."""
     import torch.nn.functional as F
     from torch import nn
+
+    dropout = dropout if DROPOUT is None else DROPOUT
 
     class Net(nn.Module):
         def __init__(self) -> None:
@@ -428,6 +436,9 @@ def run_child(case: Case) -> Result:
     """Set up, warm up, time. Runs in a fresh process (see :func:`run_case`)."""
     import torch
 
+    global DROPOUT
+    DROPOUT = case.dropout
+
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     if case.framework in ("ngra", "ngra-generic"):
@@ -536,7 +547,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
         big = gname.startswith("rmat18")
         for model in args.models:
             for fw in args.frameworks:
-                cases.append(Case("train", fw, model, gname, spec, warmup=1,
+                cases.append(Case("train", fw, model, gname, spec, dropout=args.dropout, warmup=1,
                                   repeats=2 if big else args.repeats))
     if not args.no_showcase:
         spec = QUICK_SHOWCASE_GRAPH if args.quick else SHOWCASE_GRAPH
@@ -597,6 +608,8 @@ def write_report(results: list[Result], path: Path, meta: dict[str, Any]) -> Non
         f"- Threads: {THREADS} (torch, OMP, MKL, numba) and {meta['omp']} for every framework. "
         f"Allocator: {meta['allocator']}, the same for every framework.",
         f"- Versions: {meta['versions']}.",
+        f"- Dropout: {meta['dropout']}; ngra uses ngra.kernels.dropout (parallel), PyG and DGL "
+        "F.dropout (torch's one-thread bernoulli_).",
         "- Time: median epoch (forward + loss + backward + Adam step) after 1 warm-up epoch "
         "(numba compile, plan compile); 2 timed epochs on R-MAT 2^18, more elsewhere (`n`).",
         "- Memory: `peak` = max RSS (`VmHWM`) of a fresh process running only that case "
@@ -737,6 +750,8 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
                       "allocations)" if args.thp else "glibc malloc, THP_MEM_ALLOC_ENABLE=0"),
         "omp": f"OMP_WAIT_POLICY={args.omp_wait.upper()}",
         "versions": ", ".join(versions),
+        "dropout": ("each zoo model's (GAT 0.6, others 0.5), the same in every framework"
+                    if args.dropout is None else f"{args.dropout:g} for every model and framework"),
     }
 
 
@@ -758,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="OMP_WAIT_POLICY for every framework (default passive: on shared, "
                         "oversubscribed cores spinning OpenMP threads cost every op a time slice)")
     p.add_argument("--no-showcase", action="store_true", help="skip the G-GCN showcase")
+    p.add_argument("--dropout", type=float, default=None,
+                   help="one dropout probability for every model and framework (default: each "
+                        "zoo model's; 0 shows the times without dropout's share)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
