@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = [
     "Op", "Node", "Ref", "Stage", "Program", "IRError", "verify", "ELEMENTWISE", "INPUTS",
-    "SHAPE_OPS", "format_node", "format_key", "map_refs", "iter_refs",
+    "SHAPE_OPS", "format_node", "format_key", "map_refs", "iter_refs", "remap_args",
 ]
 
 
@@ -262,6 +262,15 @@ def map_refs(struct: Any, fn: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- verifier
+def remap_args(n: Node, remap: dict[int, int]) -> None:
+    """Point ``n``'s arguments (and an OPAQUE template's refs) at ``remap[old id]``."""
+    if any(a in remap for a in n.args):
+        n.args = tuple(remap.get(a, a) for a in n.args)
+        if n.op == Op.OPAQUE:
+            n.attrs["template"] = map_refs(n.attrs["template"],
+                                           lambda r: Ref(remap.get(r.id, r.id)))
+
+
 def verify(program: Program, *, annotated: bool = False) -> None:
     """Check that ``program`` is well formed; raise :class:`IRError` naming the node.
 

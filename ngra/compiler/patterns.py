@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
-from ngra.compiler.ir import Node, Op, Stage
+from ngra.compiler.ir import Node, Op, Program, Ref, Stage
 
-__all__ = ["peel_scale", "factor_layout", "match_typed", "norm_dim", "is_float"]
+__all__ = ["peel_scale", "factor_layout", "match_typed", "norm_dim", "is_float",
+           "linear_gather_message"]
 
 
 def norm_dim(dim: int, rank: int) -> int:
@@ -128,3 +129,13 @@ def match_typed(stage: Stage, core_id: int) -> dict | None:
             or j.dtype not in (torch.int64, torch.int32) or not j.rowwise:
         return None
     return {"src": src.attrs["key"], "types": t, "width": f, "type_node": j.id}
+
+
+def linear_gather_message(program: Program) -> Ref | str:
+    """The one message of a program whose Gather is linear (sum/mean), or why not."""
+    if program.gather not in ("sum", "mean"):
+        return f"gather '{program.gather}' is not linear (needs sum or mean)"
+    out = program.edge.outputs
+    if not isinstance(out, Ref):
+        return "apply_edge returns several messages"
+    return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ngra.compiler.ir import (
-    LEAVES, Node, Op, Program, Ref, Stage, format_key, format_node, map_refs,
+    LEAVES, Node, Op, Program, Ref, Stage, format_key, format_node, map_refs, remap_args,
 )
 from ngra.compiler.passes import PassNote
 
@@ -168,11 +168,7 @@ def _rewrite(program: Program, replace: dict[int, tuple[Op, Any]]) -> None:
                 nodes[new] = Node(new, op, (), {"key": key}, name=f"{op.value}_{format_key(key)}")
             remap[nid] = inputs[(op, key)]
             continue
-        if remap and any(a in remap for a in n.args):
-            n.args = tuple(remap.get(a, a) for a in n.args)
-            if n.op == Op.OPAQUE:
-                n.attrs["template"] = map_refs(n.attrs["template"],
-                                               lambda r: Ref(remap.get(r.id, r.id)))
+        remap_args(n, remap)
         nodes[nid] = n
     edge.nodes = nodes
     edge.outputs = map_refs(edge.outputs, lambda r: Ref(remap.get(r.id, r.id)))

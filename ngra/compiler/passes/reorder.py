@@ -13,9 +13,9 @@ the program as written otherwise. GCN's ``lin(acc)`` is the example.
 
 from __future__ import annotations
 
-from ngra.compiler.ir import Node, Op, Program, Ref, format_key, format_node, map_refs
+from ngra.compiler.ir import Node, Op, Program, Ref, format_key, format_node, map_refs, remap_args
 from ngra.compiler.passes import PassNote
-from ngra.compiler.patterns import factor_layout, peel_scale
+from ngra.compiler.patterns import factor_layout, linear_gather_message, peel_scale
 
 __all__ = ["run"]
 
@@ -25,11 +25,9 @@ def _skip(summary: str) -> PassNote:
 
 
 def run(program: Program) -> PassNote:
-    if program.gather not in ("sum", "mean"):
-        return _skip(f"gather '{program.gather}' is not linear (needs sum or mean)")
-    out = program.edge.outputs
-    if not isinstance(out, Ref):
-        return _skip("apply_edge returns several messages")
+    out = linear_gather_message(program)
+    if isinstance(out, str):
+        return _skip(out)
     vertex = program.vertex
     if vertex is None:
         return _skip("apply_vertex could not be traced")
@@ -105,11 +103,7 @@ def _transform_first(program: Program, core: Node, lin: Node, weight: Node) -> t
         repl = lin.args[0]
         vertex.nodes.pop(lin.id)
         for n in vertex.nodes.values():
-            if lin.id in n.args:
-                n.args = tuple(repl if a == lin.id else a for a in n.args)
-                if n.op == Op.OPAQUE:
-                    n.attrs["template"] = map_refs(
-                        n.attrs["template"], lambda r: Ref(repl) if r.id == lin.id else r)
+            remap_args(n, {lin.id: repl})
         vertex.outputs = map_refs(vertex.outputs, lambda r: Ref(repl) if r.id == lin.id else r)
     vertex.prune()
     edge.prune()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ngra.compiler.ir import Op, Program, Ref, format_node
 from ngra.compiler.passes import PassNote
+from ngra.compiler.patterns import linear_gather_message
 
 __all__ = ["run"]
 
@@ -31,11 +32,9 @@ def _skip(summary: str) -> PassNote:
 
 
 def run(program: Program) -> PassNote:
-    if program.gather not in ("sum", "mean"):
-        return _skip(f"gather '{program.gather}' is not linear (needs sum or mean)")
-    out = program.edge.outputs
-    if not isinstance(out, Ref):
-        return _skip("apply_edge returns several messages")
+    out = linear_gather_message(program)
+    if isinstance(out, str):
+        return _skip(out)
     edge = program.edge
     lin = edge.nodes[out.id]
     if lin.op != Op.LINEAR:

@@ -13,7 +13,7 @@ concatenation is written. A width-1 block is written as that outer product
 
 from __future__ import annotations
 
-from ngra.compiler.ir import Node, Op, Program, Ref, Stage, format_node, map_refs
+from ngra.compiler.ir import Node, Op, Program, Ref, Stage, format_node, map_refs, remap_args
 from ngra.compiler.passes import PassNote
 
 __all__ = ["run"]
@@ -31,11 +31,7 @@ def run(program: Program) -> PassNote:
     remap: dict[int, int] = {}
     nodes: dict[int, Node] = {}
     for nid, n in edge.nodes.items():
-        if remap and any(a in remap for a in n.args):
-            n.args = tuple(remap.get(a, a) for a in n.args)
-            if n.op == Op.OPAQUE:
-                n.attrs["template"] = map_refs(n.attrs["template"],
-                                               lambda r: Ref(remap.get(r.id, r.id)))
+        remap_args(n, remap)
         nodes[nid] = n
         if nid in found:
             before = format_node(edge, nid)
