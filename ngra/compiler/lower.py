@@ -244,7 +244,7 @@ class CompiledPlan:
             if kind == "term":
                 dst_terms.append(_term(ctx.dst[k], rest, lay))
             else:
-                v = _const_term(penv[k], rest, lay)
+                v = _const_term(penv[k], rest, lay).to(tile.indptr.device)  # the compute device
                 dst_terms.append(v.expand(ctx.num_dst, v.shape[1]))
         edge_terms = []
         if m.edge:
@@ -307,10 +307,11 @@ class CompiledPlan:
         ctx = _Tile(staged.view, staged.src, staged.dst, staged.edata)
         tile, nd = ctx.tile, ctx.num_dst
         s_src, s_dst, v3 = (t.detach() for t in self._softmax_operands(ctx, m))
-        lse, out = final
+        dev = v3.device  # the compute device; the accumulator's stats live with the terms
+        lse, out = (t.to(dev, non_blocking=True) for t in final)
         g_src, g_dst, g_val = kernels.softmax_aggregate_backward(
             tile.indptr, tile.src_idx, s_src, s_dst, v3, out.reshape(nd, *v3.shape[1:]),
-            lse.reshape(nd, v3.shape[1]), grad.reshape(nd, *v3.shape[1:]),
+            lse.reshape(nd, v3.shape[1]), grad.to(dev).reshape(nd, *v3.shape[1:]),
             negative_slope=m.slope, rev=tile.rev)
         pairs = [(ctx.src[m.value], g_val)]
         if m.score_src is not None:

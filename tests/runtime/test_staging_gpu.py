@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ngra import Graph, SagaLayer
-from ngra.models import GATConv, GCNConv, GGCNConv
+from ngra.models import GATConv, GCNConv, GGCNConv, MPNNConv
 from ngra.runtime.budget import grid_shape
 from ngra.runtime.staging import Stager, compute_device, staging_mode
 
@@ -66,6 +66,25 @@ def test_host_terms_stream_to_the_gpu(name, staging):
         if a is None or b is None:
             continue
         torch.testing.assert_close(a.cpu(), b)
+
+
+@pytest.mark.parametrize("grid", [(1, 1), (3, 2)])
+def test_fused_edge_network_with_parameters_streams_to_the_gpu(grid):
+    """MPNN lowers to a fused edge kernel that reads parameters (a weight column, a bias):
+    they follow the staged rows to the compute device, their gradients come back."""
+    g = Graph.from_edge_index(torch.randint(0, N, (2, 2000)), num_nodes=N)
+    layer = MPNNConv(F, F, edge_dim=1).double()
+    x = torch.randn(N, F, dtype=torch.float64, requires_grad=True)
+    ed = torch.randn(g.num_edges, 1, dtype=torch.float64)
+    ref = layer(g, x, ed)
+    go = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, [x, *layer.parameters()], go)
+    with compute_device("cuda"), grid_shape(*grid):
+        out = layer(g, x, ed)
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(torch.autograd.grad(out, [x, *layer.parameters()], go), want):
+        torch.testing.assert_close(a, b)
 
 
 def test_staged_rows_arrive_on_the_device():
