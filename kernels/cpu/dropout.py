@@ -36,13 +36,6 @@ def _dropout_fwd(x, out, mask, s1, s2, thr, scale, b0, b1):
         out[i] = x[i] * scale if keep else 0
 
 
-@njit(cache=True, nogil=True)
-def _dropout_bwd(grad, mask, out, scale, b0, b1):
-    i1 = min(b1 * BLOCK, grad.shape[0])
-    for i in range(b0 * BLOCK, i1):
-        out[i] = grad[i] * scale if mask[i] else 0
-
-
 def _blocks(n: int) -> np.ndarray:
     """An edge-free ``indptr`` over ``ceil(n / BLOCK)`` blocks: :func:`run_rows` splits it evenly."""
     return np.zeros((n + BLOCK - 1) // BLOCK + 1, dtype=np.int64)
@@ -58,12 +51,3 @@ def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float):
     run_rows(_dropout_fwd, ip, flat, as_numpy(out.view(-1)), as_numpy(mask.view(-1)),
              s1, s2, thr, flat.dtype.type(scale), row_bytes=BLOCK * flat.itemsize)
     return out, mask
-
-
-@register("dropout_backward", "cpu")
-def dropout_backward(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    out = torch.empty_like(grad)
-    flat = as_numpy(grad.view(-1))
-    run_rows(_dropout_bwd, _blocks(flat.shape[0]), flat, as_numpy(mask.view(-1)),
-             as_numpy(out.view(-1)), flat.dtype.type(scale), row_bytes=BLOCK * flat.itemsize)
-    return out

@@ -12,9 +12,3 @@ def dropout(x, s1, s2, thr, scale):
     """See :func:`ngra.kernels.ref.dropout.dropout` (same contract and mask)."""
     require_cuda(x)
     return _ref.dropout(x, s1, s2, thr, scale)
-
-
-@register("dropout_backward", "gpu")
-def dropout_backward(grad, mask, scale):
-    require_cuda(grad, mask)
-    return _ref.dropout_backward(grad, mask, scale)

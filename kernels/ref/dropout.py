@@ -43,8 +43,3 @@ def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float):
     idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
     mask = (mask_hash(idx, s1, s2) >= thr).view(x.shape)
     return x * mask * scale, mask
-
-
-@register("dropout_backward", "ref")
-def dropout_backward(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    return grad * mask * scale
