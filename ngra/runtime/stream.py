@@ -207,6 +207,12 @@ class StreamedPropagation(torch.autograd.Function):
         # the recomputation needs their autograd graph, not their values.
         linear = getattr(c.plan, "kind", "") == "compiled" and c.plan.accumulator.linear
         skip = kernels.backward_only if linear else contextlib.nullcontext
+
+        def add_rows(slot: int, rows: Any, g: torch.Tensor) -> None:
+            if grads[slot] is None:
+                grads[slot] = torch.zeros_like(saved[slot])
+            rows.add_into(grads[slot], g)
+
         for row in c.grid.rows:  # backward walks source rows
             for st in staged(stager, [t for t in row if t.num_edges]):
                 lo, hi = st.view.dst_lo, st.view.dst_hi
@@ -215,10 +221,7 @@ class StreamedPropagation(torch.autograd.Function):
                     slots = {id(x): (slot, rows) for slot, x, rows in st.leaves}
                     for x, g in pairs:
                         if id(x) in slots:
-                            slot, rows = slots[id(x)]
-                            if grads[slot] is None:
-                                grads[slot] = torch.zeros_like(saved[slot])
-                            rows.add_into(grads[slot], g)
+                            add_rows(*slots[id(x)], g)
                     continue
                 torch.set_rng_state(ctx.rng[st.view.key])
                 with torch.enable_grad(), skip():
@@ -231,9 +234,7 @@ class StreamedPropagation(torch.autograd.Function):
                                          allow_unused=True)
                 for (slot, _, rows), g in zip(st.leaves, gs):
                     if g is not None:
-                        if grads[slot] is None:
-                            grads[slot] = torch.zeros_like(saved[slot])
-                        rows.add_into(grads[slot], g)
+                        add_rows(slot, rows, g)
                 for k, g in enumerate(gs[len(leaves):]):
                     slot = len(saved) + k
                     if g is not None:
