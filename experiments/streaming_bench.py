@@ -369,6 +369,17 @@ def main() -> None:
     _report(rows, args, spec, env)
 
 
+def _argv() -> str:
+    """This run's command-line options (``--out`` left out), for the Regenerate line."""
+    out, skip = [], False
+    for a in sys.argv[1:]:
+        if skip or a.startswith("--out"):
+            skip = a == "--out"
+            continue
+        out.append(a)
+    return "".join(f" {a}" for a in out)
+
+
 def _report(rows: list[dict], args, spec: str, env: dict) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -399,7 +410,7 @@ def _report(rows: list[dict], args, spec: str, env: dict) -> None:
         markdown_table(table, [("model", "model"), ("fw", "framework"), ("budget", "budget"),
                                ("grids", "grid per layer"), ("status", "status"), ("epoch", "epoch"),
                                ("tr", "time vs unchunked"), ("pp", "process peak"),
-                               ("ep", "epoch peak"), ("mr", "peak vs unchunked")]),
+                               ("ep", "epoch peak"), ("mr", "process peak vs unchunked")]),
         "",
         "## Targets",
         "",
@@ -407,7 +418,7 @@ def _report(rows: list[dict], args, spec: str, env: dict) -> None:
         "",
         "Machine: " + ", ".join(f"{k}: {v}" for k, v in machine_info().items()),
         "",
-        "Regenerate: `python experiments/streaming_bench.py" + (" --quick" if args.quick else "") + "`",
+        "Regenerate: `python experiments/streaming_bench.py" + _argv() + "`",
     ]
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
