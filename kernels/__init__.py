@@ -6,7 +6,7 @@ dispatches through the registry to a backend (``ref``: plain torch, ``cpu``:
 numba, ``gpu``: torch on CUDA).
 """
 
-from ngra.kernels.dropout import dropout, recompute_dropout
+from ngra.kernels.dropout import dropout
 from ngra.kernels.edge_softmax import edge_softmax
 from ngra.kernels.gsddmm import gsddmm
 from ngra.kernels.gspmm import gspmm
@@ -27,7 +27,6 @@ __all__ = [
     "gsddmm",
     "gspmm",
     "lookup",
-    "recompute_dropout",
     "register",
     "segment_reduce",
     "softmax_aggregate",

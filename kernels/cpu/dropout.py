@@ -28,11 +28,10 @@ def _mix32(x):
 
 
 @njit(cache=True, nogil=True)
-def _dropout_fwd(x, out, mask, s1, s2, thr, scale, b0, b1):
+def _dropout_fwd(x, out, s1, s2, thr, scale, b0, b1):
     i1 = min(b1 * BLOCK, x.shape[0])
     for i in range(b0 * BLOCK, i1):
         keep = _mix32(_mix32((i + s1) & 0xFFFFFFFF) ^ s2) >= thr
-        mask[i] = keep
         out[i] = x[i] * scale if keep else 0
 
 
@@ -45,9 +44,8 @@ def _blocks(n: int) -> np.ndarray:
 def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float):
     """See :func:`ngra.kernels.ref.dropout.dropout` (same contract and mask)."""
     out = torch.empty_like(x)
-    mask = torch.empty(x.shape, dtype=torch.bool)
     flat = as_numpy(x.view(-1))
     ip = _blocks(flat.shape[0])
-    run_rows(_dropout_fwd, ip, flat, as_numpy(out.view(-1)), as_numpy(mask.view(-1)),
-             s1, s2, thr, flat.dtype.type(scale), row_bytes=BLOCK * flat.itemsize)
-    return out, mask
+    run_rows(_dropout_fwd, ip, flat, as_numpy(out.view(-1)), s1, s2, thr,
+             flat.dtype.type(scale), row_bytes=BLOCK * flat.itemsize)
+    return out

@@ -39,7 +39,10 @@ def mask_hash(idx: torch.Tensor, s1: int, s2: int) -> torch.Tensor:
 
 @register("dropout", "ref")
 def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float):
-    """``(x * mask * scale, mask)`` for a contiguous ``x``; ``mask`` is bool, shaped like ``x``."""
+    """``x * mask * scale`` for a contiguous ``x``, ``mask`` the elements whose draw is ``>= thr``.
+
+    Backward is this function applied to the gradient with the same seeds.
+    """
     idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
     mask = (mask_hash(idx, s1, s2) >= thr).view(x.shape)
-    return x * mask * scale, mask
+    return x * mask * scale

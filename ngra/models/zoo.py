@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ngra.graph import Graph
-from ngra.kernels import dropout, recompute_dropout
+from ngra.kernels import dropout
 from ngra.models.commnet import CommNetConv
 from ngra.models.gat import GATConv
 from ngra.models.gcn import GCNConv
@@ -67,9 +67,7 @@ class GNN(nn.Module):
     """A stack of SAGA layers with dropout and activations between them.
 
     Dropout is :func:`ngra.kernels.dropout` (``F.dropout``'s distribution, drawn
-    in parallel: torch's one-thread ``bernoulli_`` was most of a PubMed epoch),
-    under :func:`ngra.kernels.recompute_dropout`: the dropped features a layer's
-    first Linear saves for backward are remade from the seeds, not kept.
+    in parallel: torch's one-thread ``bernoulli_`` was most of a PubMed epoch).
 
     ``forward(graph, x, edge_data)`` where ``graph``/``edge_data`` come from
     :meth:`prepare`.
@@ -86,10 +84,6 @@ class GNN(nn.Module):
         self.head_in, self.head_out = head_in, head_out
 
     def forward(self, graph: Graph, x: torch.Tensor, edge_data: Any = None) -> torch.Tensor:
-        with recompute_dropout():  # a dropout output saved for backward is remade, not kept
-            return self._forward(graph, x, edge_data)
-
-    def _forward(self, graph: Graph, x: torch.Tensor, edge_data: Any) -> torch.Tensor:
         if self.head_in is not None:
             x = self.act(self.head_in(dropout(x, self.dropout, self.training)))
         last = len(self.layers) - 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
@@ -92,53 +91,7 @@ def test_bad_input_is_a_clear_error():
         dropout(torch.arange(5), 0.5)
 
 
-# ------------------------------------------------------------- nothing of size x is kept
-def _linear_after_dropout(x, w, recompute: bool, inplace: bool = False):
-    """``linear(dropout(x), w)``; returns (out, weakref to the dropout output)."""
-    import weakref
-
-    from ngra.kernels import recompute_dropout
-
-    torch.manual_seed(3)
-    with recompute_dropout() if recompute else contextlib.nullcontext():
-        d = dropout(x, 0.5)
-        if inplace:
-            d.mul_(2.0)
-        out = torch.nn.functional.linear(d, w)
-    return out, weakref.ref(d)
-
-
-@pytest.mark.parametrize("inplace", [False, True])
-def test_recompute_dropout_keeps_no_output_and_same_gradients(inplace):
-    x = torch.randn(500, 40)
-    w = torch.randn(7, 40, requires_grad=True)
-    g = torch.randn(500, 7)
-    grads = []
-    for recompute in (False, True):
-        out, ref = _linear_after_dropout(x, w, recompute, inplace)
-        # the Linear saved the dropout output, unless it was recomputable (and unmodified)
-        assert (ref() is None) == (recompute and not inplace)
-        grads.append(torch.autograd.grad(out, [w], g)[0])
-    assert torch.equal(grads[0], grads[1])
-
-
-def test_recompute_dropout_leaves_outputs_that_need_grad_alone():
-    """A dropout on a trainable input: its output is part of the graph and saved as usual."""
-    from ngra.kernels import recompute_dropout
-
-    x = torch.randn(300, 20, requires_grad=True)
-    w = torch.randn(5, 20, requires_grad=True)
-    g = torch.randn(300, 5)
-    res = []
-    for on in (False, True):
-        torch.manual_seed(1)
-        with recompute_dropout() if on else contextlib.nullcontext():
-            out = torch.nn.functional.linear(dropout(x, 0.3), w)
-        res.append(torch.autograd.grad(out, [x, w], g))
-    for a, b in zip(*res):
-        assert torch.equal(a, b)
-
-
+# ------------------------------------------------------------- no mask is stored
 def test_backward_regenerates_the_mask_from_the_seeds():
     x = torch.rand(70_000, 3) + 0.5
     y, gx, g = _run("cpu", x, 0.4, seed=5)
