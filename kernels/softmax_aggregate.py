@@ -144,9 +144,9 @@ def softmax_aggregate_backward(
     formula on that subset,
 
     .. math::
-        lpha_{uv} = \exp(e_{uv} - \mathrm{lse}_v), \quad
-        \partial \mathrm{value}_u \mathrel{+}= lpha_{uv} g_v, \quad
-        \partial e_{uv} = lpha_{uv} (g_v \cdot \mathrm{value}_u - g_v \cdot \mathrm{out}_v),
+        \alpha_{uv} = \exp(e_{uv} - \mathrm{lse}_v), \quad
+        \partial \mathrm{value}_u \mathrel{+}= \alpha_{uv} g_v, \quad
+        \partial e_{uv} = \alpha_{uv} (g_v \cdot \mathrm{value}_u - g_v \cdot \mathrm{out}_v),
 
     so a chunked executor differentiates one tile at a time without recomputing
     its forward. Arguments are as for :func:`softmax_aggregate`, plus ``out``
