@@ -12,7 +12,8 @@ A plan has the interface of :class:`ngra.runtime.generic.GenericPlan`:
   rows``) and its edge data rows ``edata`` (see :mod:`ngra.runtime.staging`);
 * ``edge_reads() -> (src_keys, dst_keys)``: the terms the edge stage reads per side
   (only those are staged);
-* ``post(x, acc) -> out``: ApplyVertex (the UDF, or its rewritten IR after a reorder);
+* ``post(x, acc, graph) -> out``: ApplyVertex (the UDF, or its rewritten IR after a reorder),
+  after the Linear the sink pass moved past the gather (it reads the graph's in-degrees);
 * ``describe() -> list[str]``: the explain lines.
 
 Source-side rows are indexed with the tile's local source ids; destination-side
@@ -159,12 +160,13 @@ class CompiledPlan:
             return value, tile.indptr[1:] > tile.indptr[:-1]
         return value
 
-    def post(self, x: Any, acc: Any, in_degree: torch.Tensor | None = None) -> Any:
+    def post(self, x: Any, acc: Any, graph: Any = None) -> Any:
         if self.program.sink is not None:
-            if in_degree is None:
+            if graph is None:
                 raise ValueError(f"{self.layer_name}: this plan applies a Linear after the "
-                                 "gather and needs the graph's in-degrees (post(x, acc, in_degree)).")
-            acc = apply_sink(self.program.sink, self.gather, acc, in_degree, self.resolver)
+                                 "gather and needs the graph's in-degrees (post(x, acc, graph)).")
+            acc = apply_sink(self.program.sink, self.gather, acc, graph.in_degrees(),
+                             self.resolver)
         if not self.program.vertex_rewritten:
             return self.resolver.layer.apply_vertex(x, acc)
 

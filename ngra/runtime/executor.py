@@ -62,7 +62,7 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any) -> 
     else:
         acc = propagate(plan, graph, grid, terms, edata)
     with probes.stage("post") as s:
-        return s.outputs(plan.post(s.inputs(x), acc, graph.in_degrees()))
+        return s.outputs(plan.post(s.inputs(x), acc, graph))
 
 
 def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> Grid:

@@ -44,7 +44,7 @@ class GenericPlan:
         with probes.stage("gather") as s:
             return s.outputs(self.accumulator.partial(tile.indptr, msg))
 
-    def post(self, x: Any, acc: Any, in_degree: Any = None) -> Any:
+    def post(self, x: Any, acc: Any, graph: Any = None) -> Any:
         return self.layer.apply_vertex(x, acc)
 
     def describe(self) -> list[str]:
