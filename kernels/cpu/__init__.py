@@ -3,9 +3,15 @@
 Importing this package registers every op under the ``"cpu"`` backend; it is
 the only place in ngra that imports numba. If numba is missing the import fails
 with ImportError and the registry falls back to ``"ref"``.
+
+:mod:`._target` sets the vector width of the generated code before anything compiles.
 """
 
-from ngra.kernels.cpu import (  # noqa: F401
+from ngra.kernels.cpu import _target
+
+_target.configure()
+
+from ngra.kernels.cpu import (  # noqa: E402, F401
     dropout,
     edge_softmax,
     fused_edge,

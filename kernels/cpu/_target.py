@@ -1,0 +1,56 @@
+"""The machine code numba generates for ngra's kernels: full-width AVX-512 where the host has it.
+
+LLVM tunes AVX-512 x86 targets (Skylake-SP onwards) to prefer 256-bit vectors, so numba's
+kernels use ``ymm`` registers even where ``zmm`` ones exist. The generated edge kernels are
+compute-bound on their inlined ``exp``/``sigmoid`` polynomials: 512-bit vectors took the
+G-GCN edge stage's forward + backward from 192 ms to 149 ms on R-MAT 2^16 (F = 64, 2
+threads, this project's Sapphire Rapids machines; ``experiments/train_bench.py`` measures
+the whole model).
+
+:func:`configure` must run before numba compiles anything in the process (the CPU
+target reads its feature string once); ``ngra.kernels.cpu`` calls it first thing. It
+changes nothing when the host lacks AVX-512F, when the user set ``NUMBA_CPU_NAME`` or
+``NUMBA_CPU_FEATURES`` themselves, or when ``NGRA_AVX512=0``. numba's on-disk cache is
+keyed on the feature string, so code cached under one setting is never reused under
+another.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["configure"]
+
+log = logging.getLogger(__name__)
+
+#: LLVM's x86 tuning flag that caps auto-vectorization at 256 bits.
+PREFER_256 = "prefer-256-bit"
+
+
+def configure() -> str | None:
+    """Let numba vectorize with 512-bit registers on AVX-512 hosts.
+
+    Returns:
+        The feature string now in force, or ``None`` where nothing was changed.
+    """
+    if os.environ.get("NGRA_AVX512", "1") == "0":
+        return None
+    if "NUMBA_CPU_FEATURES" in os.environ or "NUMBA_CPU_NAME" in os.environ:
+        return None
+    from numba.core import config
+    from numba.core.codegen import get_host_cpu_features
+    from numba.core.registry import cpu_target
+
+    if "_toplevel_target_context" in vars(cpu_target):
+        log.debug("numba compiled before ngra.kernels.cpu was imported: keeping its target")
+        return None
+    features = get_host_cpu_features()
+    if "+avx512f" not in features.split(","):
+        return None
+    features = f"{features},-{PREFER_256}"
+    # The environment too: numba re-reads NUMBA_* variables before compiling, and
+    # worker processes (torch.multiprocessing) then generate the same code.
+    os.environ["NUMBA_CPU_FEATURES"] = features
+    config.CPU_FEATURES = features
+    return features
