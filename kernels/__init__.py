@@ -7,6 +7,7 @@ numba, ``gpu``: torch on CUDA).
 """
 
 from ngra.kernels.dropout import dropout
+from ngra.kernels.dropout_linear import dropout_linear
 from ngra.kernels.edge_softmax import edge_softmax
 from ngra.kernels.gsddmm import gsddmm
 from ngra.kernels.gspmm import gspmm
@@ -22,6 +23,7 @@ __all__ = [
     "backward_only",
     "current_backend",
     "dropout",
+    "dropout_linear",
     "edge_softmax",
     "forward_skipped",
     "gsddmm",

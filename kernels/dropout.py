@@ -18,7 +18,7 @@ from torch.autograd.function import once_differentiable
 from ngra.kernels._checks import check_feat
 from ngra.kernels.registry import current_backend, lookup, use_backend
 
-__all__ = ["dropout"]
+__all__ = ["dropout", "check_p", "draw_seeds"]
 
 
 def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
@@ -32,8 +32,7 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Ten
     Returns:
         A tensor shaped like ``x`` (``x`` itself when not training or ``p == 0``).
     """
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
-        raise ValueError(f"dropout probability must be a number in [0, 1]; got {p!r}.")
+    check_p(p)
     x = check_feat(x, "x")
     if not training or p == 0:
         return x
@@ -42,13 +41,28 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Ten
     return _Dropout.apply(x, float(p))
 
 
+def check_p(p: float) -> None:
+    """Raise ``ValueError`` unless ``p`` is a drop probability in ``[0, 1]``."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"dropout probability must be a number in [0, 1]; got {p!r}.")
+
+
+def draw_seeds(p: float) -> tuple[int, int, int, float]:
+    """``(s1, s2, thr, scale)`` for the ``dropout`` kernels: two seeds from torch's
+    default generator, the keep threshold and ``1 / (1 - p)``, for ``0 < p < 1``.
+
+    Element ``i`` of a flattened tensor draws from ``(i + s1) mod 2**32``: a block that
+    starts at flat index ``k`` gets the whole tensor's mask with ``s1 + k``.
+    """
+    s1, s2 = (int(s) for s in torch.randint(0, 2**32, (2,), dtype=torch.int64))
+    return s1, s2, min(round(p * 2**32), 2**32), 1.0 / (1.0 - p)
+
+
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p):
         ctx.backend = current_backend()
-        s1, s2 = (int(s) for s in torch.randint(0, 2**32, (2,), dtype=torch.int64))
-        thr = min(round(p * 2**32), 2**32)
-        ctx.seeds = (s1, s2, thr, 1.0 / (1.0 - p))
+        ctx.seeds = draw_seeds(p)
         return lookup("dropout", x.device)(x.contiguous(), *ctx.seeds)
 
     @staticmethod

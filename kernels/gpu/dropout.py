@@ -12,3 +12,17 @@ def dropout(x, s1, s2, thr, scale):
     """See :func:`ngra.kernels.ref.dropout.dropout` (same contract and mask)."""
     require_cuda(x)
     return _ref.dropout(x, s1, s2, thr, scale)
+
+
+@register("dropout_mask", "gpu")
+def dropout_mask(x, s1, s2, thr, scale, out):
+    """See :func:`ngra.kernels.ref.dropout.dropout_mask`."""
+    require_cuda(x)
+    return _ref.dropout_mask(x, s1, s2, thr, scale, out)
+
+
+@register("dropout_apply", "gpu")
+def dropout_apply(x, mask, scale, out):
+    """See :func:`ngra.kernels.ref.dropout.dropout_apply`."""
+    require_cuda(x)
+    return _ref.dropout_apply(x, mask, scale, out)

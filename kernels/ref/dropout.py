@@ -46,3 +46,19 @@ def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float):
     idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
     mask = (mask_hash(idx, s1, s2) >= thr).view(x.shape)
     return x * mask * scale
+
+
+@register("dropout_mask", "ref")
+def dropout_mask(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float, out: torch.Tensor):
+    """:func:`dropout` of a contiguous ``x`` into ``out``, returning the mask for
+    :func:`dropout_apply` (here a bool tensor; backends choose their own form)."""
+    idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
+    mask = (mask_hash(idx, s1, s2) >= thr).view(x.shape)
+    torch.mul(x * mask, scale, out=out)
+    return mask
+
+
+@register("dropout_apply", "ref")
+def dropout_apply(x: torch.Tensor, mask, scale: float, out: torch.Tensor) -> torch.Tensor:
+    """``x * mask * scale`` into ``out`` with a mask from :func:`dropout_mask` (same shape as ``x``)."""
+    return torch.mul(x * mask, scale, out=out)
