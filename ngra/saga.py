@@ -95,6 +95,10 @@ class SagaLayer(nn.Module):
         x: vertex data, ``[N, ...]`` or a dict of such tensors.
         edge_data: per-edge data ``[E, ...]`` (or dict) in the graph's original
             edge order (default: the graph's edge weights, or ``None``).
+        dropout: input dropout probability, applied to ``x`` in training mode
+            (:func:`ngra.kernels.dropout`). Where every read of ``x`` is a Linear
+            of the vertex-side stage (GCN, GAT), the compiled plan applies it inside
+            those Linears and no dropped copy of ``x`` is kept (default: 0).
 
     Returns:
         ``apply_vertex``'s result, ``[N, ...]``.
@@ -117,10 +121,10 @@ class SagaLayer(nn.Module):
     def apply_vertex(self, vertex: Any, acc: torch.Tensor) -> Any:
         return acc
 
-    def forward(self, graph: Any, x: Any, edge_data: Any = None) -> Any:
+    def forward(self, graph: Any, x: Any, edge_data: Any = None, dropout: float = 0.0) -> Any:
         from ngra.runtime.executor import execute
 
-        return execute(self, graph, x, edge_data)
+        return execute(self, graph, x, edge_data, dropout)
 
 
 def _check_signature(cls: type, name: str, expected: tuple[str, ...]) -> None:

@@ -49,19 +49,23 @@ class Resolver:
         return self.layer.get_submodule(path)
 
 
-def run_stage(stage: Stage, inputs: Callable[[Node], Any], resolver: Resolver) -> Any:
-    """Execute ``stage``; returns its output structure with values in place of refs."""
-    env = evaluate(stage, stage.output_ids(), inputs, resolver)
+def run_stage(stage: Stage, inputs: Callable[[Node], Any], resolver: Resolver,
+              preset: dict[int, Any] | None = None) -> Any:
+    """Execute ``stage``; returns its output structure with values in place of refs.
+    ``preset`` gives the values of some nodes, computed elsewhere."""
+    env = evaluate(stage, stage.output_ids(), inputs, resolver, preset)
     return map_refs(stage.outputs, lambda r: env[r.id])
 
 
 def evaluate(stage: Stage, roots: list[int], inputs: Callable[[Node], Any],
-             resolver: Resolver) -> dict[int, Any]:
-    """Values of ``roots`` and of every node they read (only those are computed)."""
-    env: dict[int, Any] = {}
+             resolver: Resolver, preset: dict[int, Any] | None = None) -> dict[int, Any]:
+    """Values of ``roots`` and of every node they read (only those are computed; nodes in
+    ``preset`` take its values)."""
+    env: dict[int, Any] = dict(preset or {})
     for nid in stage.ancestors(roots):
-        n = stage.nodes[nid]
-        env[nid] = eval_node(n, [env[a] for a in n.args], inputs, resolver)
+        if nid not in env:
+            n = stage.nodes[nid]
+            env[nid] = eval_node(n, [env[a] for a in n.args], inputs, resolver)
     return env
 
 

@@ -57,6 +57,36 @@ class FallbackPlan(GenericPlan):
         return lines
 
 
+def _dropout_linears(program: Program) -> tuple[list[tuple[int, int, int | None]], str]:
+    """``([(linear, weight, bias or None) node ids], note)``: the pre-stage Linears an input
+    dropout fuses into, when they are the only reads of the (single-tensor) layer input;
+    else ``([], why not)``."""
+    if program.vertex is None:
+        return [], "ApplyVertex was not traced, so its reads of x are unknown"
+    for stage in (program.edge, program.vertex):
+        if any(n.op == Op.VERTEX for n in stage.nodes.values()):
+            return [], f"the {stage.kind} stage reads x itself"
+    pre = program.pre
+    reads = [n for n in pre.nodes.values() if n.op == Op.VERTEX]
+    if any(n.attrs["key"] is not None for n in reads):
+        return [], "x is a dict of tensors"
+    ids = {n.id for n in reads}
+    read = {n.attrs["key"] for n in program.edge.nodes.values() if n.op in (Op.SRC, Op.DST)}
+    if any(pre.outputs[k].id in ids for k in read):
+        return [], "the edge stage reads x itself"
+    linears = []
+    for n in pre.nodes.values():
+        used = [i for i, a in enumerate(n.args) if a in ids]
+        if not used:
+            continue
+        if n.op != Op.LINEAR or used != [0]:
+            return [], f"x is read by {n.op.value}, not only as the input of a Linear"
+        linears.append((n.id, n.args[1], n.args[2] if len(n.args) > 2 else None))
+    if not linears:
+        return [], "no Linear reads x"
+    return linears, f"fused into {len(linears)} Linear(s) of x"
+
+
 class _Tile:
     """Per-tile inputs of the edge stage, gathered per edge on demand (each at most once)."""
 
@@ -96,6 +126,7 @@ class CompiledPlan:
         self.layer_name = program.layer_name
         self.edge_kinds: tuple[str, ...] = tuple(m.kind for m in program.lowering.values())
         self._typed_cache: list[tuple] = []
+        self.dropout_linears, self.dropout_note = _dropout_linears(program)
 
     @property
     def layer(self) -> Any:
@@ -123,13 +154,31 @@ class CompiledPlan:
                 side[n.op].add(n.attrs["key"])
         return side[Op.SRC], side[Op.DST]
 
+    def fuses_input_dropout(self) -> bool:
+        """Whether :meth:`pre` can apply an input dropout inside the Linears that read ``x``."""
+        return bool(self.dropout_linears)
+
     # ------------------------------------------------------------------ stages
-    def pre(self, x: Any) -> dict:
+    def pre(self, x: Any, dropout: float = 0.0) -> dict:
+        """The vertex-side terms; with ``dropout > 0`` (only where :meth:`fuses_input_dropout`)
+        of ``dropout(x)``, computed by :func:`ngra.kernels.dropout_linear`: one mask, no
+        dropped copy of ``x``."""
         def vertex(n: Node) -> Any:
             k = n.attrs["key"]
             return x if k is None else x[k]
 
-        return run_stage(self.program.pre, vertex, self.resolver)
+        preset: dict[int, Any] = {}
+        if dropout:
+            if not self.dropout_linears:
+                raise ValueError(f"{self.layer_name}: {self.dropout_note}; apply the dropout "
+                                 "to x before pre.")
+            args = [a for _, w, b in self.dropout_linears for a in (w, b) if a is not None]
+            env = evaluate(self.program.pre, args, vertex, self.resolver)
+            weights = [env[w] for _, w, _ in self.dropout_linears]
+            biases = [None if b is None else env[b] for _, _, b in self.dropout_linears]
+            outs = kernels.dropout_linear(x, weights, biases, dropout)
+            preset = {lin: out for (lin, _, _), out in zip(self.dropout_linears, outs)}
+        return run_stage(self.program.pre, vertex, self.resolver, preset)
 
     def edge(self, tile: TileView, src: Any, dst: Any, edata: Any) -> Any:
         ctx = _Tile(tile, src, dst, edata)
@@ -357,6 +406,9 @@ class CompiledPlan:
             lines.append(f"  vertex  apply_vertex rewritten: {out}")
         else:
             lines.append(f"  vertex  {p.layer_name}.apply_vertex as written")
+        how = ("inside pre, dropout_linear (no dropped copy of x)" if self.dropout_linears
+               else "applied to x before pre")
+        lines.append(f"input dropout (layer(..., dropout=p)): {how}: {self.dropout_note}")
         return lines
 
 

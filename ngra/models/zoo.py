@@ -67,7 +67,9 @@ class GNN(nn.Module):
     """A stack of SAGA layers with dropout and activations between them.
 
     Dropout is :func:`ngra.kernels.dropout` (``F.dropout``'s distribution, drawn
-    in parallel: torch's one-thread ``bernoulli_`` was most of a PubMed epoch).
+    in parallel: torch's one-thread ``bernoulli_`` was most of a PubMed epoch). A
+    SAGA layer's input dropout is handed to the layer, whose compiled plan fuses it
+    into the Linears that read the input where it can.
 
     ``forward(graph, x, edge_data)`` where ``graph``/``edge_data`` come from
     :meth:`prepare`.
@@ -88,13 +90,34 @@ class GNN(nn.Module):
             x = self.act(self.head_in(dropout(x, self.dropout, self.training)))
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = dropout(x, self.dropout, self.training)
-            x = layer(graph, x, edge_data)
+            x = layer(graph, x, edge_data, dropout=self.dropout)
             if i < last or self.head_out is not None:
                 x = self.act(x)
         if self.head_out is not None:
             x = self.head_out(dropout(x, self.dropout, self.training))
         return x
+
+
+class _ELU(torch.autograd.Function):
+    """ELU (alpha = 1) that saves its output, not its input as ``F.elu`` does: the next
+    layer saves the same tensor as its input, so a GAT keeps one ``N x F`` tensor per
+    activation instead of two. (Not ``F.elu(inplace=True)``, which saves the output too
+    but fails on a tensor that a custom Function returned as a view.)"""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = F.elu(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * torch.where(y > 0, 1.0, y + 1.0)  # d elu = 1 (x > 0), e^x = y + 1
+
+
+def _elu(x: torch.Tensor) -> torch.Tensor:
+    return _ELU.apply(x)
 
 
 def build_model(name: str, in_dim: int, num_classes: int, *, hidden: int | None = None,
@@ -132,7 +155,7 @@ def build_model(name: str, in_dim: int, num_classes: int, *, hidden: int | None 
             layers.append(GATConv(f, h, heads=k))
             f = h * k
         layers.append(GATConv(f, num_classes, heads=1, concat=False))
-        return GNN(name, layers, p, F.elu)
+        return GNN(name, layers, p, _elu)
     if name == "ggnn":
         layers = [GGNNConv(h, num_edge_types) for _ in range(num_layers)]
         return GNN(name, layers, p, lambda t: t, head_in=nn.Linear(in_dim, h),

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
+from ngra import kernels
 from ngra.graph import Graph
+from ngra.kernels.dropout import check_p
 from ngra.runtime import probes
 from ngra.runtime.budget import current_budget, forced_grid, grid_for
 from ngra.runtime.staging import forced_mode, staging_summary
@@ -27,22 +29,28 @@ __all__ = ["execute", "run_plan", "choose_runtime_grid", "edge_data_csc"]
 log = logging.getLogger(__name__)
 
 
-def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None) -> Any:
+def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: float = 0.0) -> Any:
     """Run SAGA ``layer`` on ``graph`` with vertex data ``x`` (see :class:`ngra.SagaLayer`).
 
+    ``dropout`` is the layer's input dropout, applied while ``layer.training``.
     Inside ``with ngra.memory_budget(...)`` the graph is tiled into the smallest
     grid whose tiles fit the budget and propagation streams tile by tile.
     """
     from ngra.compiler import compile_layer
 
+    check_p(dropout)
     _check_vertex_data(layer, graph, x)
     edata = edge_data_csc(graph, edge_data, type(layer).__name__)
     plan = compile_layer(layer, graph, x, edata)
-    return run_plan(plan, graph, None, x, edata)
+    return run_plan(plan, graph, None, x, edata, dropout if layer.training else 0.0)
 
 
-def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any) -> Any:
+def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
+             dropout: float = 0.0) -> Any:
     """Run ``plan``: ``pre``, the column walk over ``grid``, then ``post``.
+
+    An input ``dropout`` > 0 runs inside ``pre``'s Linears where the plan fuses it
+    (:func:`ngra.kernels.dropout_linear`: no dropped copy of ``x``), else on ``x`` first.
 
     ``grid=None`` picks the grid: the 1 x 1 grid, or under an active memory
     budget the smallest grid that fits it. A grid of several tiles propagates
@@ -53,8 +61,11 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any) -> 
     are timed by :mod:`ngra.runtime.probes` when a recorder is active.
     """
     probes.annotate("plan", plan)
+    fused = bool(dropout) and plan.fuses_input_dropout()
+    if dropout and not fused:
+        x = _dropout_vertex(x, dropout)
     with probes.stage("pre") as s:
-        terms = s.outputs(plan.pre(s.inputs(x)))
+        terms = s.outputs(plan.pre(s.inputs(x), dropout) if fused else plan.pre(s.inputs(x)))
     if grid is None:
         grid = choose_runtime_grid(plan, graph, terms, edata)
     if grid.num_tiles > 1 and torch.is_grad_enabled():
@@ -63,6 +74,12 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any) -> 
         acc = propagate(plan, graph, grid, terms, edata)
     with probes.stage("post") as s:
         return s.outputs(plan.post(s.inputs(x), acc, graph))
+
+
+def _dropout_vertex(x: Any, p: float) -> Any:
+    if isinstance(x, Mapping):
+        return {k: kernels.dropout(v, p) for k, v in x.items()}
+    return kernels.dropout(x, p)
 
 
 def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> Grid:

@@ -31,6 +31,10 @@ class GenericPlan:
         self.accumulator = make_accumulator(layer.gather)
         self.reason = reason
 
+    def fuses_input_dropout(self) -> bool:
+        """Never: the UDFs read the dropped ``x`` itself."""
+        return False
+
     def pre(self, x: Any) -> Any:
         return x
 

@@ -101,3 +101,15 @@ def test_sage_and_gin_match_pyg(pyg):
         gin.eps.fill_(0.3)
     ref = PygGIN(gin.mlp, eps=0.3)
     torch.testing.assert_close(gin(g, x), ref(x, g.edge_index()), rtol=1e-5, atol=1e-5)
+
+
+def test_gat_elu_saves_its_output_not_its_input():
+    from ngra.models.zoo import _elu
+
+    x = torch.randn(40, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_elu, (x,))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = _elu(x * 1.0)
+    torch.testing.assert_close(y, torch.nn.functional.elu(x))
+    assert len(saved) == 1 and saved[0] is y
