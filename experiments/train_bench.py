@@ -543,7 +543,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
             raise SystemExit(f"unknown graph(s) {unknown}; choose from {sorted(pool)}")
         graphs = {g: pool[g] for g in args.graphs}
     cases = []
-    for gname, spec in graphs.items():
+    for gname, spec in ({} if args.showcase_only else graphs).items():
         big = gname.startswith("rmat18")
         for model in args.models:
             for fw in args.frameworks:
@@ -773,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="OMP_WAIT_POLICY for every framework (default passive: on shared, "
                         "oversubscribed cores spinning OpenMP threads cost every op a time slice)")
     p.add_argument("--no-showcase", action="store_true", help="skip the G-GCN showcase")
+    p.add_argument("--showcase-only", action="store_true",
+                   help="only the G-GCN showcase and edge stage (no training cases)")
     p.add_argument("--dropout", type=float, default=None,
                    help="one dropout probability for every model and framework (default: each "
                         "zoo model's; 0 shows the times without dropout's share)")
