@@ -6,8 +6,10 @@ Function whose forward and backward are the registered backend kernels
 ``gpu/``). The backend is chosen once, at forward time, and the same backend runs
 the backward.
 
-Only ``O(num_dst * H)`` is saved for backward beyond the inputs and the output:
-the per-destination log-sum-exp. The backward recomputes the attention weights.
+Only ``O(num_dst * H)`` is saved for backward beyond the inputs: the
+per-destination log-sum-exp. The backward recomputes the attention weights, and
+``g[v] . out[v]`` from them, so the output is not kept either (for GAT one
+``N x H x D`` tensor less per layer; the output is freed once ApplyVertex has read it).
 """
 
 from __future__ import annotations
@@ -178,14 +180,14 @@ def softmax_aggregate_backward(
 
 
 class _SoftmaxAggregate(torch.autograd.Function):
-    """Autograd over validated, contiguous operands; saves ``lse [num_dst, H]`` only."""
+    """Autograd over validated, contiguous operands; saves ``lse [num_dst, H]``, not ``out``."""
 
     @staticmethod
     def forward(ctx, indptr, indices, score_src, score_dst, value, negative_slope, rev):
         fwd = lookup("softmax_aggregate_fwd", value.device)
         ctx.bwd = lookup("softmax_aggregate_bwd", value.device)  # same backend as forward
         out, lse = fwd(indptr, indices, score_src, score_dst, value, negative_slope)
-        ctx.save_for_backward(indptr, indices, score_src, score_dst, value, out, lse)
+        ctx.save_for_backward(indptr, indices, score_src, score_dst, value, lse)
         ctx.negative_slope, ctx.rev = negative_slope, rev
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -193,10 +195,10 @@ class _SoftmaxAggregate(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, _grad_lse):
-        indptr, indices, score_src, score_dst, value, out, lse = ctx.saved_tensors
+        indptr, indices, score_src, score_dst, value, lse = ctx.saved_tensors
         rev = reverse_of(indptr, indices, score_src.shape[0], ctx.rev)
         grads = ctx.bwd(
-            indptr, indices, rev, score_src, score_dst, value, out, lse,
+            indptr, indices, rev, score_src, score_dst, value, None, lse,
             grad_out.to(value.dtype).contiguous(), ctx.negative_slope,
         )
         g_src, g_dst, g_val = (

@@ -125,23 +125,31 @@ def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, v0, v1):  # pragma:
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def _bwd_dst_rows(indptr, indices, ss, sd, val, out, lse, g, slope, gather, dinfo, gsd,
-                  v0, v1):  # pragma: no cover
-    """Pass A over destinations ``[v0, v1)``."""
+def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, gather, dinfo,
+                  gsd, v0, v1):  # pragma: no cover
+    """Pass A over destinations ``[v0, v1)``. Without ``out`` (``have_out`` false; then
+    ``gather`` is true) ``delta = sum_u alpha_uv g[v] . value[u]`` comes from the same walk:
+    ``d score_dst = sum aw dp - delta sum aw`` needs no second one."""
     heads = ss.shape[1]
     dim = val.shape[2]
     acc = np.empty(heads, np.float64)
+    s_delta = np.empty(heads, np.float64)
+    s_aw = np.empty(heads, np.float64)
     aw = np.empty((_CHUNK, heads), np.float64)
+    al = np.empty((_CHUNK, heads), np.float64)
     us = np.empty(_CHUNK, np.int64)
     for v in range(v0, v1):
         for h in range(heads):
             t = val.dtype.type(0.0)
-            for d in range(dim):
-                t += g[v, h, d] * out[v, h, d]
+            if have_out:
+                for d in range(dim):
+                    t += g[v, h, d] * out[v, h, d]
             dinfo[v, 0, h] = sd[v, h]
             dinfo[v, 1, h] = lse[v, h]
             dinfo[v, 2, h] = t
             acc[h] = 0.0
+            s_delta[h] = 0.0
+            s_aw[h] = 0.0
         if not gather:
             continue
         end = indptr[v + 1]
@@ -155,6 +163,7 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, lse, g, slope, gather, dinf
                     raw = ss[u, h] + dinfo[v, 0, h]
                     x = raw if raw > 0.0 else raw * slope
                     a = np.exp(x - dinfo[v, 1, h])
+                    al[jj, h] = a
                     aw[jj, h] = a if raw > 0.0 else a * slope  # alpha * leaky_relu'
             for jj in range(n):
                 u = us[jj]
@@ -162,9 +171,18 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, lse, g, slope, gather, dinf
                     dp = val.dtype.type(0.0)
                     for d in range(dim):
                         dp += g[v, h, d] * val[u, h, d]
-                    acc[h] += aw[jj, h] * (dp - dinfo[v, 2, h])
+                    if have_out:
+                        acc[h] += aw[jj, h] * (dp - dinfo[v, 2, h])
+                    else:
+                        acc[h] += aw[jj, h] * dp
+                        s_delta[h] += al[jj, h] * dp
+                        s_aw[h] += aw[jj, h]
         for h in range(heads):
-            gsd[v, h] = acc[h]
+            if have_out:
+                gsd[v, h] = acc[h]
+            else:
+                dinfo[v, 2, h] = s_delta[h]
+                gsd[v, h] = acc[h] - s_delta[h] * s_aw[h]
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
@@ -257,7 +275,7 @@ def softmax_aggregate_bwd(
     score_src: torch.Tensor,
     score_dst: torch.Tensor,
     value: torch.Tensor,
-    out: torch.Tensor,
+    out: torch.Tensor | None,
     lse: torch.Tensor,
     grad_out: torch.Tensor,
     negative_slope: float,
@@ -268,13 +286,17 @@ def softmax_aggregate_bwd(
     Args:
         rev: ``(rev_indptr [num_src + 1] int64, rev_indices [E] destinations,
             rev_perm [E] int64 CSC position of each CSR edge)``.
+        out: the forward's output, or ``None``: pass A then gets ``g[v] . out[v]`` from
+            its walk over the in-edges (the gather variant: no edge buffer).
         edge_buffer: force the transient ``[E, H]`` edge-buffer variant on or off
             (default: on when a value row is >= ``EDGE_BUFFER_MIN_ROW_BYTES``).
     """
     rev_indptr, rev_indices, rev_perm = rev
     heads = score_src.shape[1]
     num_dst = score_dst.shape[0]
-    if edge_buffer is None:
+    if out is None:
+        edge_buffer = False
+    elif edge_buffer is None:
         edge_buffer = heads * value.shape[2] * value.element_size() >= EDGE_BUFFER_MIN_ROW_BYTES
     ip, rip = as_numpy(indptr), as_numpy(rev_indptr)
     ss, val, g = as_numpy(score_src), as_numpy(value), as_numpy(grad_out)
@@ -284,8 +306,10 @@ def softmax_aggregate_bwd(
     g_score_dst = torch.empty_like(score_dst)
     g_value = torch.empty_like(value)
     gsd = as_numpy(g_score_dst)
-    run_rows(_bwd_dst_rows, ip, ip, as_numpy(indices), ss, as_numpy(score_dst), val,
-             as_numpy(out), as_numpy(lse.to(torch.float64)), g, slope, not edge_buffer, dinfo, gsd)
+    out_np = dummy(val.dtype, 3) if out is None else as_numpy(out)
+    run_rows(_bwd_dst_rows, ip, ip, as_numpy(indices), ss, as_numpy(score_dst), val, out_np,
+             out is not None, as_numpy(lse.to(torch.float64)), g, slope, not edge_buffer, dinfo,
+             gsd)
     if edge_buffer:
         ebuf = np.empty((indices.numel(), heads), val.dtype)
     else:

@@ -74,17 +74,19 @@ def backward(
     score_src: torch.Tensor,
     score_dst: torch.Tensor,
     value: torch.Tensor,
-    out: torch.Tensor,
+    out: torch.Tensor | None,
     lse: torch.Tensor,
     grad_out: torch.Tensor,
     negative_slope: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(d score_src, d score_dst, d value)``; ``rev`` is not needed (atomics)."""
+    """Gradients ``(d score_src, d score_dst, d value)``; ``rev`` is not needed (atomics).
+    ``out=None``: ``g[v] . out[v]`` is summed from the edges in the same chunk loop."""
     src, dst = _edges(indptr, indices)
     raw, e = _scores(score_src, score_dst, src, dst, negative_slope)
     alpha = torch.exp(e - lse[dst])
     del e
-    delta = (grad_out * out).sum(-1)
+    delta = None if out is None else (grad_out * out).sum(-1)
+    sums = alpha.new_zeros(lse.shape) if out is None else None
     d_raw = torch.empty_like(alpha)
     g_value = torch.zeros_like(value)
     step = _chunk_edges(value.shape[1] * value.shape[2])
@@ -93,8 +95,11 @@ def backward(
         s_c, d_c, a_c = src[lo:hi], dst[lo:hi], alpha[lo:hi]
         g_c = grad_out[d_c]
         dp = (g_c * value[s_c]).sum(-1)
-        d_raw[lo:hi] = a_c * (dp - delta[d_c])
+        d_raw[lo:hi] = a_c * dp
+        if sums is not None:
+            sums.index_add_(0, d_c, d_raw[lo:hi])
         g_value.index_add_(0, s_c, a_c.unsqueeze(-1) * g_c)
+    d_raw -= alpha * (sums if delta is None else delta)[dst]
     d_raw = torch.where(raw > 0, d_raw, d_raw * negative_slope)
     g_score_src = torch.zeros_like(score_src).index_add_(0, src, d_raw)
     g_score_dst = torch.zeros_like(score_dst).index_add_(0, dst, d_raw)

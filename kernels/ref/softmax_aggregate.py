@@ -69,19 +69,23 @@ def softmax_aggregate_bwd(
     score_src: torch.Tensor,
     score_dst: torch.Tensor,
     value: torch.Tensor,
-    out: torch.Tensor,
+    out: torch.Tensor | None,
     lse: torch.Tensor,
     grad_out: torch.Tensor,
     negative_slope: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(d score_src, d score_dst, d value)``; ``rev`` is not needed here."""
+    """Gradients ``(d score_src, d score_dst, d value)``; ``rev`` is not needed here.
+    ``out=None``: ``g[v] . out[v]`` is summed from the edges (``sum_u alpha_uv dp_uv``)."""
     src, dst = _edge_ends(indptr, indices)
     raw = score_src[src] + score_dst[dst]
     e = F.leaky_relu(raw, negative_slope)
     alpha = torch.exp(e - lse[dst])  # [E, H]
     g_dst = grad_out[dst]  # [E, H, D]
     dp = (g_dst * value[src]).sum(-1)
-    delta = (grad_out * out).sum(-1)  # [num_dst, H]
+    if out is None:
+        delta = torch.zeros_like(lse, dtype=dp.dtype).index_add_(0, dst, alpha.to(dp.dtype) * dp)
+    else:
+        delta = (grad_out * out).sum(-1)  # [num_dst, H]
     d_e = alpha * (dp - delta[dst])
     # Same convention as torch's leaky_relu backward: slope 1 only where raw > 0.
     d_raw = torch.where(raw > 0, d_e, d_e * negative_slope)

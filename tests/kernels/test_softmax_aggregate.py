@@ -208,6 +208,26 @@ def test_cpu_backward_variants_agree(edge_buffer, dtype, gen):
            f"edge_buffer={edge_buffer}")
 
 
+@pytest.mark.parametrize("impl", ["ref", "cpu", GPU_ON_CPU])
+@pytest.mark.parametrize("case", ["skewed", "isolated", "multi_edges", "empty", "bipartite_wide"])
+def test_backward_without_out_sums_delta_from_edges(impl, case, gen):
+    """Autograd saves no output: every backend's out=None backward (g . out from the
+    edges) == its backward given the output (cpu: with and without the edge buffer)."""
+    indptr, indices, num_src = graph_case(case, gen)
+    ss, sd, val, grad = _inputs(num_src, indptr.numel() - 1, 3, 8, torch.float64, gen)
+    mod = {"ref": ref_impl, "cpu": cpu_impl, GPU_ON_CPU: gpu_impl}[impl]
+    fwd = cpu_impl.softmax_aggregate_fwd
+    out, lse = fwd(indptr, indices, ss, sd, val, 0.2)
+    rev = transpose_csc(indptr, indices, num_src)
+    bwd = mod.backward if impl == GPU_ON_CPU else mod.softmax_aggregate_bwd
+    without = bwd(indptr, indices, rev, ss, sd, val, None, lse, grad, 0.2)
+    variants = [{}] if impl != "cpu" else [{"edge_buffer": False}, {"edge_buffer": True}]
+    for kw in variants:
+        given = bwd(indptr, indices, rev, ss, sd, val, out, lse, grad, 0.2, **kw)
+        for a, b in zip(without, given):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_rev_argument_forms(gen):
     """rev as a tuple, as Graph.csr(), or absent: same results."""
     from ngra import Graph
