@@ -154,9 +154,10 @@ class CompiledPlan:
                 side[n.op].add(n.attrs["key"])
         return side[Op.SRC], side[Op.DST]
 
-    def fuses_input_dropout(self) -> bool:
-        """Whether :meth:`pre` can apply an input dropout inside the Linears that read ``x``."""
-        return bool(self.dropout_linears)
+    def fuses_input_dropout(self, x: Any) -> bool:
+        """Whether :meth:`pre` can apply an input dropout inside the Linears that read ``x``
+        (a plain ``[N, F]`` tensor: :func:`~ngra.kernels.dropout_linear` works on rows)."""
+        return bool(self.dropout_linears) and isinstance(x, torch.Tensor) and x.dim() == 2
 
     # ------------------------------------------------------------------ stages
     def pre(self, x: Any, dropout: float = 0.0) -> dict:

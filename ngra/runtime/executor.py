@@ -61,7 +61,7 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
     are timed by :mod:`ngra.runtime.probes` when a recorder is active.
     """
     probes.annotate("plan", plan)
-    fused = bool(dropout) and plan.fuses_input_dropout()
+    fused = bool(dropout) and plan.fuses_input_dropout(x)
     if dropout and not fused:
         x = _dropout_vertex(x, dropout)
     with probes.stage("pre") as s:

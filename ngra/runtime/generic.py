@@ -31,7 +31,7 @@ class GenericPlan:
         self.accumulator = make_accumulator(layer.gather)
         self.reason = reason
 
-    def fuses_input_dropout(self) -> bool:
+    def fuses_input_dropout(self, x: Any) -> bool:
         """Never: the UDFs read the dropped ``x`` itself."""
         return False
 

@@ -45,7 +45,7 @@ def test_input_dropout_compiled_equals_generic_and_dropped_input(name, case):
     layer, g, ed, x = _case(name, case)
     plan = compile_layer(layer, g, x, edge_data_csc(g, ed))
     assert plan.kind == "compiled"
-    assert plan.fuses_input_dropout() == (name in FUSES), plan.dropout_note
+    assert plan.fuses_input_dropout(x) == (name in FUSES), plan.dropout_note
     probe = torch.randn(layer(g, x, ed).shape, dtype=torch.float64)
 
     compiled = _run(layer, g, x, ed, probe, dropout=P)
@@ -59,6 +59,33 @@ def test_input_dropout_compiled_equals_generic_and_dropped_input(name, case):
     assert_close_all(compiled, generic, f"{name}/{case} compiled vs generic", **TOL)
     assert_close_all(compiled, by_hand, f"{name}/{case} compiled vs layer(dropout(x))", **TOL)
     assert not torch.equal(compiled[0], layer(g, x, ed)) or g.num_edges == 0
+
+
+def test_input_dropout_on_3d_input_is_applied_first():
+    """A Linear over [N, H, F] rows: the plan could fuse, but dropout_linear takes [N, F];
+    the dropout then runs on x first, with the same result as layer(dropout(x))."""
+    from torch import nn
+
+    import ngra
+
+    class Heads(ngra.SagaLayer):
+        gather = "sum"
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 5).double()
+
+        def apply_edge(self, edge):
+            return self.lin(edge.src)
+
+    layer, g = Heads().train(), make_graph("random")
+    x = torch.randn(g.num_nodes, 3, 6, dtype=torch.float64)
+    plan = compile_layer(layer, g, x, edge_data_csc(g, None))
+    assert plan.dropout_linears and not plan.fuses_input_dropout(x)
+    torch.manual_seed(2)
+    got = layer(g, x, dropout=P)
+    torch.manual_seed(2)
+    torch.testing.assert_close(got, layer(g, dropout(x, P)))
 
 
 @pytest.mark.parametrize("name", ["gcn", "gat"])
