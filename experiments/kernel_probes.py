@@ -1,7 +1,8 @@
-"""Two kernel probes quoted in issue notes (interleaved rounds, so noise hits every variant).
+"""Kernel probes quoted in issue notes (interleaved rounds, so noise hits every variant).
 
     python experiments/kernel_probes.py gspmm-output   # copy-sum g-SpMM: fresh vs reused output, vs DGL
     python experiments/kernel_probes.py dropout        # ngra.kernels.dropout vs F.dropout, 19,717 x 500
+    python experiments/kernel_probes.py dropout-linear # Linear(dropout(x)) vs dropout_linear, same x
 
 ``gspmm-output`` runs on R-MAT 2^18 (edge factor 16, self-loops), F=64: ngra's
 ``gspmm`` as called, its numba kernel into a reused output buffer, the same
@@ -73,14 +74,34 @@ def dropout() -> None:
              "ngra fwd+bwd": lambda: ngra_dropout(x, 0.5).sum().backward()}, "F.dropout")
 
 
+def dropout_linear() -> None:
+    """A GAT first layer's input transform on PubMed's input (500 -> 64, p = 0.6), forward +
+    weight gradient: the dropped copy saved by the Linear, against the fused kernel."""
+    import torch.nn.functional as F
+
+    from ngra.kernels import dropout as ngra_dropout
+    from ngra.kernels import dropout_linear as fused
+
+    x = torch.randn(19717, 500)
+    w = torch.randn(64, 500, requires_grad=True)
+    g = torch.randn(19717, 64)
+    _rounds({"unfused fwd": lambda: F.linear(ngra_dropout(x, 0.6), w),
+             "fused fwd": lambda: fused(x, [w], None, 0.6),
+             "unfused f+b": lambda: F.linear(ngra_dropout(x, 0.6), w).backward(g),
+             "fused f+b": lambda: fused(x, [w], None, 0.6)[0].backward(g)}, "unfused f+b")
+
+
+PROBES = {"gspmm-output": None, "dropout": dropout, "dropout-linear": dropout_linear}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("probe", choices=("gspmm-output", "dropout"))
+    ap.add_argument("probe", choices=tuple(PROBES))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data-root", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    gspmm_output(args.data_root) if args.probe == "gspmm-output" else dropout()
+    gspmm_output(args.data_root) if args.probe == "gspmm-output" else PROBES[args.probe]()
 
 
 if __name__ == "__main__":
