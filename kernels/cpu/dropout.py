@@ -28,10 +28,15 @@ def _mix32(x):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _keep(i, s1, s2, thr):
+    """Whether flat element ``i`` (of a range whose seed ``s1`` is offset to its start) is kept."""
+    return _mix32(_mix32((i + s1) & 0xFFFFFFFF) ^ s2) >= thr
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _dropout_range(x, out, s1, s2, thr, scale):
     for i in range(x.shape[0]):
-        keep = _mix32(_mix32((i + s1) & 0xFFFFFFFF) ^ s2) >= thr
-        out[i] = x[i] * scale if keep else 0
+        out[i] = x[i] * scale if _keep(i, s1, s2, thr) else 0
 
 
 @njit(cache=True, nogil=True)
@@ -67,14 +72,14 @@ def _bits_range(x, out, bits, s1, s2, thr, scale):
         acc = np.uint32(0)
         for j in range(8):
             i = 8 * b + j
-            keep = _mix32(_mix32((i + s1) & 0xFFFFFFFF) ^ s2) >= thr
+            keep = _keep(i, s1, s2, thr)
             out[i] = x[i] * scale if keep else 0
             acc |= np.uint32(keep) << j
         bits[b] = acc
     if n % 8:  # a partial last byte
         last = 0  # not acc: numba would unify the two variables' types
         for i in range(8 * full, n):
-            keep = _mix32(_mix32((i + s1) & 0xFFFFFFFF) ^ s2) >= thr
+            keep = _keep(i, s1, s2, thr)
             out[i] = x[i] * scale if keep else 0
             last |= np.int64(keep) << (i - 8 * full)
         bits[full] = last

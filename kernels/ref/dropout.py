@@ -37,24 +37,27 @@ def mask_hash(idx: torch.Tensor, s1: int, s2: int) -> torch.Tensor:
     return _mix32(_mix32((idx + s1) & M32) ^ s2)
 
 
+def keep_mask(x: torch.Tensor, s1: int, s2: int, thr: int) -> torch.Tensor:
+    """Bool ``[x.shape]``: the elements of ``x`` (flat order) whose draw is ``>= thr``."""
+    idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
+    return (mask_hash(idx, s1, s2) >= thr).view(x.shape)
+
+
 @register("dropout", "ref")
 def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float):
     """``x * mask * scale`` for a contiguous ``x``, ``mask`` the elements whose draw is ``>= thr``.
 
     Backward is this function applied to the gradient with the same seeds.
     """
-    idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
-    mask = (mask_hash(idx, s1, s2) >= thr).view(x.shape)
-    return x * mask * scale
+    return x * keep_mask(x, s1, s2, thr) * scale
 
 
 @register("dropout_mask", "ref")
 def dropout_mask(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float, out: torch.Tensor):
     """:func:`dropout` of a contiguous ``x`` into ``out``, returning the mask for
     :func:`dropout_apply` (here a bool tensor; backends choose their own form)."""
-    idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
-    mask = (mask_hash(idx, s1, s2) >= thr).view(x.shape)
-    torch.mul(x * mask, scale, out=out)
+    mask = keep_mask(x, s1, s2, thr)
+    dropout_apply(x, mask, scale, out)
     return mask
 
 
