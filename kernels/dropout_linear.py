@@ -31,8 +31,9 @@ from ngra.kernels.registry import current_backend, lookup, use_backend
 __all__ = ["dropout_linear"]
 
 #: Bytes of ``x`` per row block, and of the per-thread workspace that holds a dropped
-#: block. 16 MiB blocks (3 on PubMed's input) made a PubMed GAT step 20-40 ms faster than
-#: 1-4 MiB ones: each block pays a thread-pool dispatch for its mask and for its GEMMs.
+#: block. Few large blocks (3 on PubMed's input): each block pays a thread-pool dispatch
+#: for its mask and for its GEMMs, and 1-4 MiB blocks made a PubMed GAT step slower in
+#: development timings.
 BLOCK_BYTES = 1 << 24
 _M32 = 0xFFFFFFFF
 

@@ -2,10 +2,10 @@
 
 LLVM tunes AVX-512 x86 targets (Skylake-SP onwards) to prefer 256-bit vectors, so numba's
 kernels use ``ymm`` registers even where ``zmm`` ones exist. The generated edge kernels are
-compute-bound on their inlined ``exp``/``sigmoid`` polynomials: 512-bit vectors took the
-G-GCN edge stage's forward + backward from 192 ms to 149 ms on R-MAT 2^16 (F = 64, 2
-threads, this project's Sapphire Rapids machines; ``experiments/train_bench.py`` measures
-the whole model).
+compute-bound on their inlined ``exp``/``sigmoid`` polynomials. On this project's
+Sapphire Rapids machines (2 threads), ``NGRA_AVX512={1,0} experiments/train_bench.py
+--showcase-only --frameworks ngra`` measured the G-GCN edge stage's forward + backward
+(R-MAT 2^16, F = 64) at 204 ms against 240 ms, and the two-layer step at 563 against 671 ms.
 
 :func:`configure` must run before numba compiles anything in the process (the CPU
 target reads its feature string once); ``ngra.kernels.cpu`` calls it first thing. It
