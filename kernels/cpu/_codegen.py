@@ -20,6 +20,12 @@ Three pass kinds, all without atomics (each output row has exactly one writer):
              edge terms (one row per edge), ``g[v] * d expr / d term``.
 ``bwd_src``  rows = sources, walking the reverse CSR: gradients of src terms summed over
              out-edges.
+``bwd_all``  rows = sources, walking the reverse CSR: every wanted gradient in one walk, so
+             the expression and its shared subexpressions are evaluated once per edge in
+             backward instead of once per pass. Src gradients go to the walked row; edge
+             gradients to the edge's own row; dst gradients are *added* into a per-thread
+             buffer (the caller zeroes one per thread and sums them), the one output that
+             several threads would otherwise write.
 
 Rows read at random (``src`` rows in the destination passes; ``dst``, ``g`` and
 ``edge`` rows in the source pass) are prefetched ``ahead`` edges ahead (an argument,
@@ -46,7 +52,7 @@ from ngra.kernels.fused_edge import EdgeExpr, derivative, topo_order
 __all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
 
 # Bump when the generated text changes meaning: it is part of every kernel's file name.
-CODEGEN_VERSION = "10"
+CODEGEN_VERSION = "11"
 
 _LEAF_ARRAY = {"src": "s", "dst": "d", "edge": "e"}
 _LEAF_ROW = {"src": "u", "dst": "v", "edge": "e"}
@@ -57,14 +63,15 @@ class KernelSpec:
     """Everything that changes a generated kernel's text.
 
     Attributes:
-        kind: ``"fwd"``, ``"bwd_dst"`` or ``"bwd_src"``.
+        kind: ``"fwd"``, ``"bwd_dst"``, ``"bwd_src"`` or ``"bwd_all"``.
         dtype: ``"float32"`` or ``"float64"``, the terms' dtype.
         expr: the forward expression.
         reduce: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
         layout: ``((kind, index, wide), ...)`` every leaf the expression reads, sorted;
             ``wide`` is False for a width-1 term (broadcast over columns).
         grads: ``((kind, index), ...)`` leaves whose gradients this kernel writes
-            (backward kinds only): dst and edge leaves for ``bwd_dst``, src for ``bwd_src``.
+            (backward kinds only): dst and edge leaves for ``bwd_dst``, src for ``bwd_src``,
+            any for ``bwd_all`` (src first, then edge, then dst: the order of its arguments).
         flush_denormals: run with the x86 FTZ/DAZ bits set (restored on return), see
             :data:`ngra.kernels.cpu.fused_edge.FLUSH_DENORMALS`.
     """
@@ -197,10 +204,10 @@ def generate(spec: KernelSpec) -> tuple[str, list[float]]:
     if spec.kind == "fwd":
         emitter = _Emitter(spec, [spec.expr])
         body = _fwd(spec, emitter)
-    elif spec.kind in ("bwd_dst", "bwd_src"):
+    elif spec.kind in ("bwd_dst", "bwd_src", "bwd_all"):
         roots = _grad_roots(spec)
         emitter = _Emitter(spec, [r for _, _, r in roots])
-        write = _bwd_dst if spec.kind == "bwd_dst" else _bwd_src
+        write = {"bwd_dst": _bwd_dst, "bwd_src": _bwd_src, "bwd_all": _bwd_all}[spec.kind]
         body = write(spec, emitter, roots)
     else:
         raise ValueError(f"unknown kernel kind {spec.kind!r}")
@@ -506,6 +513,67 @@ def _bwd_src(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
         d = em.names[r]
         w(f"gs{i}[u, f] += gv * {d}" if wide[("src", i)] else f"gs{i}_acc += gv * {d}")
     w.dedent()
+    w.dedent()  # edge loop
+    for name, row, wd in src_rows:
+        if not wd:
+            w(f"{name}[{row}, 0] = {name}_acc")
+    return _close_kernel(w, spec)
+
+
+def _bwd_all(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
+    ext = spec.reduce in ("max", "min")
+    wide = {(k, i): wd for k, i, wd in spec.layout}
+    w = _Writer()
+    # dst gradients last: they are the per-thread arguments (see run_rows(per_thread=...))
+    _open_kernel(w, spec, em, ["indptr", "rev_indptr", "rev_indices", "rev_perm", "consts", "ahead",
+                              *spec.arrays(), "g"]
+                 + (["arg"] if ext else []) + spec.grad_names())
+    w("nf = g.shape[1]")
+    w("num_edges = rev_indices.shape[0]")
+    w("for u in range(v0, v1):")
+    w.indent()
+    src_rows = [(f"gs{i}", "u", wide[(k, i)]) for k, i, _ in roots if k == "src"]
+    _zero_rows(w, src_rows)
+    w("for pos in range(rev_indptr[u], rev_indptr[u + 1]):")
+    w.indent()
+    dst_grads = [f"gd{i}" for k, i, _ in roots if k == "dst" and wide[(k, i)]]
+    _prefetch(w, _wide_leaves(spec, "dst") + ["g"] + dst_grads, "rev_indices", "num_edges")
+    _prefetch(w, _wide_leaves(spec, "edge"), "rev_perm", "num_edges")
+    w("v = rev_indices[pos]")
+    w("e = rev_perm[pos]")
+    if spec.reduce == "mean":
+        w(f"inv = c1 / {_ft(spec)}(indptr[v + 1] - indptr[v])")  # v has this in-edge: degree >= 1
+    em.emit(w, wide=False)
+    narrow = [(k, i) for k, i, _ in roots if k != "src" and not wide[(k, i)]]
+    for k, i in narrow:
+        w(f"g{_LEAF_ARRAY[k]}{i}_acc = c0")
+    w("for f in range(nf):")
+    w.indent()
+    if ext:
+        w("if arg[v, f] != e:")
+        w.indent()
+        for k, i, _ in roots:
+            if k == "edge" and wide[(k, i)]:
+                w(f"ge{i}[e, f] = c0")
+        w("continue")
+        w.dedent()
+    w("gv = g[v, f] * inv" if spec.reduce == "mean" else "gv = g[v, f]")
+    em.emit(w, wide=True)
+    for k, i, r in roots:
+        d = em.names[r]
+        name = f"g{_LEAF_ARRAY[k]}{i}"
+        if not wide[(k, i)]:
+            w(f"{name}_acc += gv * {d}")
+        elif k == "src":
+            w(f"{name}[u, f] += gv * {d}")
+        elif k == "dst":
+            w(f"{name}[v, f] += gv * {d}")
+        else:
+            w(f"{name}[e, f] = gv * {d}")
+    w.dedent()  # column loop
+    for k, i in narrow:
+        name = f"g{_LEAF_ARRAY[k]}{i}"
+        w(f"{name}[e, 0] = {name}_acc" if k == "edge" else f"{name}[v, 0] += {name}_acc")
     w.dedent()  # edge loop
     for name, row, wd in src_rows:
         if not wd:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -152,7 +153,17 @@ def _get_pool(threads: int) -> ThreadPoolExecutor:
         return _pool
 
 
-def run_rows(kernel, indptr: np.ndarray, *args, row_bytes: int = 64) -> None:
+def row_threads(indptr: np.ndarray, row_bytes: int = 64) -> int:
+    """How many threads :func:`run_rows` uses for these rows (1 below ~1 MiB of work)."""
+    num_rows = indptr.shape[0] - 1
+    threads = torch.get_num_threads()
+    if threads <= 1 or (int(indptr[-1]) + num_rows) * row_bytes < _MIN_PARALLEL_BYTES:
+        return 1
+    return threads
+
+
+def run_rows(kernel, indptr: np.ndarray, *args, row_bytes: int = 64,
+             per_thread: Sequence[tuple] | None = None) -> None:
     """Run ``kernel(*args, v0, v1)`` over all rows of ``indptr`` in equal-work ranges.
 
     Uses ``torch.get_num_threads()`` threads (``torch.set_num_threads`` /
@@ -161,26 +172,33 @@ def run_rows(kernel, indptr: np.ndarray, *args, row_bytes: int = 64) -> None:
     are left, so a thread slowed down by other load simply takes fewer. Inputs
     with less than ~1 MiB of work (``(edges + rows) * row_bytes``) run on the
     calling thread. ``kernel`` must be a ``nogil`` numba function writing only
-    rows in ``[v0, v1)``.
+    rows in ``[v0, v1)``, or, for outputs that every range may touch, only its
+    thread's own arrays: with ``per_thread`` (one tuple of arrays per thread,
+    ``len == row_threads(indptr, row_bytes)``) thread ``t`` calls
+    ``kernel(*args, *per_thread[t], v0, v1)``.
     """
     num_rows = indptr.shape[0] - 1
-    threads = torch.get_num_threads()
-    if threads <= 1 or (int(indptr[-1]) + num_rows) * row_bytes < _MIN_PARALLEL_BYTES:
-        kernel(*args, 0, num_rows)
+    threads = row_threads(indptr, row_bytes)
+    if per_thread is not None and len(per_thread) != threads:
+        raise ValueError(f"internal error: {len(per_thread)} per-thread argument sets for "
+                         f"{threads} threads.")
+    own = list(per_thread) if per_thread is not None else [()] * threads
+    if threads == 1:
+        kernel(*args, *own[0], 0, num_rows)
         return
     nchunks = threads * _CHUNKS_PER_THREAD
     bounds = [chunk_bound(indptr, c, nchunks) for c in range(nchunks + 1)]
     counter = itertools.count()  # next() on it is atomic under the GIL
 
-    def drain() -> None:
+    def drain(slot: int) -> None:
         while (c := next(counter)) < nchunks:
             if bounds[c + 1] > bounds[c]:
-                kernel(*args, bounds[c], bounds[c + 1])
+                kernel(*args, *own[slot], bounds[c], bounds[c + 1])
 
     pool = _get_pool(threads - 1)
-    futures = [pool.submit(drain) for _ in range(threads - 1)]
+    futures = [pool.submit(drain, t) for t in range(1, threads)]
     try:
-        drain()
+        drain(0)
     finally:
         for f in futures:
             f.result()

@@ -17,8 +17,10 @@ Cache directory: ``$NGRA_CACHE/numba`` if ``NGRA_CACHE`` is set, else
 Passes (no atomics; no ``[E, F]`` tensor):
 
 * forward: rows = destinations (CSC);
-* backward of dst and edge terms: the same walk over destinations;
-* backward of src terms: rows = sources, walking the reverse CSR.
+* backward, when src terms and dst or edge terms all want gradients: one walk over
+  sources (reverse CSR); dst-term gradients are added into one buffer per thread;
+* otherwise, backward of dst and edge terms: the same walk over destinations as the
+  forward; backward of src terms: rows = sources, walking the reverse CSR.
 
 Accumulators and the expression use the terms' dtype (float32 sums as torch's index_add does).
 """
@@ -43,11 +45,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ngra.kernels.cpu._codegen import KernelSpec, generate
-from ngra.kernels.cpu._util import as_numpy, prefetch_distance, run_rows
+from ngra.kernels.cpu._util import as_numpy, prefetch_distance, row_threads, run_rows
 from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.registry import register
 
-__all__ = ["fused_edge_fwd", "fused_edge_bwd", "kernel_for", "cache_dir", "FLUSH_DENORMALS"]
+__all__ = ["fused_edge_fwd", "fused_edge_bwd", "kernel_for", "cache_dir", "FLUSH_DENORMALS",
+           "ONE_PASS_BACKWARD"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,12 @@ _CACHE_DIR: Path | None = None
 #: subnormals) by less than the smallest normal float per term.
 FLUSH_DENORMALS = platform.machine().lower() in ("x86_64", "amd64")
 FTZ_DAZ = 0x8040  # MXCSR bit 15 (flush to zero) | bit 6 (denormals are zero)
+
+#: Backward with both src and dst/edge gradients wanted runs as one walk over sources
+#: (``bwd_all``) instead of a walk over destinations plus one over sources: the
+#: expression is evaluated once per edge instead of twice. Tests switch it off to
+#: check the two forms against each other.
+ONE_PASS_BACKWARD = True
 
 
 # ============================================================================ FP environment
@@ -177,6 +186,49 @@ def _gathered_bytes(layout, groups: dict[str, list[torch.Tensor]], kinds: tuple[
                       for k, i, wide in layout if wide and k in kinds))
 
 
+def _rev_args(get_rev) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The reverse CSR as the source-walking kernels take it: ``(rev_indptr, [rev_indptr,
+    rev_indices, rev_perm])`` as int64 offsets and positions."""
+    rev_indptr, rev_indices, rev_perm = get_rev()
+    rp = as_numpy(rev_indptr.to(torch.int64).contiguous())
+    return rp, [rp, as_numpy(rev_indices.contiguous()),
+                as_numpy(rev_perm.to(torch.int64).contiguous())]
+
+
+def _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
+                  src_side, dst_side, grads) -> None:
+    """Every wanted gradient from one walk over sources (``bwd_all``).
+
+    Each thread adds its edges' dst-term gradients into a buffer of its own: thread 0
+    into the returned gradient, the others into scratch rows summed into it at the end
+    (one ``[num_dst, F]`` buffer more per extra thread and dst term). A destination's
+    in-edges are summed in source order, split over threads, so in float32 a hub's
+    gradient rounds differently from the edge-order sums of the other backends (as far
+    from the exact value, on average, as any sequential float32 sum).
+    """
+    rp, rev_args = _rev_args(get_rev)
+    dst_terms = tuple(ki for ki in dst_side if ki[0] == "dst")
+    edge_terms = tuple(ki for ki in dst_side if ki[0] == "edge")
+    order = src_side + edge_terms + dst_terms  # the kernel's argument order
+    spec = KernelSpec("bwd_all", _dtype_name(call.dtype), call.expr, call.reduce, layout, order,
+                      FLUSH_DENORMALS)
+    kern, consts = kernel_for(spec)
+    row_bytes = (_gathered_bytes(layout, groups, ("dst", "edge"))
+                 + g.shape[1] * g.itemsize
+                 + sum(groups[k][i].shape[1] * groups[k][i].element_size() for k, i in dst_terms))
+    threads = row_threads(rp, row_bytes)
+    shared = [torch.empty_like(groups[k][i]) for k, i in src_side + edge_terms]
+    own = [[torch.zeros_like(groups[k][i]) for k, i in dst_terms] for _ in range(threads)]
+    run_rows(kern, rp, ip, *rev_args, consts, prefetch_distance(row_bytes), *arrays, g, *extra,
+             *[as_numpy(o) for o in shared], row_bytes=row_bytes,
+             per_thread=[tuple(as_numpy(o) for o in bufs) for bufs in own])
+    for t in range(1, threads):
+        for total, part in zip(own[0], own[t]):
+            total += part
+    for (k, i), o in zip(src_side + edge_terms + dst_terms, shared + own[0]):
+        grads[k][i] = o
+
+
 # ============================================================================ registered ops
 @register("fused_edge_fwd", "cpu")
 def fused_edge_fwd(
@@ -211,9 +263,11 @@ def fused_edge_bwd(
 ) -> tuple[list, list, list]:
     """Backward: ``(src_grads, dst_grads, edge_grads)``, ``None`` where not needed.
 
-    Gradients of dst and edge terms come from one pass over destinations, those of
-    src terms from one pass over sources (``get_rev()`` builds or returns the
-    reverse CSR only then). A term the expression never reads gets zeros.
+    When src terms and dst or edge terms want gradients, one pass over sources computes
+    them all (:func:`_bwd_one_pass`); otherwise gradients of dst and edge terms come
+    from one pass over destinations, those of src terms from one pass over sources
+    (``get_rev()`` builds or returns the reverse CSR only then). A term the expression
+    never reads gets zeros.
     """
     groups = {"src": src, "dst": dst, "edge": edge}
     wanted = dict(zip(("src", "dst", "edge"), need))
@@ -228,8 +282,13 @@ def fused_edge_bwd(
     ip = as_numpy(indptr.to(torch.int64).contiguous())
     g = as_numpy(grad_out.contiguous())
     extra = [as_numpy(aux)] if aux is not None else []
-
+    src_side = tuple((k, i) for k, i, _ in layout if k == "src" and wanted[k][i])
     dst_side = tuple((k, i) for k, i, _ in layout if k in ("dst", "edge") and wanted[k][i])
+    if src_side and dst_side and ONE_PASS_BACKWARD:
+        _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
+                      src_side, dst_side, grads)
+        return grads["src"], grads["dst"], grads["edge"]
+
     if dst_side:
         spec = KernelSpec("bwd_dst", dtype, call.expr, call.reduce, layout, dst_side,
                           FLUSH_DENORMALS)
@@ -242,20 +301,16 @@ def fused_edge_bwd(
         for (k, i), o in zip(dst_side, outs):
             grads[k][i] = o
 
-    src_side = tuple((k, i) for k, i, _ in layout if k == "src" and wanted[k][i])
     if src_side:
-        rev_indptr, rev_indices, rev_perm = get_rev()
-        rp = as_numpy(rev_indptr.to(torch.int64).contiguous())
+        rp, rev_args = _rev_args(get_rev)
         spec = KernelSpec("bwd_src", dtype, call.expr, call.reduce, layout, src_side,
                           FLUSH_DENORMALS)
         kern, consts = kernel_for(spec)
         outs = [torch.empty_like(groups[k][i]) for k, i in src_side]
         row_bytes = (_gathered_bytes(layout, groups, ("dst", "edge"))
                      + grad_out.shape[1] * grad_out.element_size())
-        run_rows(kern, rp, ip, rp, as_numpy(rev_indices.contiguous()),
-                 as_numpy(rev_perm.to(torch.int64).contiguous()), consts,
-                 prefetch_distance(row_bytes), *arrays, g, *extra,
-                 *[as_numpy(o) for o in outs], row_bytes=row_bytes)
+        run_rows(kern, rp, ip, *rev_args, consts, prefetch_distance(row_bytes), *arrays, g,
+                 *extra, *[as_numpy(o) for o in outs], row_bytes=row_bytes)
         for (k, i), o in zip(src_side, outs):
             grads[k][i] = o
     return grads["src"], grads["dst"], grads["edge"]

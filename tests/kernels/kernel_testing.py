@@ -60,3 +60,34 @@ def assert_same(
 
 def max_degree(indptr: torch.Tensor) -> int:
     return int((indptr[1:] - indptr[:-1]).max()) if indptr.numel() > 1 else 0
+
+
+def assert_as_accurate(
+    got: Sequence[torch.Tensor | None],
+    oracle: Sequence[torch.Tensor | None],
+    truth: Sequence[torch.Tensor | None],
+    dtype: torch.dtype,
+    terms: int = 1,
+) -> None:
+    """``got`` is about as accurate as ``oracle`` (same dtype), both measured against
+    ``truth`` (the oracle in float64). For float32 sums of many terms, where two
+    summation orders legitimately differ by more than ``rtol`` from each other.
+
+    Each output's max error must stay within twice the oracle's, plus the spread of a
+    sequential sum of ``terms`` rounded values, ``8 u sqrt(terms) max|truth|`` (``u`` the
+    unit roundoff; a sum's rounding error grows like ``u sqrt(n)`` times its partial sums,
+    and 8 leaves room for the random walk), plus :func:`tolerance`'s ``atol``. A wrong
+    edge term is off by the size of a term, far beyond that.
+    """
+    assert len(got) == len(oracle) == len(truth)
+    atol = tolerance(dtype, terms)["atol"]
+    unit = torch.finfo(dtype).eps / 2
+    for i, (x, y, t) in enumerate(zip(got, oracle, truth)):
+        assert (x is None) == (y is None) == (t is None), f"output {i}: one backend returned None"
+        if x is None or not x.numel():
+            continue
+        err = (x.double() - t.double()).abs().max().item()
+        spread = 8 * unit * max(1.0, terms) ** 0.5 * t.double().abs().max().item()
+        bound = 2 * (y.double() - t.double()).abs().max().item() + spread + atol
+        assert err <= bound, (f"output {i}: max error {err:.3g} against float64, the oracle's "
+                              f"in {dtype} allows {bound:.3g}")
