@@ -3,6 +3,7 @@
     python experiments/kernel_probes.py gspmm-output   # copy-sum g-SpMM: fresh vs reused output, vs DGL
     python experiments/kernel_probes.py dropout        # ngra.kernels.dropout vs F.dropout, 19,717 x 500
     python experiments/kernel_probes.py dropout-linear # Linear(dropout(x)) vs dropout_linear, same x
+    python experiments/kernel_probes.py fused-edge-bwd # G-GCN gate backward: one source walk vs two walks
 
 ``gspmm-output`` runs on R-MAT 2^18 (edge factor 16, self-loops), F=64: ngra's
 ``gspmm`` as called, its numba kernel into a reused output buffer, the same
@@ -91,7 +92,38 @@ def dropout_linear() -> None:
              "fused f+b": lambda: fused(x, [w], None, 0.6)[0].backward(g)}, "unfused f+b")
 
 
-PROBES = {"gspmm-output": None, "dropout": dropout, "dropout-linear": dropout_linear}
+def fused_edge_bwd(data_root: str | None) -> None:
+    """The G-GCN gate ``sum_u sigmoid(a[v] + b[u]) * c[u]`` on R-MAT 2^16 (edge factor 16),
+    F = 64: backward of every term, the one-pass kernel (``bwd_all``) against the
+    destination walk + source walk it replaces; also without ``c``'s gradient (a first
+    layer, whose ``c`` is the input)."""
+    import ngra.kernels.cpu.fused_edge as cpu_fe
+    from ngra.datasets import load
+    from ngra.kernels.fused_edge import E, fused_edge_aggregate
+
+    g = load("rmat:scale=16,edge_factor=16,feat=1,classes=2,seed=0", root=data_root).graph
+    gen = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(g.num_nodes, 64, generator=gen).requires_grad_() for _ in range(3))
+    expr, rev = E.sigmoid(E.dst(0) + E.src(1)) * E.src(0), g.csr()
+    outs = {need_c: fused_edge_aggregate(g.indptr, g.indices, expr, [c if need_c else c.detach(), b],
+                                         [a], rev=rev) for need_c in (True, False)}
+    ones = torch.ones_like(outs[True])
+
+    def bwd(one_pass: bool, need_c: bool):
+        def f() -> None:
+            cpu_fe.ONE_PASS_BACKWARD = one_pass
+            torch.autograd.grad(outs[need_c], [a, b, c] if need_c else [a, b], ones,
+                                retain_graph=True)
+        return f
+
+    _rounds({"two walks": bwd(False, True), "one walk": bwd(True, True),
+             "two walks, no c": bwd(False, False), "one walk, no c": bwd(True, False)},
+            "two walks", rounds=15)
+    cpu_fe.ONE_PASS_BACKWARD = True
+
+
+PROBES = {"gspmm-output": None, "dropout": dropout, "dropout-linear": dropout_linear,
+          "fused-edge-bwd": None}
 
 
 def main() -> None:
@@ -101,7 +133,12 @@ def main() -> None:
     ap.add_argument("--data-root", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    gspmm_output(args.data_root) if args.probe == "gspmm-output" else PROBES[args.probe]()
+    if args.probe == "gspmm-output":
+        gspmm_output(args.data_root)
+    elif args.probe == "fused-edge-bwd":
+        fused_edge_bwd(args.data_root)
+    else:
+        PROBES[args.probe]()
 
 
 if __name__ == "__main__":
