@@ -3,7 +3,7 @@
 Graphs are CSC over destinations: ``indptr`` [num_dst + 1] and ``indices`` [E]
 (source of each edge). Every op validates its arguments, supports autograd and
 dispatches through the registry to a backend (``ref``: plain torch, ``cpu``:
-numba, ``gpu``: torch on CUDA).
+numba, ``gpu``: torch on CUDA). ``rowdot`` is dense: plain torch on any device.
 """
 
 from ngra.kernels.dropout import dropout
@@ -14,6 +14,7 @@ from ngra.kernels.gspmm import gspmm
 from ngra.kernels.registry import (
     available, backward_only, current_backend, forward_skipped, lookup, register, use_backend,
 )
+from ngra.kernels.rowdot import rowdot
 from ngra.kernels.segment_reduce import segment_reduce
 from ngra.kernels.softmax_aggregate import softmax_aggregate, softmax_aggregate_backward
 from ngra.kernels.transpose import transpose_csc
@@ -30,6 +31,7 @@ __all__ = [
     "gspmm",
     "lookup",
     "register",
+    "rowdot",
     "segment_reduce",
     "softmax_aggregate",
     "softmax_aggregate_backward",

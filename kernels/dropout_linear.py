@@ -156,7 +156,9 @@ class _DropoutLinear(torch.autograd.Function):
             apply = lookup("dropout_apply", x.device)
             gx = None
             if need_x:  # d loss / d x = mask * scale * (sum_i g_i W_i)
-                gd = sum(g.mm(w) for g, w in zip(grads, weights))
+                gd = grads[0].mm(weights[0])  # not sum(...): 0 + t would copy t
+                for g, w in zip(grads[1:], weights[1:]):
+                    gd.addmm_(g, w)
                 for (r0, r1), mask in zip(blocks, ctx.masks):
                     apply(gd[r0:r1], mask, ctx.scale, gd[r0:r1])
                 gx = gd

@@ -125,7 +125,7 @@ def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, v0, v1):  # pragma:
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, gather, dinfo,
+def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, gather, delta,
                   gsd, v0, v1):  # pragma: no cover
     """Pass A over destinations ``[v0, v1)``. Without ``out`` (``have_out`` false; then
     ``gather`` is true) ``delta = sum_u alpha_uv g[v] . value[u]`` comes from the same walk:
@@ -144,9 +144,7 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
             if have_out:
                 for d in range(dim):
                     t += g[v, h, d] * out[v, h, d]
-            dinfo[v, 0, h] = sd[v, h]
-            dinfo[v, 1, h] = lse[v, h]
-            dinfo[v, 2, h] = t
+            delta[v, h] = t
             acc[h] = 0.0
             s_delta[h] = 0.0
             s_aw[h] = 0.0
@@ -160,9 +158,9 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
                 us[jj] = u
                 prefetch_row(val, u)
                 for h in range(heads):
-                    raw = ss[u, h] + dinfo[v, 0, h]
+                    raw = ss[u, h] + np.float64(sd[v, h])  # in float64, as the forward
                     x = raw if raw > 0.0 else raw * slope
-                    a = np.exp(x - dinfo[v, 1, h])
+                    a = np.exp(x - lse[v, h])
                     al[jj, h] = a
                     aw[jj, h] = a if raw > 0.0 else a * slope  # alpha * leaky_relu'
             for jj in range(n):
@@ -172,7 +170,7 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
                     for d in range(dim):
                         dp += g[v, h, d] * val[u, h, d]
                     if have_out:
-                        acc[h] += aw[jj, h] * (dp - dinfo[v, 2, h])
+                        acc[h] += aw[jj, h] * (dp - delta[v, h])
                     else:
                         acc[h] += aw[jj, h] * dp
                         s_delta[h] += al[jj, h] * dp
@@ -181,12 +179,12 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
             if have_out:
                 gsd[v, h] = acc[h]
             else:
-                dinfo[v, 2, h] = s_delta[h]
+                delta[v, h] = s_delta[h]
                 gsd[v, h] = acc[h] - s_delta[h] * s_aw[h]
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def _bwd_src_rows(rindptr, rindices, rperm, ss, val, g, dinfo, slope, use_ebuf, ebuf, gss,
+def _bwd_src_rows(rindptr, rindices, rperm, ss, sd, lse, delta, val, g, slope, use_ebuf, ebuf, gss,
                   gval, u0, u1):  # pragma: no cover
     """Pass B over sources ``[u0, u1)`` of the reverse CSR."""
     heads = ss.shape[1]
@@ -211,9 +209,9 @@ def _bwd_src_rows(rindptr, rindices, rperm, ss, val, g, dinfo, slope, use_ebuf, 
                 vs[kk] = v
                 prefetch_row(g, v)
                 for h in range(heads):
-                    raw = ssu[h] + dinfo[v, 0, h]
+                    raw = ssu[h] + sd[v, h]
                     x = raw if raw > 0.0 else raw * slope
-                    aw[kk, h] = np.exp(x - dinfo[v, 1, h])
+                    aw[kk, h] = np.exp(x - lse[v, h])
                     fac[kk, h] = 1.0 if raw > 0.0 else slope
             for kk in range(n):
                 v = vs[kk]
@@ -225,7 +223,7 @@ def _bwd_src_rows(rindptr, rindices, rperm, ss, val, g, dinfo, slope, use_ebuf, 
                         gvd = g[v, h, d]
                         dp += gvd * val[u, h, d]
                         gv[h, d] += av * gvd
-                    de = a * (dp - dinfo[v, 2, h]) * fac[kk, h]
+                    de = a * (dp - delta[v, h]) * fac[kk, h]
                     gs[h] += de
                     if use_ebuf:
                         ebuf[rperm[k0 + kk], h] = de
@@ -301,21 +299,25 @@ def softmax_aggregate_bwd(
     ip, rip = as_numpy(indptr), as_numpy(rev_indptr)
     ss, val, g = as_numpy(score_src), as_numpy(value), as_numpy(grad_out)
     slope = float(negative_slope)
-    dinfo = np.empty((num_dst, 3, heads), np.float64)
+    # per destination and head: delta = g[v] . out[v] (pass A), read by pass B with the
+    # score and lse it already has; [num_dst, H] float64, not a packed copy of all three
+    delta = np.empty((num_dst, heads), np.float64)
+    lse_np = as_numpy(lse.to(torch.float64).contiguous())
+    sd = as_numpy(score_dst)
     g_score_src = torch.empty_like(score_src)
     g_score_dst = torch.empty_like(score_dst)
     g_value = torch.empty_like(value)
     gsd = as_numpy(g_score_dst)
     out_np = dummy(val.dtype, 3) if out is None else as_numpy(out)
-    run_rows(_bwd_dst_rows, ip, ip, as_numpy(indices), ss, as_numpy(score_dst), val, out_np,
-             out is not None, as_numpy(lse.to(torch.float64)), g, slope, not edge_buffer, dinfo,
-             gsd)
+    run_rows(_bwd_dst_rows, ip, ip, as_numpy(indices), ss, sd, val, out_np, out is not None,
+             lse_np, g, slope, not edge_buffer, delta, gsd)
     if edge_buffer:
         ebuf = np.empty((indices.numel(), heads), val.dtype)
     else:
         ebuf = dummy(val.dtype, 2)
-    run_rows(_bwd_src_rows, rip, rip, as_numpy(rev_indices), as_numpy(rev_perm), ss, val, g,
-             dinfo, slope, bool(edge_buffer), ebuf, as_numpy(g_score_src), as_numpy(g_value))
+    run_rows(_bwd_src_rows, rip, rip, as_numpy(rev_indices), as_numpy(rev_perm), ss,
+             sd, lse_np, delta, val, g, slope, bool(edge_buffer), ebuf, as_numpy(g_score_src),
+             as_numpy(g_value))
     if edge_buffer:
         run_rows(_segment_sum_rows, ip, ip, ebuf, gsd)
     return g_score_src, g_score_dst, g_value

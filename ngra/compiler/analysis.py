@@ -173,6 +173,8 @@ def _rowwise(n: Node, nodes: dict[int, Node]) -> bool:
             return False
         dims = dims if isinstance(dims, tuple) else (dims,)
         return all(_norm(d, rin) >= 1 for d in dims)
+    if op == Op.ROWDOT:
+        return bool(x.deps) and rin >= 2 and not args[1].deps
     if op == Op.GATHER:
         return (_norm(at["dim"], rin) >= 1 and len(rowargs) == 2
                 and len(args[1].shape) == rin)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ngra.compiler.ir import Node, Op, Stage, map_refs
+from ngra.kernels.rowdot import rowdot
 
 __all__ = ["Resolver", "run_stage", "evaluate", "apply_sink"]
 
@@ -150,6 +151,7 @@ _EVAL: dict[Op, Callable[..., Any]] = {
     Op.EXPAND: lambda a, x: x.expand(*a["sizes"]),
     Op.SUM: _sum,
     Op.MEAN: _mean,
+    Op.ROWDOT: lambda a, x, w: rowdot(x, w),
     Op.GATHER: lambda a, x, idx: torch.gather(x, a["dim"], idx),
     Op.INDEX_SELECT: lambda a, x, idx: torch.index_select(x, a["dim"], idx),
     Op.CAT: lambda a, *xs: torch.cat(list(xs), a["dim"]),

@@ -65,6 +65,8 @@ class Op(enum.Enum):
     # reductions over feature dims
     SUM = "sum"            # attrs: dim, keepdim
     MEAN = "mean"          # attrs: dim, keepdim
+    ROWDOT = "rowdot"      # args (x, w): (x * w).sum(-1) with w the same for every row
+                           # (ngra.kernels.rowdot); made by the contract pass, never traced
     # selection along a feature dim
     GATHER = "gather"      # attrs: dim          args (input, index)
     INDEX_SELECT = "index_select"  # attrs: dim  args (input, index)
@@ -87,7 +89,7 @@ ARITY: dict[Op, tuple[int, int | None]] = {
     **{op: (1, 1) for op in UNARY},
     **{op: (2, 2) for op in BINARY},
     **{op: (1, 1) for op in SHAPE_OPS},
-    Op.SUM: (1, 1), Op.MEAN: (1, 1),
+    Op.SUM: (1, 1), Op.MEAN: (1, 1), Op.ROWDOT: (2, 2),
     Op.GATHER: (2, 2), Op.INDEX_SELECT: (2, 2),
     Op.CAT: (1, None),
     Op.OPAQUE: (0, None),
@@ -445,6 +447,8 @@ def format_node(stage: Stage, nid: int, depth: int = 0) -> str:
         return f"{sub(n.args[0])}.flatten({a['start']}, {a['end']})"
     if n.op in (Op.SUM, Op.MEAN):
         return f"{sub(n.args[0])}.{n.op.value}({a['dim']})"
+    if n.op == Op.ROWDOT:
+        return f"rowdot({sub(n.args[0])}, {sub(n.args[1])})"
     if n.op in (Op.GATHER, Op.INDEX_SELECT):
         return f"{sub(n.args[0])}.{n.op.value}({a['dim']}, {sub(n.args[1])})"
     if n.op == Op.CAT:

@@ -314,11 +314,11 @@ class CompiledPlan:
         n, nd = value.shape[0], ctx.num_dst
         h = math.prod(m.heads) if m.heads else 1
         d = math.prod(m.dims) if m.dims else 1
-        s_src = (ctx.src[m.score_src].reshape(n, h) if m.score_src is not None
+        s_src = (_shaped(ctx.src[m.score_src], (n, h)) if m.score_src is not None
                  else value.new_zeros(n, h))
-        s_dst = (ctx.dst[m.score_dst].reshape(nd, h) if m.score_dst is not None
+        s_dst = (_shaped(ctx.dst[m.score_dst], (nd, h)) if m.score_dst is not None
                  else value.new_zeros(nd, h))
-        return s_src, s_dst, value.reshape(n, h, d)
+        return s_src, s_dst, _shaped(value, (n, h, d))
 
     def _softmax(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
         tile, nd = ctx.tile, ctx.num_dst
@@ -326,13 +326,15 @@ class CompiledPlan:
         out, lse = kernels.softmax_aggregate(tile.indptr, tile.src_idx, s_src, s_dst, v3,
                                              negative_slope=m.slope, rev=tile.rev,
                                              return_lse=True)
-        o = out.reshape((nd,) + m.heads + m.dims)
+        o = _shaped(out, (nd,) + m.heads + m.dims)
         has = (tile.indptr[1:] > tile.indptr[:-1]).to(out.dtype)
         ss = has.view((nd,) + (1,) * len(m.heads)).expand((nd,) + m.heads)
         if tile.whole:
             # The tile holds every edge: no other tile merges into this state, so the
-            # normalized output with unit weight (and no log-sum-exp) is the whole state.
-            return out.new_zeros((nd,) + m.heads), ss, o
+            # normalized output is the whole state; the sum None says so, and finalize
+            # returns ``o`` itself (no division by ones: one N x H x D tensor less in
+            # forward and in backward).
+            return out.new_zeros((nd,) + m.heads), None, o
         if torch.is_grad_enabled() and any(t.requires_grad for t in (s_src, s_dst, v3)):
             # the kernel's lse is not differentiable; chunked training differentiates
             # tiles with tile_grads, so only a lone partial tile under autograd gets here
@@ -479,3 +481,10 @@ def lower(layer: Any, program: Program, notes: list[PassNote]) -> CompiledPlan:
     """The plan for a compiled ``program``."""
     return CompiledPlan(layer, program, notes)
 
+
+def _shaped(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``t.reshape(shape)``, or ``t`` itself when it has that shape already: a same-shape
+    reshape is still a view under autograd, and a gradient that arrives through a view
+    is one autograd cannot add the term's other gradients into in place (one
+    ``N x H x D`` tensor more at a GAT layer's backward peak)."""
+    return t if tuple(t.shape) == tuple(shape) else t.reshape(shape)

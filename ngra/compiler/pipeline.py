@@ -1,4 +1,5 @@
-"""The compiler pipeline: trace -> analyze -> split -> hoist -> sink -> reorder -> fuse -> lower.
+"""The compiler pipeline: trace -> analyze -> split -> hoist -> sink -> reorder -> contract -> fuse
+-> lower.
 
 The IR is verified after tracing and after every pass. Each pass is one file in
 :mod:`ngra.compiler.passes`; this is the only place that orders them.
@@ -14,7 +15,7 @@ from typing import Any
 from ngra.compiler.analysis import Samples, annotate
 from ngra.compiler.interp import Resolver
 from ngra.compiler.ir import Op, Program, verify
-from ngra.compiler.passes import PassNote, fuse, hoist, reorder, sink, split
+from ngra.compiler.passes import PassNote, contract, fuse, hoist, reorder, sink, split
 from ngra.compiler.passes.fuse import InterpMatch
 from ngra.compiler.trace import TraceFailure, trace_program, trace_vertex
 
@@ -27,6 +28,7 @@ PASSES: tuple[tuple[str, Callable[[Program], PassNote]], ...] = (
     ("hoist", hoist.run),
     ("sink", sink.run),
     ("reorder", reorder.run),
+    ("contract", contract.run),
     ("fuse", fuse.run),
 )
 
@@ -80,7 +82,8 @@ def compile_program(layer: Any, x: Any, edata: Any) -> Compiled:
             return Compiled(None, notes, f"internal compiler error in pass {pass_name}: "
                                          f"{type(exc).__name__}: {exc}")
 
-    changed = any(n.fired for n in notes if n.name in ("split", "hoist", "sink", "reorder"))
+    changed = any(n.fired for n in notes if n.name in ("split", "hoist", "sink", "reorder",
+                                                     "contract"))
     if not changed and all(isinstance(m, InterpMatch) for m in program.lowering.values()):
         reason = "; ".join(m.reason for m in program.lowering.values())
         return Compiled(None, notes, f"nothing to fuse or hoist: {reason}")

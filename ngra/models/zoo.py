@@ -98,11 +98,23 @@ class GNN(nn.Module):
         return x
 
 
+def _storage_uses(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
 class _ELU(torch.autograd.Function):
     """ELU (alpha = 1) that saves its output, not its input as ``F.elu`` does: the next
     layer saves the same tensor as its input, so a GAT keeps one ``N x F`` tensor per
     activation instead of two. (Not ``F.elu(inplace=True)``, which saves the output too
-    but fails on a tensor that a custom Function returned as a view.)"""
+    but fails on a tensor that a custom Function returned as a view.)
+
+    Backward writes the input gradient over the saved output when nothing else can see
+    it any more: the consumers of the output have run their backward (they come first)
+    and no user variable, view, hook or double-backward graph holds it. That is one
+    ``N x F`` tensor less at a GAT's backward peak, which is this node's. "Nothing else"
+    is the storage's use count that :func:`_sole_owner_uses` measures on a throwaway
+    graph at import, so the check follows torch's bookkeeping instead of assuming it.
+    """
 
     @staticmethod
     def forward(ctx, x):
@@ -113,8 +125,42 @@ class _ELU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
+        if not torch.is_grad_enabled() and _storage_uses(y) == _SOLE_OWNER_USES:
+            # torch's kernel, element-wise: reading and writing y in place is exact
+            return torch.ops.aten.elu_backward.grad_input(grad, 1.0, 1.0, 1.0, True, y,
+                                                          grad_input=y)
         # torch's own kernel, given the result (is_result): one output, no temporaries
         return torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y)
+
+
+class _UseProbe(torch.autograd.Function):
+    uses: list[int] = []
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x * 1.0
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        _UseProbe.uses.append(_storage_uses(y))
+        return grad
+
+
+def _sole_owner_uses() -> int:
+    """The storage use count a saved output shows in backward when its forward value has
+    been dropped and its consumers are done (torch 2.13: 3)."""
+    x = torch.zeros(2, requires_grad=True)
+    y = _UseProbe.apply(x)
+    loss = (y * 2.0).sum()
+    del y
+    loss.backward()
+    return _UseProbe.uses.pop()
+
+
+_SOLE_OWNER_USES = _sole_owner_uses()
 
 
 def _elu(x: torch.Tensor) -> torch.Tensor:

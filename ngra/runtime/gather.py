@@ -111,7 +111,8 @@ class SoftmaxAccumulator(Accumulator):
 
     Messages are ``(score, value)`` with ``score`` ``[E, H]`` (or ``[E]``) and
     ``value`` ``[E, H, D]`` (or ``[E, D]``); the result has ``value``'s shape per
-    destination.
+    destination. The state is ``(max m, sum s, weighted sum o)``; a fused kernel over
+    the whole graph hands in ``(0, None, normalized output)``.
     """
 
     name = "softmax"
@@ -130,6 +131,9 @@ class SoftmaxAccumulator(Accumulator):
         if state is None:
             return part
         (m1, s1, o1), (m2, s2, o2) = state, part
+        if s1 is None or s2 is None:
+            raise RuntimeError("internal error: a whole-graph softmax state (already "
+                               "normalized) cannot merge with another tile's.")
         m = torch.maximum(m1, m2)
         # Scores of empty rows are 0 in both, and so are their sums: the rescale is harmless.
         a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
@@ -137,11 +141,15 @@ class SoftmaxAccumulator(Accumulator):
 
     def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
         _, s, o = state
+        if s is None:  # a fused kernel's whole-graph state is normalized already
+            return o
         s = torch.where(s > 0, s, torch.ones_like(s))
         return o / _bcast(s, o)
 
     def final_stats(self, state: Any, acc: torch.Tensor) -> Any:
         m, s, _ = state
+        if s is None:
+            return m.detach(), acc.detach()
         lse = m + torch.log(torch.where(s > 0, s, torch.ones_like(s)))
         return lse.detach(), acc.detach()
 

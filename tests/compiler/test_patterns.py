@@ -101,7 +101,58 @@ class GATVariant(SagaLayer):
 def test_gat_variant_lowers_to_softmax_aggregate():
     g = make_graph("self_loops")
     plan = _check(GATVariant(F_IN, 3, 2), g, _x(g), kinds=("softmax_aggregate",))
-    assert "negative_slope=0.1" in "\n".join(plan.describe())
+    text = "\n".join(plan.describe())
+    assert "negative_slope=0.1" in text
+    # [1, H, D] attention weights (a leading 1) contract too
+    assert "contract fired: 2 product-sum(s)" in text
+    assert "rowdot(" in text
+
+
+class ScoreShapes(SagaLayer):
+    """Scores whose weights broadcast in every way rowdot takes: [D], [H, 1], [H, D]."""
+
+    gather = "softmax"
+
+    def __init__(self, f_in, f, heads, w_shape):
+        super().__init__()
+        self.lin = nn.Linear(f_in, heads * f, bias=False)
+        self.a_src = nn.Parameter(torch.randn(w_shape))
+        self.a_dst = nn.Parameter(torch.randn(w_shape))
+        self.h, self.f = heads, f
+
+    def apply_edge(self, edge):
+        hs = self.lin(edge.src).view(-1, self.h, self.f)
+        hd = self.lin(edge.dst).view(-1, self.h, self.f)
+        score = (self.a_src * hs).sum(dim=2) + (hd * self.a_dst).sum(-1)  # either operand order
+        return F.leaky_relu(score, 0.2), hs
+
+
+@pytest.mark.parametrize("w_shape", [(3,), (2, 1), (2, 3)])
+@pytest.mark.parametrize("case", ["random", "isolated", "skewed"])
+def test_score_products_contract_to_rowdot(case, w_shape):
+    g = make_graph(case)
+    plan = _check(ScoreShapes(F_IN, 3, 2, w_shape), g, _x(g), kinds=("softmax_aggregate",))
+    assert "contract fired: 2 product-sum(s)" in "\n".join(plan.describe())
+
+
+class SharedProduct(SagaLayer):
+    """The product is also a message: contracting it would not remove the [N, H, D] tensor."""
+
+    gather = "sum"
+
+    def __init__(self, f_in):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(f_in))
+
+    def apply_edge(self, edge):
+        p = edge.src * self.a
+        return p * p.sum(-1, keepdim=True) + p.sum(-1).unsqueeze(-1)
+
+
+def test_contract_skips_a_product_read_elsewhere_and_keepdim():
+    g = make_graph("random")
+    plan = _check(SharedProduct(F_IN), g, _x(g))
+    assert "contract skipped" in "\n".join(plan.describe())
 
 
 class SingleHeadAttention(SagaLayer):
@@ -502,4 +553,6 @@ class DotAttention(SagaLayer):
 def test_unmatched_softmax_runs_hoisted_and_interpreted():
     g = make_graph("self_loops")
     plan = _check(DotAttention(F_IN), g, _x(g), kinds=("interp",))
-    assert "hoist    fired" in "\n".join(plan.describe())
+    text = "\n".join(plan.describe())
+    assert "hoist    fired" in text
+    assert "contract skipped" in text  # q(dst) * k(src): neither side is row-independent

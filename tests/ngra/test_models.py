@@ -113,3 +113,48 @@ def test_gat_elu_saves_its_output_not_its_input():
         y = _elu(x * 1.0)
     torch.testing.assert_close(y, torch.nn.functional.elu(x))
     assert len(saved) == 1 and saved[0] is y
+
+
+
+def _elu_case(hold: str):
+    """x -> _elu -> y @ w -> sum, backward; ``hold`` keeps y alive in some way.
+    Returns (what was kept, its values before backward, whether x's gradient was written
+    into y's memory)."""
+    from ngra.models.zoo import _elu
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 3, dtype=torch.float64)
+    want = torch.autograd.grad((torch.nn.functional.elu(x) @ w).sum(), [x])[0]
+    y = _elu(x)
+    kept, stored, ptr = None, [], y.data_ptr()
+    if hold == "variable":
+        kept = y
+    elif hold == "view":
+        kept = y[1:]
+    elif hold == "hook":
+        y.register_hook(stored.append)
+    out = (y @ w).sum()
+    snapshot = None if kept is None else kept.detach().clone()
+    del y
+    out.backward()
+    torch.testing.assert_close(x.grad, want)
+    return kept, snapshot, x.grad.data_ptr() == ptr
+
+
+@pytest.mark.parametrize("hold", ["nothing", "variable", "view", "hook"])
+def test_elu_backward_in_place_only_over_an_unseen_output(hold):
+    """ELU's backward writes the gradient over its saved output when no one can see that
+    output any more (one N x F tensor less at a GAT's backward peak); a user's variable
+    or view of it keeps its values."""
+    kept, snapshot, in_place = _elu_case(hold)
+    assert in_place == (hold in ("nothing", "hook"))
+    if kept is not None:
+        torch.testing.assert_close(kept.detach(), snapshot)
+
+
+def test_elu_double_backward_stays_out_of_place():
+    from ngra.models.zoo import _elu
+
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(_elu, (x,))
