@@ -2,10 +2,10 @@
 
 ``compile_layer(layer, graph, x, edata)`` traces ``apply_edge``/``apply_vertex``
 with torch.fx into a small stage IR (:mod:`~ngra.compiler.ir`), runs the passes of
-:mod:`~ngra.compiler.pipeline` (hoist, reorder, fuse) and lowers the result to a
-plan (:mod:`~ngra.compiler.lower`); programs it cannot fuse run on the generic
-executor, with the reason. ``explain`` shows what happened; ``disabled()`` turns
-compilation off.
+:mod:`~ngra.compiler.pipeline` (split, hoist, sink, reorder, contract, fuse) and
+lowers the result to a plan (:mod:`~ngra.compiler.lower`); programs it cannot fuse
+run on the generic executor, with the reason. ``explain`` shows what happened;
+``disabled()`` turns compilation off.
 """
 
 from ngra.compiler.driver import clear_cache, compile_layer, disabled, is_enabled, set_enabled
