@@ -52,7 +52,7 @@ from ngra.kernels.fused_edge import EdgeExpr, derivative, topo_order
 __all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
 
 # Bump when the generated text changes meaning: it is part of every kernel's file name.
-CODEGEN_VERSION = "11"
+CODEGEN_VERSION = "12"
 
 _LEAF_ARRAY = {"src": "s", "dst": "d", "edge": "e"}
 _LEAF_ROW = {"src": "u", "dst": "v", "edge": "e"}
@@ -207,7 +207,7 @@ def generate(spec: KernelSpec) -> tuple[str, list[float]]:
     elif spec.kind in ("bwd_dst", "bwd_src", "bwd_all"):
         roots = _grad_roots(spec)
         emitter = _Emitter(spec, [r for _, _, r in roots])
-        write = {"bwd_dst": _bwd_dst, "bwd_src": _bwd_src, "bwd_all": _bwd_all}[spec.kind]
+        write = _bwd_dst if spec.kind == "bwd_dst" else _bwd_sources
         body = write(spec, emitter, roots)
     else:
         raise ValueError(f"unknown kernel kind {spec.kind!r}")
@@ -422,6 +422,38 @@ def _fwd(spec: KernelSpec, em: _Emitter) -> str:
     return _close_kernel(w, spec)
 
 
+def _grad_columns(w: _Writer, spec: KernelSpec, em: _Emitter,
+                  roots: list[tuple[str, int, EdgeExpr]]) -> None:
+    """The loop over feature columns of every backward kind: ``gv = g[v, f]`` (scaled for
+    mean), the derivatives, and each wanted gradient added into its row (``u``, ``v``)
+    or written to its edge ``e``; width-1 terms go to a scalar ``<name>_acc`` that the
+    caller opens and stores. Under max/min only the edge that won column ``f`` counts."""
+    wide = {(k, i): wd for k, i, wd in spec.layout}
+    w("for f in range(nf):")
+    w.indent()
+    if spec.reduce in ("max", "min"):
+        w("if arg[v, f] != e:")
+        w.indent()
+        for k, i, _ in roots:
+            if k == "edge" and wide[(k, i)]:
+                w(f"ge{i}[e, f] = c0")
+        w("continue")
+        w.dedent()
+    w("gv = g[v, f] * inv" if spec.reduce == "mean" else "gv = g[v, f]")
+    em.emit(w, wide=True)
+    row = {"src": "u", "dst": "v"}
+    for k, i, r in roots:
+        d = em.names[r]
+        name = f"g{_LEAF_ARRAY[k]}{i}"
+        if not wide[(k, i)]:
+            w(f"{name}_acc += gv * {d}")
+        elif k == "edge":
+            w(f"{name}[e, f] = gv * {d}")
+        else:
+            w(f"{name}[{row[k]}, f] += gv * {d}")
+    w.dedent()
+
+
 def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
     ext = spec.reduce in ("max", "min")
     wide = {(k, i): wd for k, i, wd in spec.layout}
@@ -447,28 +479,7 @@ def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
     for k, i, _ in roots:
         if k == "edge" and not wide[(k, i)]:
             w(f"ge{i}_acc = c0")
-    w("for f in range(nf):")
-    w.indent()
-    if ext:
-        w("if arg[v, f] != e:")
-        w.indent()
-        for k, i, _ in roots:
-            if k == "edge" and wide[(k, i)]:
-                w(f"ge{i}[e, f] = c0")
-        w("continue")
-        w.dedent()
-    w("gv = g[v, f] * inv" if spec.reduce == "mean" else "gv = g[v, f]")
-    em.emit(w, wide=True)
-    for k, i, r in roots:
-        d = em.names[r]
-        name = f"g{_LEAF_ARRAY[k]}{i}"
-        if not wide[(k, i)]:
-            w(f"{name}_acc += gv * {d}")
-        elif k == "dst":
-            w(f"{name}[v, f] += gv * {d}")
-        else:
-            w(f"{name}[e, f] = gv * {d}")
-    w.dedent()  # column loop
+    _grad_columns(w, spec, em, roots)
     for k, i, _ in roots:
         if k == "edge" and not wide[(k, i)]:
             w(f"ge{i}[e, 0] = ge{i}_acc")
@@ -479,48 +490,9 @@ def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
     return _close_kernel(w, spec)
 
 
-def _bwd_src(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
-    ext = spec.reduce in ("max", "min")
-    wide = {(k, i): wd for k, i, wd in spec.layout}
-    w = _Writer()
-    _open_kernel(w, spec, em, ["indptr", "rev_indptr", "rev_indices", "rev_perm", "consts", "ahead",
-                              *spec.arrays(), "g"]
-                 + (["arg"] if ext else []) + spec.grad_names())
-    w("nf = g.shape[1]")
-    w("num_edges = rev_indices.shape[0]")
-    w("for u in range(v0, v1):")
-    w.indent()
-    src_rows = [(f"gs{i}", "u", wide[(k, i)]) for k, i, _ in roots]
-    _zero_rows(w, src_rows)
-    w("for pos in range(rev_indptr[u], rev_indptr[u + 1]):")
-    w.indent()
-    _prefetch(w, _wide_leaves(spec, "dst") + ["g"], "rev_indices", "num_edges")
-    _prefetch(w, _wide_leaves(spec, "edge"), "rev_perm", "num_edges")
-    w("v = rev_indices[pos]")
-    w("e = rev_perm[pos]")
-    if spec.reduce == "mean":
-        w(f"inv = c1 / {_ft(spec)}(indptr[v + 1] - indptr[v])")  # v has this in-edge: degree >= 1
-    em.emit(w, wide=False)
-    w("for f in range(nf):")
-    w.indent()
-    if ext:
-        w("if arg[v, f] != e:")
-        w.indent()("continue")
-        w.dedent()
-    w("gv = g[v, f] * inv" if spec.reduce == "mean" else "gv = g[v, f]")
-    em.emit(w, wide=True)
-    for _, i, r in roots:
-        d = em.names[r]
-        w(f"gs{i}[u, f] += gv * {d}" if wide[("src", i)] else f"gs{i}_acc += gv * {d}")
-    w.dedent()
-    w.dedent()  # edge loop
-    for name, row, wd in src_rows:
-        if not wd:
-            w(f"{name}[{row}, 0] = {name}_acc")
-    return _close_kernel(w, spec)
-
-
-def _bwd_all(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
+def _bwd_sources(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
+    """``bwd_src`` and ``bwd_all``: rows = sources over the reverse CSR (``bwd_src`` is
+    the case without dst or edge gradients)."""
     ext = spec.reduce in ("max", "min")
     wide = {(k, i): wd for k, i, wd in spec.layout}
     w = _Writer()
@@ -547,30 +519,7 @@ def _bwd_all(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
     narrow = [(k, i) for k, i, _ in roots if k != "src" and not wide[(k, i)]]
     for k, i in narrow:
         w(f"g{_LEAF_ARRAY[k]}{i}_acc = c0")
-    w("for f in range(nf):")
-    w.indent()
-    if ext:
-        w("if arg[v, f] != e:")
-        w.indent()
-        for k, i, _ in roots:
-            if k == "edge" and wide[(k, i)]:
-                w(f"ge{i}[e, f] = c0")
-        w("continue")
-        w.dedent()
-    w("gv = g[v, f] * inv" if spec.reduce == "mean" else "gv = g[v, f]")
-    em.emit(w, wide=True)
-    for k, i, r in roots:
-        d = em.names[r]
-        name = f"g{_LEAF_ARRAY[k]}{i}"
-        if not wide[(k, i)]:
-            w(f"{name}_acc += gv * {d}")
-        elif k == "src":
-            w(f"{name}[u, f] += gv * {d}")
-        elif k == "dst":
-            w(f"{name}[v, f] += gv * {d}")
-        else:
-            w(f"{name}[e, f] = gv * {d}")
-    w.dedent()  # column loop
+    _grad_columns(w, spec, em, roots)
     for k, i in narrow:
         name = f"g{_LEAF_ARRAY[k]}{i}"
         w(f"{name}[e, 0] = {name}_acc" if k == "edge" else f"{name}[v, 0] += {name}_acc")
