@@ -6,7 +6,8 @@ Usage::
     .venv/bin/python experiments/train_bench.py --quick    # Cora + R-MAT 2^14 only
     .venv/bin/python experiments/train_bench.py --models ggcn,gat --graphs cora,pubmed
 
-Writes ``experiments/results/training.md`` and ``training.csv`` (``--out`` to change).
+Writes ``experiments/results/training.md`` and ``training.csv`` (``--out`` and ``--name``
+to change).
 
 What is measured
     *train*: one full-graph training epoch (forward, cross-entropy on the training
@@ -779,6 +780,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="one dropout probability for every model and framework (default: each "
                         "zoo model's; 0 shows the times without dropout's share)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    p.add_argument("--name", default="training",
+                   help="file names of the results: NAME.md and NAME.csv (default: training)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
@@ -799,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = build_cases(args)
     meta = _meta(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    md, csv_path = args.out / "training.md", args.out / "training.csv"
+    md, csv_path = args.out / f"{args.name}.md", args.out / f"{args.name}.csv"
     results: list[Result] = []
     bar = tqdm(cases, desc="train_bench", unit="case")
     for case in bar:
