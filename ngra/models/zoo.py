@@ -160,7 +160,10 @@ def _sole_owner_uses() -> int:
     return _UseProbe.uses.pop()
 
 
-_SOLE_OWNER_USES = _sole_owner_uses()
+try:
+    _SOLE_OWNER_USES = _sole_owner_uses()
+except (AttributeError, RuntimeError):  # a torch without the storage use count: out of place
+    _SOLE_OWNER_USES = -1
 
 
 def _elu(x: torch.Tensor) -> torch.Tensor:
