@@ -149,6 +149,32 @@ class SharedProduct(SagaLayer):
         return p * p.sum(-1, keepdim=True) + p.sum(-1).unsqueeze(-1)
 
 
+class MixedDtypeScore(SagaLayer):
+    """A float64 attention weight on float32 features: torch promotes the product."""
+
+    gather = "softmax"
+
+    def __init__(self, f_in):
+        super().__init__()
+        self.lin = nn.Linear(f_in, 4)
+        self.a = nn.Parameter(torch.randn(4, dtype=torch.float64))
+
+    def apply_edge(self, edge):
+        h = self.lin(edge.src)
+        return (h * self.a).sum(-1).float(), h
+
+
+def test_contract_skips_a_weight_of_another_dtype():
+    g = make_graph("random")
+    layer = MixedDtypeScore(F_IN)
+    x = torch.randn(g.num_nodes, F_IN)
+    plan = compile_layer(layer, g, x, None)
+    assert "contract skipped" in "\n".join(plan.describe())
+    out = layer(g, x)
+    with disabled():
+        torch.testing.assert_close(out, layer(g, x))
+
+
 def test_contract_skips_a_product_read_elsewhere_and_keepdim():
     g = make_graph("random")
     plan = _check(SharedProduct(F_IN), g, _x(g))

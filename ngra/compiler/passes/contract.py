@@ -14,6 +14,8 @@ stage is the fuse pass's.
 
 from __future__ import annotations
 
+import torch
+
 from ngra.compiler.ir import Node, Op, Program, Stage, format_node
 from ngra.compiler.passes import PassNote
 
@@ -24,6 +26,8 @@ def _weight_fits(w: Node, x: Node) -> bool:
     """``w`` is row-independent and broadcasts to ``x``'s per-row shape without growing it."""
     if w.deps or w.shape is None or x.rest is None:
         return False
+    if x.dtype not in (torch.float32, torch.float64) or w.dtype != x.dtype:
+        return False  # x * w would promote, or rowdot would refuse the dtype
     shape = tuple(w.shape)
     if len(shape) == len(x.shape) and shape[0] == 1:
         shape = shape[1:]
