@@ -18,7 +18,8 @@ Passes (no atomics; no ``[E, F]`` tensor):
 
 * forward: rows = destinations (CSC);
 * backward, when src terms and dst or edge terms all want gradients: one walk over
-  sources (reverse CSR); dst-term gradients are added into one buffer per thread;
+  sources (reverse CSR); dst-term gradients are added into one buffer per thread
+  (on graphs with :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread);
 * otherwise, backward of dst and edge terms: the same walk over destinations as the
   forward; backward of src terms: rows = sources, walking the reverse CSR.
 
@@ -50,7 +51,7 @@ from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.registry import register
 
 __all__ = ["fused_edge_fwd", "fused_edge_bwd", "kernel_for", "cache_dir", "FLUSH_DENORMALS",
-           "ONE_PASS_BACKWARD"]
+           "ONE_PASS_BACKWARD", "ONE_PASS_MIN_DEGREE"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,13 @@ FTZ_DAZ = 0x8040  # MXCSR bit 15 (flush to zero) | bit 6 (denormals are zero)
 #: expression is evaluated once per edge instead of twice. Tests switch it off to
 #: check the two forms against each other.
 ONE_PASS_BACKWARD = True
+#: ... when the graph has at least this many edges per destination and extra thread:
+#: each thread beyond the first adds a ``[num_dst, F]`` buffer per dst term (memory,
+#: zeroing and a final sum), which a second evaluation per edge outweighs only on
+#: denser graphs. G-GCN on R-MAT 2^16 (15 edges per destination, 2 threads): backward
+#: 0.71x (``kernel_probes.py fused-edge-bwd``); on Cora (4.9): the same time within
+#: noise and +15 MB of training memory (``train_bench.py --models ggcn --graphs cora``).
+ONE_PASS_MIN_DEGREE = 8
 
 
 # ============================================================================ FP environment
@@ -196,8 +204,9 @@ def _rev_args(get_rev) -> tuple[np.ndarray, list[np.ndarray]]:
 
 
 def _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
-                  src_side, dst_side, grads) -> None:
-    """Every wanted gradient from one walk over sources (``bwd_all``).
+                  src_side, dst_side, grads) -> bool:
+    """Every wanted gradient from one walk over sources (``bwd_all``); ``False`` (nothing
+    done) when the graph is too sparse for it to pay (:data:`ONE_PASS_MIN_DEGREE`).
 
     Each thread adds its edges' dst-term gradients into a buffer of its own: thread 0
     into the returned gradient, the others into scratch rows summed into it at the end
@@ -210,13 +219,16 @@ def _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
     dst_terms = tuple(ki for ki in dst_side if ki[0] == "dst")
     edge_terms = tuple(ki for ki in dst_side if ki[0] == "edge")
     order = src_side + edge_terms + dst_terms  # the kernel's argument order
-    spec = KernelSpec("bwd_all", _dtype_name(call.dtype), call.expr, call.reduce, layout, order,
-                      FLUSH_DENORMALS)
-    kern, consts = kernel_for(spec)
     row_bytes = (_gathered_bytes(layout, groups, ("dst", "edge"))
                  + g.shape[1] * g.itemsize
                  + sum(groups[k][i].shape[1] * groups[k][i].element_size() for k, i in dst_terms))
     threads = row_threads(rp, row_bytes)
+    num_dst, num_edges = ip.shape[0] - 1, int(ip[-1])
+    if dst_terms and num_edges < ONE_PASS_MIN_DEGREE * (threads - 1) * num_dst:
+        return False
+    spec = KernelSpec("bwd_all", _dtype_name(call.dtype), call.expr, call.reduce, layout, order,
+                      FLUSH_DENORMALS)
+    kern, consts = kernel_for(spec)
     shared = [torch.empty_like(groups[k][i]) for k, i in src_side + edge_terms]
     own = [[torch.zeros_like(groups[k][i]) for k, i in dst_terms] for _ in range(threads)]
     run_rows(kern, rp, ip, *rev_args, consts, prefetch_distance(row_bytes), *arrays, g, *extra,
@@ -227,6 +239,7 @@ def _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
             total += part
     for (k, i), o in zip(src_side + edge_terms + dst_terms, shared + own[0]):
         grads[k][i] = o
+    return True
 
 
 # ============================================================================ registered ops
@@ -284,9 +297,9 @@ def fused_edge_bwd(
     extra = [as_numpy(aux)] if aux is not None else []
     src_side = tuple((k, i) for k, i, _ in layout if k == "src" and wanted[k][i])
     dst_side = tuple((k, i) for k, i, _ in layout if k in ("dst", "edge") and wanted[k][i])
-    if src_side and dst_side and ONE_PASS_BACKWARD:
-        _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
-                      src_side, dst_side, grads)
+    if (src_side and dst_side and ONE_PASS_BACKWARD
+            and _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
+                              src_side, dst_side, grads)):
         return grads["src"], grads["dst"], grads["edge"]
 
     if dst_side:

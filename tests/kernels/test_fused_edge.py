@@ -178,6 +178,32 @@ def test_one_pass_backward_equals_two_passes_on_two_threads(name, reduce, monkey
     assert_same(list(grads[True]), list(grads[False]), torch.float64, terms=num_edges)
 
 
+def test_one_pass_needs_a_dense_enough_graph_for_its_thread_buffers(monkeypatch):
+    """With 2 threads the one-pass kernel adds a dst-gradient buffer: below
+    ONE_PASS_MIN_DEGREE edges per destination the two walks run instead."""
+    n = 3000
+    calls = []
+    real = cpu_fe.kernel_for
+    monkeypatch.setattr(cpu_fe, "kernel_for", lambda spec: calls.append(spec.kind) or real(spec))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for degree, kinds in ((20, ["bwd_all"]), (4, ["bwd_dst", "bwd_src"])):
+            gen = torch.Generator().manual_seed(degree)
+            dst = torch.sort(torch.randint(0, n, (degree * n,), generator=gen)).values
+            indices = torch.randint(0, n, (degree * n,), generator=gen)
+            indptr = torch.zeros(n + 1, dtype=torch.int64)
+            indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
+            a, b = (torch.randn(n, 64, requires_grad=True) for _ in range(2))
+            with use_backend("cpu"):
+                out = fused_edge_aggregate(indptr, indices, GGCN, [b, b], [a])
+                calls.clear()
+                out.sum().backward()
+            assert calls == kinds, f"{degree} edges per destination: {calls}"
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_one_pass_kernel_is_generated_for_both_sides(gen):
     indptr, indices, num_src = graph_case("skewed", gen)
     a = torch.randn(indptr.numel() - 1, F, dtype=torch.float64, requires_grad=True)
