@@ -4,6 +4,7 @@
     python experiments/kernel_probes.py dropout        # ngra.kernels.dropout vs F.dropout, 19,717 x 500
     python experiments/kernel_probes.py dropout-linear # Linear(dropout(x)) vs dropout_linear, same x
     python experiments/kernel_probes.py fused-edge-bwd # G-GCN gate backward: one source walk vs two walks
+    python experiments/kernel_probes.py gat-memory     # a zoo GAT step on R-MAT 2^18: live tensors vs RSS
 
 ``gspmm-output`` runs on R-MAT 2^18 (edge factor 16, self-loops), F=64: ngra's
 ``gspmm`` as called, its numba kernel into a reused output buffer, the same
@@ -122,8 +123,47 @@ def fused_edge_bwd(data_root: str | None) -> None:
     cpu_fe.ONE_PASS_BACKWARD = True
 
 
+def gat_memory(data_root: str | None) -> None:
+    """One training step of the zoo GAT (2 layers, 4 heads x 16, dropout 0.6, Adam) on
+    train_bench's R-MAT 2^18 x 128 features: the peak of live tensors (torch's memory
+    profiler) and the peak RSS above the step's start (what train_bench's ``train MB``
+    reads), each in units of one N x 64 float32 tensor. The difference is allocator
+    slack; run it under ``MALLOC_MMAP_THRESHOLD_=1048576`` to see glibc's share."""
+    import torch.nn.functional as F
+
+    from ngra.datasets import load
+    from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes, tensor_peak_bytes
+    from ngra.models import build_model, prepare
+
+    ds = load("rmat:scale=18,edge_factor=16,feat=128,classes=8", root=data_root)
+    graph, edata = prepare("gat", ds.graph)
+    model = build_model("gat", ds.num_features, ds.num_classes, hidden=16, heads=4, dropout=0.6)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model.train()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = model(graph, ds.x, edata)
+        F.cross_entropy(out[ds.train_mask], ds.y[ds.train_mask]).backward()
+        opt.step()
+
+    unit = graph.num_nodes * 64 * 4
+    step(), step()
+    rss = []
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        reset_peak_rss()
+        start = rss_bytes()
+        step()
+        rss.append(peak_rss_bytes() - start)
+    live = tensor_peak_bytes(step)
+    print(f"live tensors peak {live / 1e6:7.1f} MB = {live / unit:.2f} x N x 64 float32")
+    print(f"RSS peak above step start (median of 3) {statistics.median(rss) / 1e6:7.1f} MB = "
+          f"{statistics.median(rss) / unit:.2f} x")
+
+
 PROBES = {"gspmm-output": None, "dropout": dropout, "dropout-linear": dropout_linear,
-          "fused-edge-bwd": None}
+          "fused-edge-bwd": None, "gat-memory": None}
 
 
 def main() -> None:
@@ -137,6 +177,8 @@ def main() -> None:
         gspmm_output(args.data_root)
     elif args.probe == "fused-edge-bwd":
         fused_edge_bwd(args.data_root)
+    elif args.probe == "gat-memory":
+        gat_memory(args.data_root)
     else:
         PROBES[args.probe]()
 

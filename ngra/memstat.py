@@ -15,7 +15,8 @@ import ctypes
 import gc
 import sys
 
-__all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim", "release_large_frees"]
+__all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim", "release_large_frees",
+           "tensor_peak_bytes"]
 
 
 def _status_kb(key: str) -> int | None:
@@ -104,3 +105,34 @@ def release_large_frees(threshold: int = LARGE_FREE_BYTES) -> bool:
         return False
     _released = ok
     return ok
+
+
+def tensor_peak_bytes(fn, device: str = "cpu") -> int:
+    """Peak bytes of ``device`` tensors alive at once while ``fn()`` runs, above those alive
+    before it, from torch's memory profiler (its allocation and free events, tracked per
+    storage). Unlike RSS it counts no allocator slack (glibc heap retention, huge-page
+    rounding) and no memory outside torch (numpy/numba buffers): the working set the
+    code itself asks for. Raises ``RuntimeError`` where this torch lacks the profiler's
+    memory timeline."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        from torch.profiler._memory_profiler import MemoryProfile
+    except ImportError as exc:  # pragma: no cover - torch without the timeline
+        raise RuntimeError(f"torch {torch.__version__} has no profiler memory timeline") from exc
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:
+        fn()
+    live: dict = {}
+    cur = peak = 0
+    for _, action, (key, _), size in MemoryProfile(prof.profiler.kineto_results).timeline:
+        if key.device.type != device:
+            continue
+        if action.name == "CREATE":
+            live[key] = size
+            cur += size
+        elif action.name == "DESTROY":
+            cur -= live.pop(key, 0)
+        peak = max(peak, cur)
+    return peak

@@ -9,12 +9,12 @@ output. Each is checked on its own, then the peak of live tensors of a whole zoo
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from ngra import Graph
+from ngra.memstat import tensor_peak_bytes
 from ngra.models import GATConv, build_model, prepare
 
 
@@ -50,27 +50,6 @@ def test_gat_layer_backward_accumulates_in_place_and_never_divides():
     assert ops.get("aten::add_", 0) == 2  # both score gradients, into the value's
 
 
-def _peak_live_bytes(step) -> int:
-    """Peak bytes of CPU tensors alive at once during ``step()``, above its start, from
-    torch's memory profiler (tensors it created; those alive before are the model's)."""
-    memory_profiler = pytest.importorskip("torch.profiler._memory_profiler")
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                 with_stack=True) as prof:
-        step()
-    live, cur, peak = {}, 0, 0
-    for _, action, (key, _), size in memory_profiler.MemoryProfile(
-            prof.profiler.kineto_results).timeline:
-        if key.device.type != "cpu":
-            continue
-        if action.name == "CREATE":
-            live[key] = size
-            cur += size
-        elif action.name == "DESTROY":
-            cur -= live.pop(key, 0)
-        peak = max(peak, cur)
-    return peak
-
-
 def test_gat_training_step_peak_is_three_hidden_tensors():
     n, f_in = 8192, 32
     g, _ = prepare("gat", _graph(n))
@@ -87,7 +66,7 @@ def test_gat_training_step_peak_is_three_hidden_tensors():
 
     step()
     unit = n * 64 * 4  # one N x (4 heads x 16) float32 tensor
-    peak = _peak_live_bytes(step)
+    peak = tensor_peak_bytes(step)
     # three units (the layer-1 value, the gradient of its output and that of the value)
     # plus N-sized scores, log-sum-exps, masks and layer-2 tensors (about 0.6 units);
     # before rowdot, the in-place ELU backward and the division-free state it was 4.6
