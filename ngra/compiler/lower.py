@@ -249,7 +249,7 @@ class CompiledPlan:
             prod = prod.reshape((1,) * (rank + 1 - prod.dim()) + tuple(prod.shape))
         keep = tuple(m.feat[: m.edge_dims])
         full = (rows,) + keep + (1,) * (rank - m.edge_dims)
-        return prod.expand(full).reshape((rows,) + keep)
+        return _shaped(prod.expand(full), (rows,) + keep)
 
     def _gspmm(self, ctx: _Tile, m: GspmmMatch, reduce: str) -> torch.Tensor:
         tile = ctx.tile
@@ -263,7 +263,7 @@ class CompiledPlan:
             src = src.reshape(src.shape[0] * t, f)
         ef = self._factor(ctx, m, tile.num_edges, src.dtype)
         out = kernels.gspmm(tile.indptr, indices, src, ef, reduce=reduce, rev=rev)
-        return out.reshape((ctx.num_dst,) + m.out)
+        return _shaped(out, (ctx.num_dst,) + m.out)
 
     def _virtual(self, tile: TileView, types: torch.Tensor, num_types: int,
                  num_src: int) -> tuple[torch.Tensor, Any]:
@@ -306,7 +306,7 @@ class CompiledPlan:
                                    edge_terms, reduce=reduce, rev=tile.rev if src_terms else None)
         if out.shape[1] != width:  # only width-1 terms: broadcast to the message width
             out = out.expand(out.shape[0], width)
-        return out.reshape((ctx.num_dst,) + rest)
+        return _shaped(out, (ctx.num_dst,) + rest)
 
     def _softmax_operands(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
         """``(score_src [n, H], score_dst [nd, H], value [n, H, D])`` of a staged tile."""
@@ -450,10 +450,10 @@ def _k(key: Any) -> str:
 def _term(t: torch.Tensor, rest: tuple[int, ...], layout: str) -> torch.Tensor:
     rows = t.shape[0]
     if layout == "ones":
-        return t.reshape(rows, 1)
+        return _shaped(t, (rows, 1))
     if layout == "expand":
         t = t.expand((rows,) + rest)
-    return t.reshape(rows, math.prod(rest) if rest else 1)
+    return _shaped(t, (rows, math.prod(rest) if rest else 1))
 
 
 def _const_term(v: Any, rest: tuple[int, ...], layout: str) -> torch.Tensor:
@@ -486,5 +486,6 @@ def _shaped(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """``t.reshape(shape)``, or ``t`` itself when it has that shape already: a same-shape
     reshape is still a view under autograd, and a gradient that arrives through a view
     is one autograd cannot add the term's other gradients into in place (one
-    ``N x H x D`` tensor more at a GAT layer's backward peak)."""
+    ``N x H x D`` tensor more at a GAT layer's backward peak, one fresh ``N x F`` sum
+    for G-GCN's input, read by its two linears and its edge kernel)."""
     return t if tuple(t.shape) == tuple(shape) else t.reshape(shape)

@@ -1,4 +1,5 @@
-"""A compiled GAT's training step keeps three ``N x H x D`` tensors at its backward peak.
+"""Backward memory of compiled plans: gradients are added in place, and a compiled GAT's
+training step keeps three ``N x H x D`` tensors at its backward peak.
 
 The structure behind it: the attention scores are ``rowdot`` contractions (no ``[N, H, D]``
 product), the whole-graph softmax state needs no division by ones, every gradient of
@@ -15,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ngra import Graph
 from ngra.memstat import tensor_peak_bytes
-from ngra.models import GATConv, build_model, prepare
+from ngra.models import GATConv, GGCNConv, build_model, prepare
 
 
 def _graph(n: int, seed: int = 0) -> Graph:
@@ -48,6 +49,19 @@ def test_gat_layer_backward_accumulates_in_place_and_never_divides():
     ops = {e.key: e.count for e in prof.key_averages()}
     assert ops.get("aten::add", 0) == 0, "a gradient of the value was added out of place"
     assert ops.get("aten::add_", 0) == 2  # both score gradients, into the value's
+
+
+def test_ggcn_input_gradient_is_accumulated_in_place():
+    """G-GCN's input feeds two hoisted linears and the edge kernel: its three gradients
+    are summed into the first one (no view in the kernel's term path to block that)."""
+    g = _graph(2000)
+    x = torch.randn(2000, 16, requires_grad=True)
+    out = GGCNConv(16, 16)(g, x)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out.sum().backward()
+    ops = {e.key: e.count for e in prof.key_averages()}
+    assert ops.get("aten::add", 0) == 0, "a gradient of x was added out of place"
+    assert ops.get("aten::add_", 0) >= 2
 
 
 def test_gat_training_step_peak_is_three_hidden_tensors():
