@@ -203,32 +203,44 @@ def _rev_args(get_rev) -> tuple[np.ndarray, list[np.ndarray]]:
                 as_numpy(rev_perm.to(torch.int64).contiguous())]
 
 
-def _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
-                  src_side, dst_side, grads) -> bool:
-    """Every wanted gradient from one walk over sources (``bwd_all``); ``False`` (nothing
-    done) when the graph is too sparse for it to pay (:data:`ONE_PASS_MIN_DEGREE`).
+def _walk_row_bytes(layout, groups, g: np.ndarray, dst_terms) -> int:
+    """Bytes a source walk touches at random per edge: the destination's gathered rows,
+    its ``g`` row and, with dst gradients, the rows it adds them into."""
+    return (_gathered_bytes(layout, groups, ("dst", "edge")) + g.shape[1] * g.itemsize
+            + sum(groups[k][i].shape[1] * groups[k][i].element_size() for k, i in dst_terms))
 
-    Each thread adds its edges' dst-term gradients into a buffer of its own: thread 0
-    into the returned gradient, the others into scratch rows summed into it at the end
-    (one ``[num_dst, F]`` buffer more per extra thread and dst term). A destination's
+
+def _one_pass_pays(ip: np.ndarray, rp: np.ndarray, layout, groups, g, dst_side) -> bool:
+    """Whether the dst/edge gradients should join the source walk: each thread beyond
+    the first adds a ``[num_dst, F]`` buffer per dst term, worth it only at
+    :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread."""
+    dst_terms = [ki for ki in dst_side if ki[0] == "dst"]
+    threads = row_threads(rp, _walk_row_bytes(layout, groups, g, dst_terms))
+    num_dst, num_edges = ip.shape[0] - 1, int(ip[-1])
+    return not dst_terms or num_edges >= ONE_PASS_MIN_DEGREE * (threads - 1) * num_dst
+
+
+def _source_walk(ip, rp, rev_args, call, layout, arrays, groups, g, extra,
+                 src_side, dst_side, grads) -> None:
+    """The gradients of ``src_side`` (and of ``dst_side``, ``bwd_all``) from one walk over
+    sources.
+
+    Src gradients go to the walked row, edge gradients to the edge's row. Each thread
+    adds its edges' dst-term gradients into a buffer of its own: thread 0 into the
+    returned gradient, the others into scratch rows summed into it at the end (one
+    ``[num_dst, F]`` buffer more per extra thread and dst term). A destination's
     in-edges are summed in source order, split over threads, so in float32 a hub's
     gradient rounds differently from the edge-order sums of the other backends (as far
     from the exact value, on average, as any sequential float32 sum).
     """
-    rp, rev_args = _rev_args(get_rev)
     dst_terms = tuple(ki for ki in dst_side if ki[0] == "dst")
     edge_terms = tuple(ki for ki in dst_side if ki[0] == "edge")
     order = src_side + edge_terms + dst_terms  # the kernel's argument order
-    row_bytes = (_gathered_bytes(layout, groups, ("dst", "edge"))
-                 + g.shape[1] * g.itemsize
-                 + sum(groups[k][i].shape[1] * groups[k][i].element_size() for k, i in dst_terms))
-    threads = row_threads(rp, row_bytes)
-    num_dst, num_edges = ip.shape[0] - 1, int(ip[-1])
-    if dst_terms and num_edges < ONE_PASS_MIN_DEGREE * (threads - 1) * num_dst:
-        return False
-    spec = KernelSpec("bwd_all", _dtype_name(call.dtype), call.expr, call.reduce, layout, order,
-                      FLUSH_DENORMALS)
+    spec = KernelSpec("bwd_all" if dst_side else "bwd_src", _dtype_name(call.dtype), call.expr,
+                      call.reduce, layout, order, FLUSH_DENORMALS)
     kern, consts = kernel_for(spec)
+    row_bytes = _walk_row_bytes(layout, groups, g, dst_terms)
+    threads = row_threads(rp, row_bytes)
     shared = [torch.empty_like(groups[k][i]) for k, i in src_side + edge_terms]
     own = [[torch.zeros_like(groups[k][i]) for k, i in dst_terms] for _ in range(threads)]
     run_rows(kern, rp, ip, *rev_args, consts, prefetch_distance(row_bytes), *arrays, g, *extra,
@@ -237,9 +249,8 @@ def _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
     for t in range(1, threads):
         for total, part in zip(own[0], own[t]):
             total += part
-    for (k, i), o in zip(src_side + edge_terms + dst_terms, shared + own[0]):
+    for (k, i), o in zip(order, shared + own[0]):
         grads[k][i] = o
-    return True
 
 
 # ============================================================================ registered ops
@@ -277,10 +288,10 @@ def fused_edge_bwd(
     """Backward: ``(src_grads, dst_grads, edge_grads)``, ``None`` where not needed.
 
     When src terms and dst or edge terms want gradients, one pass over sources computes
-    them all (:func:`_bwd_one_pass`); otherwise gradients of dst and edge terms come
-    from one pass over destinations, those of src terms from one pass over sources
-    (``get_rev()`` builds or returns the reverse CSR only then). A term the expression
-    never reads gets zeros.
+    them all (:func:`_source_walk`, where :func:`_one_pass_pays`); otherwise gradients of
+    dst and edge terms come from one pass over destinations, those of src terms from one
+    pass over sources (``get_rev()`` builds or returns the reverse CSR only then). A term
+    the expression never reads gets zeros.
     """
     groups = {"src": src, "dst": dst, "edge": edge}
     wanted = dict(zip(("src", "dst", "edge"), need))
@@ -291,20 +302,21 @@ def fused_edge_bwd(
             for i, (t, n) in enumerate(zip(groups[k], wanted[k]))]
         for k in groups
     }
-    dtype = _dtype_name(call.dtype)
     ip = as_numpy(indptr.to(torch.int64).contiguous())
     g = as_numpy(grad_out.contiguous())
     extra = [as_numpy(aux)] if aux is not None else []
     src_side = tuple((k, i) for k, i, _ in layout if k == "src" and wanted[k][i])
     dst_side = tuple((k, i) for k, i, _ in layout if k in ("dst", "edge") and wanted[k][i])
-    if (src_side and dst_side and ONE_PASS_BACKWARD
-            and _bwd_one_pass(ip, get_rev, call, layout, arrays, groups, g, extra,
-                              src_side, dst_side, grads)):
-        return grads["src"], grads["dst"], grads["edge"]
+    walked: tuple = ()  # dst/edge gradients that the source walk computes too
+    if src_side:
+        rp, rev_args = _rev_args(get_rev)
+        if dst_side and ONE_PASS_BACKWARD and _one_pass_pays(ip, rp, layout, groups, g,
+                                                             dst_side):
+            walked = dst_side
 
-    if dst_side:
-        spec = KernelSpec("bwd_dst", dtype, call.expr, call.reduce, layout, dst_side,
-                          FLUSH_DENORMALS)
+    if dst_side and not walked:
+        spec = KernelSpec("bwd_dst", _dtype_name(call.dtype), call.expr, call.reduce, layout,
+                          dst_side, FLUSH_DENORMALS)
         kern, consts = kernel_for(spec)
         outs = [torch.empty_like(groups[k][i]) for k, i in dst_side]
         row_bytes = _gathered_bytes(layout, groups, ("src",))
@@ -315,15 +327,6 @@ def fused_edge_bwd(
             grads[k][i] = o
 
     if src_side:
-        rp, rev_args = _rev_args(get_rev)
-        spec = KernelSpec("bwd_src", dtype, call.expr, call.reduce, layout, src_side,
-                          FLUSH_DENORMALS)
-        kern, consts = kernel_for(spec)
-        outs = [torch.empty_like(groups[k][i]) for k, i in src_side]
-        row_bytes = (_gathered_bytes(layout, groups, ("dst", "edge"))
-                     + grad_out.shape[1] * grad_out.element_size())
-        run_rows(kern, rp, ip, *rev_args, consts, prefetch_distance(row_bytes), *arrays, g,
-                 *extra, *[as_numpy(o) for o in outs], row_bytes=row_bytes)
-        for (k, i), o in zip(src_side, outs):
-            grads[k][i] = o
+        _source_walk(ip, rp, rev_args, call, layout, arrays, groups, g, extra, src_side, walked,
+                     grads)
     return grads["src"], grads["dst"], grads["edge"]
