@@ -327,14 +327,14 @@ class CompiledPlan:
                                              negative_slope=m.slope, rev=tile.rev,
                                              return_lse=True)
         o = _shaped(out, (nd,) + m.heads + m.dims)
-        has = (tile.indptr[1:] > tile.indptr[:-1]).to(out.dtype)
-        ss = has.view((nd,) + (1,) * len(m.heads)).expand((nd,) + m.heads)
         if tile.whole:
             # The tile holds every edge: no other tile merges into this state, so the
             # normalized output is the whole state; the sum None says so, and finalize
             # returns ``o`` itself (no division by ones: one N x H x D tensor less in
             # forward and in backward).
             return out.new_zeros((nd,) + m.heads), None, o
+        has = (tile.indptr[1:] > tile.indptr[:-1]).to(out.dtype)
+        ss = has.view((nd,) + (1,) * len(m.heads)).expand((nd,) + m.heads)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (s_src, s_dst, v3)):
             # the kernel's lse is not differentiable; chunked training differentiates
             # tiles with tile_grads, so only a lone partial tile under autograd gets here
