@@ -133,31 +133,28 @@ class _ELU(torch.autograd.Function):
         return torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y)
 
 
-class _UseProbe(torch.autograd.Function):
-    uses: list[int] = []
-
-    @staticmethod
-    def forward(ctx, x):
-        y = x * 1.0
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        _UseProbe.uses.append(_storage_uses(y))
-        return grad
-
-
 def _sole_owner_uses() -> int:
     """The storage use count a saved output shows in backward when its forward value has
     been dropped and its consumers are done (torch 2.13: 3)."""
-    x = torch.zeros(2, requires_grad=True)
-    y = _UseProbe.apply(x)
+    seen: list[int] = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x * 1.0
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(_storage_uses(ctx.saved_tensors[0]))
+            return grad
+
+    y = Probe.apply(torch.zeros(2, requires_grad=True))
     loss = (y * 2.0).sum()
     del y
     loss.backward()
-    return _UseProbe.uses.pop()
+    return seen[0]
 
 
 try:
