@@ -1,10 +1,12 @@
 """Kernel probes quoted in issue notes (interleaved rounds, so noise hits every variant).
 
-    python experiments/kernel_probes.py gspmm-output   # copy-sum g-SpMM: fresh vs reused output, vs DGL
-    python experiments/kernel_probes.py dropout        # ngra.kernels.dropout vs F.dropout, 19,717 x 500
-    python experiments/kernel_probes.py dropout-linear # Linear(dropout(x)) vs dropout_linear, same x
-    python experiments/kernel_probes.py fused-edge-bwd # G-GCN gate backward: one source walk vs two walks
-    python experiments/kernel_probes.py gat-memory     # a zoo GAT step on R-MAT 2^18: live tensors vs RSS
+    python experiments/kernel_probes.py PROBE [--threads 2] [--data-root DIR]
+
+    gspmm-output    copy-sum g-SpMM: fresh vs reused output, vs DGL
+    dropout         ngra.kernels.dropout vs F.dropout, 19,717 x 500
+    dropout-linear  Linear(dropout(x)) vs dropout_linear, same x
+    fused-edge-bwd  G-GCN gate backward: one source walk vs two walks
+    gat-memory      a zoo GAT step on R-MAT 2^18: live tensors vs RSS
 
 ``gspmm-output`` runs on R-MAT 2^18 (edge factor 16, self-loops), F=64: ngra's
 ``gspmm`` as called, its numba kernel into a reused output buffer, the same
@@ -106,8 +108,9 @@ def fused_edge_bwd(data_root: str | None) -> None:
     gen = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(g.num_nodes, 64, generator=gen).requires_grad_() for _ in range(3))
     expr, rev = E.sigmoid(E.dst(0) + E.src(1)) * E.src(0), g.csr()
-    outs = {need_c: fused_edge_aggregate(g.indptr, g.indices, expr, [c if need_c else c.detach(), b],
-                                         [a], rev=rev) for need_c in (True, False)}
+    outs = {need_c: fused_edge_aggregate(g.indptr, g.indices, expr,
+                                         [c if need_c else c.detach(), b], [a], rev=rev)
+            for need_c in (True, False)}
     ones = torch.ones_like(outs[True])
 
     def bwd(one_pass: bool, need_c: bool):
@@ -162,8 +165,10 @@ def gat_memory(data_root: str | None) -> None:
           f"{statistics.median(rss) / unit:.2f} x")
 
 
-PROBES = {"gspmm-output": None, "dropout": dropout, "dropout-linear": dropout_linear,
-          "fused-edge-bwd": None, "gat-memory": None}
+# every probe takes the --data-root (those on synthetic data ignore it)
+PROBES = {"gspmm-output": gspmm_output, "dropout": lambda _root: dropout(),
+          "dropout-linear": lambda _root: dropout_linear(), "fused-edge-bwd": fused_edge_bwd,
+          "gat-memory": gat_memory}
 
 
 def main() -> None:
@@ -173,14 +178,7 @@ def main() -> None:
     ap.add_argument("--data-root", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.probe == "gspmm-output":
-        gspmm_output(args.data_root)
-    elif args.probe == "fused-edge-bwd":
-        fused_edge_bwd(args.data_root)
-    elif args.probe == "gat-memory":
-        gat_memory(args.data_root)
-    else:
-        PROBES[args.probe]()
+    PROBES[args.probe](args.data_root)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ and ``a_src`` ``[H, D]``. Written out, torch makes the ``[N, H, D]`` product in 
 and, in backward, both ``g * a_src`` (the input gradient, which is wanted) and
 ``g * h`` (summed over rows into the weight gradient, which is ``[H, D]``). Here the
 forward and the weight gradient are matrix products that read ``x`` in place; the only
-``x``-sized tensor made is the input gradient. The compiler's ``contract`` pass lowers the written-out form to this op.
+``x``-sized tensor made is the input gradient. The compiler's ``contract`` pass lowers
+the written-out form to this op.
 
 Plain torch (no backend kernels): it runs on any device ``x`` and ``w`` share.
 """

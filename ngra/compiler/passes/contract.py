@@ -67,8 +67,9 @@ def run(program: Program) -> PassNote:
         x, w = found
         before = format_node(pre, n.id)
         n.op, n.args, n.attrs = Op.ROWDOT, (x.id, w.id), {}
-        details.append(f"{before} -> {format_node(pre, n.id)}  (no [N, {', '.join(map(str, x.rest))}]"
-                       " product in forward or backward)")
+        rest = ", ".join(map(str, x.rest))
+        details.append(f"{before} -> {format_node(pre, n.id)}  (no [N, {rest}] product in "
+                       "forward or backward)")
     if not details:
         return PassNote("contract", False, "no (x * w).sum(-1) with a row-independent w on the "
                         "vertex side")
