@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 import torch
-from graph_cases import CASES, graph_case
+from graph_cases import CASES, graph_case, to_csc
 from kernel_testing import assert_as_accurate, assert_same, max_degree, run
 
 import ngra.kernels.cpu.fused_edge as cpu_fe
@@ -152,10 +152,7 @@ def test_one_pass_backward_equals_two_passes_on_two_threads(name, reduce, monkey
     n, num_edges = 3000, 60000
     src = torch.randint(0, n, (num_edges,), generator=gen)
     dst = torch.randint(0, n // 3, (num_edges,), generator=gen) * 3  # skewed: few, busy rows
-    order = torch.argsort(dst, stable=True)
-    indices = src[order]
-    indptr = torch.zeros(n + 1, dtype=torch.int64)
-    indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
+    indptr, indices = to_csc(src, dst, n)
     expr, _ = EXPRS[name]
     t = _terms(name, n, n, num_edges, torch.float64, gen)
     inputs = [x.requires_grad_() for x in t["src"] + t["dst"] + t["edge"]]
@@ -190,10 +187,8 @@ def test_one_pass_needs_a_dense_enough_graph_for_its_thread_buffers(monkeypatch)
     try:
         for degree, kinds in ((20, ["bwd_all"]), (4, ["bwd_dst", "bwd_src"])):
             gen = torch.Generator().manual_seed(degree)
-            dst = torch.sort(torch.randint(0, n, (degree * n,), generator=gen)).values
-            indices = torch.randint(0, n, (degree * n,), generator=gen)
-            indptr = torch.zeros(n + 1, dtype=torch.int64)
-            indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
+            dst = torch.randint(0, n, (degree * n,), generator=gen)
+            indptr, indices = to_csc(torch.randint(0, n, (degree * n,), generator=gen), dst, n)
             a, b = (torch.randn(n, 64, requires_grad=True) for _ in range(2))
             with use_backend("cpu"):
                 out = fused_edge_aggregate(indptr, indices, GGCN, [b, b], [a])
