@@ -6,6 +6,7 @@ dispatches through the registry to a backend (``ref``: plain torch, ``cpu``:
 numba, ``gpu``: torch on CUDA). ``rowdot`` is dense: plain torch on any device.
 """
 
+from ngra.kernels.attention_aggregate import Recompute, attention_aggregate, keep_value
 from ngra.kernels.dropout import dropout
 from ngra.kernels.dropout_linear import dropout_linear
 from ngra.kernels.edge_softmax import edge_softmax
@@ -20,6 +21,8 @@ from ngra.kernels.softmax_aggregate import softmax_aggregate, softmax_aggregate_
 from ngra.kernels.transpose import transpose_csc
 
 __all__ = [
+    "Recompute",
+    "attention_aggregate",
     "available",
     "backward_only",
     "current_backend",
@@ -29,6 +32,7 @@ __all__ = [
     "forward_skipped",
     "gsddmm",
     "gspmm",
+    "keep_value",
     "lookup",
     "register",
     "rowdot",

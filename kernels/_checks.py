@@ -250,6 +250,15 @@ def check_feat(t: object, name: str, *, min_dim: int = 1) -> torch.Tensor:
     return t
 
 
+def check_slope(negative_slope: object) -> float:
+    """A LeakyReLU slope: a finite real number (not a bool)."""
+    if not isinstance(negative_slope, (int, float)) or isinstance(negative_slope, bool):
+        raise TypeError(f"negative_slope must be a float; got {type(negative_slope).__name__}.")
+    if not math.isfinite(negative_slope):
+        raise ValueError(f"negative_slope must be finite; got {negative_slope}.")
+    return float(negative_slope)
+
+
 def check_same_device(ref: torch.Tensor, **tensors: torch.Tensor | None) -> None:
     for name, t in tensors.items():
         if t is not None and t.device != ref.device:

@@ -21,7 +21,7 @@ from torch.autograd.function import once_differentiable
 
 from ngra.kernels._checks import check_feat
 
-__all__ = ["rowdot"]
+__all__ = ["check_row_weight", "rowdot"]
 
 
 def rowdot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -41,25 +41,32 @@ def rowdot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ValueError: ``x`` below 2-D, or ``w`` not broadcastable to ``x.shape[1:]``.
     """
     x = check_feat(x, "x")
-    w = check_feat(w, "w")
     if x.dim() < 2:
         raise ValueError(f"x must be [N, ..., D] with at least 2 dims; got shape {list(x.shape)}.")
+    return _RowDot.apply(x, check_row_weight(x, w, "w"))
+
+
+def check_row_weight(x: torch.Tensor, w: torch.Tensor, name: str) -> torch.Tensor:
+    """``w`` checked to be one weight for every row of ``x`` (as :func:`rowdot` takes it),
+    with a leading row dim of 1 dropped."""
+    w = check_feat(w, name)
     if w.dtype != x.dtype or w.device != x.device:
-        raise TypeError(f"w must match x's dtype and device ({x.dtype}, {x.device}); got "
+        raise TypeError(f"{name} must match x's dtype and device ({x.dtype}, {x.device}); got "
                         f"{w.dtype} on {w.device}.")
     if w.dim() == x.dim() and w.shape[0] == 1:
         w = w.squeeze(0)  # a leading row dim of 1 broadcasts over rows too
     if w.dim() > x.dim() - 1:
-        raise ValueError(f"w must be the same for every row: at most {x.dim() - 1} dims (or a "
-                         f"leading 1) for x of shape {list(x.shape)}; got shape {list(w.shape)}.")
+        raise ValueError(f"{name} must be the same for every row: at most {x.dim() - 1} dims (or "
+                         f"a leading 1) for x of shape {list(x.shape)}; got shape "
+                         f"{list(w.shape)}.")
     try:
         fits = torch.broadcast_shapes(tuple(w.shape), tuple(x.shape[1:])) == x.shape[1:]
     except RuntimeError:
         fits = False
     if not fits:
-        raise ValueError(f"w of shape {list(w.shape)} does not broadcast to x's per-row shape "
-                         f"{list(x.shape[1:])}.")
-    return _RowDot.apply(x, w)
+        raise ValueError(f"{name} of shape {list(w.shape)} does not broadcast to x's per-row "
+                         f"shape {list(x.shape[1:])}.")
+    return w
 
 
 class _RowDot(torch.autograd.Function):

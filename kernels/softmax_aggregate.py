@@ -14,13 +14,18 @@ per-destination log-sum-exp. The backward recomputes the attention weights, and
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import check_csc, check_feat, check_rev, check_same_device
+from ngra.kernels._checks import (
+    check_csc,
+    check_feat,
+    check_rev,
+    check_same_device,
+    check_slope,
+)
 from ngra.kernels.registry import lookup
 from ngra.kernels.transpose import reverse_of
 
@@ -113,10 +118,7 @@ def softmax_aggregate(
             f"got {score_dst.shape[0]}."
         )
     check_same_device(indices, score_src=score_src, score_dst=score_dst, value=value)
-    if not isinstance(negative_slope, (int, float)) or isinstance(negative_slope, bool):
-        raise TypeError(f"negative_slope must be a float; got {type(negative_slope).__name__}.")
-    if not math.isfinite(negative_slope):
-        raise ValueError(f"negative_slope must be finite; got {negative_slope}.")
+    negative_slope = check_slope(negative_slope)
     if rev is not None:
         rev = check_rev(rev, num_src, num_dst, indices.numel(), indices.device)
     out, lse = _SoftmaxAggregate.apply(

@@ -23,6 +23,12 @@ B. over sources (the reverse CSR): ``d value[u]`` and ``d score_src[u]`` (gather
 C. (edge-buffer variant) over destinations: ``d score_dst[v]`` = contiguous
    segment sums of that buffer.
 
+``softmax_aggregate_bwd_fold`` (attention_aggregate, scores ``value . w``) runs the
+gather variant of A, then B with the score gradients folded in at the end of each
+source row: ``d value[u] += gss[u] w_src + gsd[u] w_dst`` and the ``[H, D]`` weight
+gradients ``sum_u gss[u] value[u]`` (per-thread sums), optionally writing ``d value``
+over ``value``: row ``u`` of the value is read only while row ``u`` is walked.
+
 The edge buffer is transient ``O(E * H)`` (freed on return); it replaces a full
 second gather of ``value`` rows (``E * H * D`` elements) by one ``H``-element
 scattered write and one contiguous read per edge, so it is chosen when a value
@@ -42,10 +48,11 @@ import numpy as np
 import torch
 from numba import njit
 
-from ngra.kernels.cpu._util import as_numpy, dummy, prefetch_row, run_rows
+from ngra.kernels.cpu._util import as_numpy, dummy, prefetch_row, row_threads, run_rows
 from ngra.kernels.registry import register
 
-__all__ = ["EDGE_BUFFER_MIN_ROW_BYTES", "softmax_aggregate_bwd", "softmax_aggregate_fwd"]
+__all__ = ["EDGE_BUFFER_MIN_ROW_BYTES", "softmax_aggregate_bwd", "softmax_aggregate_bwd_fold",
+           "softmax_aggregate_fwd"]
 
 # A value row (H * D * itemsize bytes) at least this long makes the transient [E, H]
 # edge buffer cheaper than re-gathering value rows in backward pass A: the buffer
@@ -185,8 +192,15 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def _bwd_src_rows(rindptr, rindices, rperm, ss, sd, lse, delta, val, g, slope, use_ebuf, ebuf, gss,
-                  gval, u0, u1):  # pragma: no cover
-    """Pass B over sources ``[u0, u1)`` of the reverse CSR."""
+                  gval, fold, ws, wd, gsd, ps, pd, u0, u1):  # pragma: no cover
+    """Pass B over sources ``[u0, u1)`` of the reverse CSR.
+
+    With ``fold`` (scores that are row dots of the value itself, ``ss = val . ws`` and
+    ``sd = val . wd``; source and destination rows the same vertices) the end of row
+    ``u`` also adds ``gss[u] ws + gsd[u] wd`` to ``gval[u]`` and ``gss[u] val[u]``,
+    ``gsd[u] val[u]`` to this thread's weight-gradient sums ``ps``, ``pd``. Row ``u``
+    of ``val`` is read by no other row here (pass A, which gathers it, is done), so
+    ``gval`` may be ``val`` itself: each row is read before it is overwritten."""
     heads = ss.shape[1]
     dim = val.shape[2]
     ssu = np.empty(heads, np.float64)
@@ -229,8 +243,16 @@ def _bwd_src_rows(rindptr, rindices, rperm, ss, sd, lse, delta, val, g, slope, u
                         ebuf[rperm[k0 + kk], h] = de
         for h in range(heads):
             gss[u, h] = gs[h]
-            for d in range(dim):
-                gval[u, h, d] = gv[h, d]
+            if fold:
+                gdu = gsd[u, h]
+                for d in range(dim):
+                    vud = np.float64(val[u, h, d])
+                    ps[h, d] += gs[h] * vud
+                    pd[h, d] += gdu * vud
+                    gval[u, h, d] = gv[h, d] + gs[h] * ws[h, d] + gdu * wd[h, d]
+            else:
+                for d in range(dim):
+                    gval[u, h, d] = gv[h, d]
 
 
 @njit(cache=True, nogil=True)
@@ -289,13 +311,49 @@ def softmax_aggregate_bwd(
         edge_buffer: force the transient ``[E, H]`` edge-buffer variant on or off
             (default: on when a value row is >= ``EDGE_BUFFER_MIN_ROW_BYTES``).
     """
-    rev_indptr, rev_indices, rev_perm = rev
-    heads = score_src.shape[1]
-    num_dst = score_dst.shape[0]
     if out is None:
         edge_buffer = False
     elif edge_buffer is None:
-        edge_buffer = heads * value.shape[2] * value.element_size() >= EDGE_BUFFER_MIN_ROW_BYTES
+        edge_buffer = (score_src.shape[1] * value.shape[2] * value.element_size()
+                       >= EDGE_BUFFER_MIN_ROW_BYTES)
+    g_score_src, g_score_dst, g_value, _ = _backward(
+        indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out, negative_slope,
+        edge_buffer, None, torch.empty_like(value))
+    return g_score_src, g_score_dst, g_value
+
+
+@register("softmax_aggregate_bwd_fold", "cpu")
+def softmax_aggregate_bwd_fold(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    rev: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    value: torch.Tensor,
+    w_src: torch.Tensor,
+    w_dst: torch.Tensor,
+    score_src: torch.Tensor,
+    score_dst: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    negative_slope: float,
+    inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(d value, d w_src, d w_dst)`` of ``attention_aggregate`` (scores
+    ``value . w``): the score gradients are folded into pass B, and with ``inplace``
+    ``d value`` is written over ``value`` (which then no longer holds the value)."""
+    gval = value if inplace else torch.empty_like(value)
+    _, _, g_value, (ps, pd) = _backward(
+        indptr, indices, rev, score_src, score_dst, value, None, lse, grad_out, negative_slope,
+        False, (as_numpy(w_src), as_numpy(w_dst)), gval)
+    return g_value, ps.to(value.dtype), pd.to(value.dtype)
+
+
+def _backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out,
+              negative_slope, edge_buffer, fold, g_value):
+    """Passes A, B (and C with ``edge_buffer``); ``fold = (w_src, w_dst)`` numpy ``[H, D]``
+    or ``None``. Returns ``(d score_src, d score_dst, g_value, (P_src, P_dst) or None)``."""
+    rev_indptr, rev_indices, rev_perm = rev
+    heads, dim = score_src.shape[1], value.shape[2]
+    num_dst = score_dst.shape[0]
     ip, rip = as_numpy(indptr), as_numpy(rev_indptr)
     ss, val, g = as_numpy(score_src), as_numpy(value), as_numpy(grad_out)
     slope = float(negative_slope)
@@ -306,18 +364,24 @@ def softmax_aggregate_bwd(
     sd = as_numpy(score_dst)
     g_score_src = torch.empty_like(score_src)
     g_score_dst = torch.empty_like(score_dst)
-    g_value = torch.empty_like(value)
     gsd = as_numpy(g_score_dst)
     out_np = dummy(val.dtype, 3) if out is None else as_numpy(out)
     run_rows(_bwd_dst_rows, ip, ip, as_numpy(indices), ss, sd, val, out_np, out is not None,
              lse_np, g, slope, not edge_buffer, delta, gsd)
-    if edge_buffer:
-        ebuf = np.empty((indices.numel(), heads), val.dtype)
+    ebuf = np.empty((indices.numel(), heads), val.dtype) if edge_buffer else dummy(val.dtype, 2)
+    threads = row_threads(rip)
+    if fold is None:
+        ws = wd = dummy(val.dtype, 2)
+        sums = [(dummy(np.float64, 2), dummy(np.float64, 2))] * threads
     else:
-        ebuf = dummy(val.dtype, 2)
+        ws, wd = fold
+        sums = [(np.zeros((heads, dim)), np.zeros((heads, dim))) for _ in range(threads)]
     run_rows(_bwd_src_rows, rip, rip, as_numpy(rev_indices), as_numpy(rev_perm), ss,
              sd, lse_np, delta, val, g, slope, bool(edge_buffer), ebuf, as_numpy(g_score_src),
-             as_numpy(g_value))
+             as_numpy(g_value), fold is not None, ws, wd, gsd, per_thread=sums)
     if edge_buffer:
         run_rows(_segment_sum_rows, ip, ip, ebuf, gsd)
-    return g_score_src, g_score_dst, g_value
+    if fold is None:
+        return g_score_src, g_score_dst, g_value, None
+    return g_score_src, g_score_dst, g_value, tuple(
+        torch.from_numpy(sum(part[k] for part in sums)) for k in (0, 1))

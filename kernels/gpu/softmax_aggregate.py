@@ -15,9 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from ngra.kernels.gpu._util import require_cuda
+from ngra.kernels.ref.softmax_aggregate import fold_score_grads
 from ngra.kernels.registry import register
 
-__all__ = ["CHUNK_ELEMENTS", "backward", "forward", "softmax_aggregate_bwd", "softmax_aggregate_fwd"]
+__all__ = ["CHUNK_ELEMENTS", "backward", "forward", "softmax_aggregate_bwd", "softmax_aggregate_bwd_fold",
+           "softmax_aggregate_fwd"]
 
 # Transient message elements per chunk (2^24 float32 = 64 MiB).
 CHUNK_ELEMENTS = 1 << 24
@@ -120,3 +122,12 @@ def softmax_aggregate_bwd(indptr, indices, rev, score_src, score_dst, value, out
     require_cuda(indptr, indices, score_src, score_dst, value, out, lse, grad_out)
     return backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out,
                     negative_slope)
+
+
+@register("softmax_aggregate_bwd_fold", "gpu")
+def softmax_aggregate_bwd_fold(indptr, indices, rev, value, w_src, w_dst, score_src, score_dst,
+                               lse, grad_out, negative_slope, inplace):
+    """The reference's fold over :func:`backward`; CUDA tensors only, never in place."""
+    require_cuda(indptr, indices, value, w_src, w_dst, score_src, score_dst, lse, grad_out)
+    return fold_score_grads(softmax_aggregate_bwd, indptr, indices, rev, value, w_src, w_dst,
+                            score_src, score_dst, lse, grad_out, negative_slope)

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from ngra.kernels.registry import register
 
-__all__ = ["softmax_aggregate_bwd", "softmax_aggregate_fwd"]
+__all__ = ["fold_score_grads", "softmax_aggregate_bwd", "softmax_aggregate_bwd_fold",
+           "softmax_aggregate_fwd"]
 
 
 def _edge_ends(indptr: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,3 +94,25 @@ def softmax_aggregate_bwd(
     g_score_dst = torch.zeros_like(score_dst).index_add_(0, dst, d_raw)
     g_value = torch.zeros_like(value).index_add_(0, src, alpha.unsqueeze(-1) * g_dst)
     return g_score_src, g_score_dst, g_value
+
+
+def fold_score_grads(bwd, indptr, indices, rev, value, w_src, w_dst, score_src, score_dst, lse,
+                     grad_out, negative_slope):
+    """``(d value, d w_src, d w_dst)`` when ``score_src = value . w_src`` and
+    ``score_dst = value . w_dst`` (per head; ``w`` ``[H, D]``), from the score and value
+    gradients of ``bwd`` (a ``softmax_aggregate_bwd``) and the chain rule through the
+    row dot products. Plain torch on any device; never in place."""
+    g_ss, g_sd, g_value = bwd(indptr, indices, rev, score_src, score_dst, value, None, lse,
+                              grad_out, negative_slope)
+    g_value = g_value + g_ss.unsqueeze(-1) * w_src + g_sd.unsqueeze(-1) * w_dst
+    g_w_src = (g_ss.unsqueeze(-1) * value).sum(0)
+    g_w_dst = (g_sd.unsqueeze(-1) * value).sum(0)
+    return g_value, g_w_src, g_w_dst
+
+
+@register("softmax_aggregate_bwd_fold", "ref")
+def softmax_aggregate_bwd_fold(indptr, indices, rev, value, w_src, w_dst, score_src, score_dst,
+                               lse, grad_out, negative_slope, inplace):
+    """:func:`fold_score_grads` over :func:`softmax_aggregate_bwd`; ``inplace`` is ignored."""
+    return fold_score_grads(softmax_aggregate_bwd, indptr, indices, rev, value, w_src, w_dst,
+                            score_src, score_dst, lse, grad_out, negative_slope)

@@ -127,6 +127,9 @@ class CompiledPlan:
         self.edge_kinds: tuple[str, ...] = tuple(m.kind for m in program.lowering.values())
         self._typed_cache: list[tuple] = []
         self.dropout_linears, self.dropout_note = _dropout_linears(program)
+        self._value_recipe = _value_recipe(program, self.dropout_linears)
+        # (weak refs to pre's value term and to x, Recompute.fn, parameters, rng state)
+        self._deferred: tuple | None = None
 
     @property
     def layer(self) -> Any:
@@ -177,9 +180,37 @@ class CompiledPlan:
             env = evaluate(self.program.pre, args, vertex, self.resolver)
             weights = [env[w] for _, w, _ in self.dropout_linears]
             biases = [None if b is None else env[b] for _, _, b in self.dropout_linears]
+            rng = torch.get_rng_state()
             outs = kernels.dropout_linear(x, weights, biases, dropout)
             preset = {lin: out for (lin, _, _), out in zip(self.dropout_linears, outs)}
-        return run_stage(self.program.pre, vertex, self.resolver, preset)
+        terms = run_stage(self.program.pre, vertex, self.resolver, preset)
+        self._deferred = None
+        if self._value_recipe is not None and isinstance(x, torch.Tensor):
+            self._deferred = self._recompute_value(terms, x, dropout, rng if dropout else None)
+        return terms
+
+    def _recompute_value(self, terms: dict, x: torch.Tensor, dropout: float,
+                         rng: torch.Tensor | None) -> tuple | None:
+        """How attention_aggregate can make the softmax value term again from ``x`` and
+        the parameters (a Recompute), with pre's value term it stands for."""
+        key, root, params, all_dropout = self._value_recipe
+        if dropout and not all_dropout:
+            return None  # the value would need its own draw of the one dropout mask
+        pre, resolver, lins = self.program.pre, self.resolver, self.dropout_linears
+
+        def fn(x_: torch.Tensor, *ps: torch.Tensor) -> torch.Tensor:
+            preset = dict(zip(params, ps))
+            if dropout:
+                outs = kernels.dropout_linear(
+                    x_, [preset[w] for _, w, _ in lins],
+                    [None if b is None else preset[b] for _, _, b in lins], dropout)
+                preset.update((lin, o) for (lin, _, _), o in zip(lins, outs))
+            return evaluate(pre, [root], lambda _n: x_, resolver, preset)[root]
+
+        env = evaluate(pre, params, lambda _n: x, resolver)
+        # weak: the plan outlives the step, and x (an activation, for a second layer) must
+        # not stay alive, nor look shared to in-place backward kernels, through it
+        return (weakref.ref(terms[key]), weakref.ref(x), fn, [env[i] for i in params], rng)
 
     def edge(self, tile: TileView, src: Any, dst: Any, edata: Any) -> Any:
         ctx = _Tile(tile, src, dst, edata)
@@ -322,6 +353,23 @@ class CompiledPlan:
 
     def _softmax(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
         tile, nd = ctx.tile, ctx.num_dst
+        if tile.whole and m.weights is not None and ctx.src[m.value].shape[0] == nd:
+            # every edge, scores rowdot(value, w): one op differentiates scores and value
+            # (see attention_aggregate; the pre stage's scores go unused here)
+            value = ctx.src[m.value]
+            shape = (nd, math.prod(m.heads) if m.heads else 1, m.dims[0])
+            env = evaluate(self.program.pre, list(m.weights), ctx, self.resolver)
+            rest = m.heads + m.dims
+            ws, wd = (_row_weight(env[i], rest).expand(rest).reshape(shape[1:])
+                      for i in m.weights)
+            rc, deferred, self._deferred = None, self._deferred, None
+            if deferred is not None and deferred[0]() is value and deferred[1]() is not None:
+                _, x, fn, params, rng = deferred
+                rc = kernels.Recompute(lambda *a: _shaped(fn(*a), shape), [x(), *params], rng)
+            out = kernels.attention_aggregate(tile.indptr, tile.src_idx, _shaped(value, shape),
+                                              ws, wd, negative_slope=m.slope, rev=tile.rev,
+                                              recompute=rc)
+            return out.new_zeros((nd,) + m.heads), None, _shaped(out, (nd,) + m.heads + m.dims)
         s_src, s_dst, v3 = self._softmax_operands(ctx, m)
         out, lse = kernels.softmax_aggregate(tile.indptr, tile.src_idx, s_src, s_dst, v3,
                                              negative_slope=m.slope, rev=tile.rev,
@@ -415,6 +463,30 @@ class CompiledPlan:
         return lines
 
 
+def _row_weight(w: torch.Tensor, rest: tuple[int, ...]) -> torch.Tensor:
+    """A rowdot weight without its leading row dim of 1, if it has one (``[1, H, D]``)."""
+    return w.squeeze(0) if w.dim() == len(rest) + 1 and w.shape[0] == 1 else w
+
+
+def _value_recipe(program: Program, dropout_linears: list) -> tuple | None:
+    """``(value key, value node, its PARAM nodes, reads every dropout Linear)`` when
+    the softmax value of a rowdot-scored match (``SoftmaxMatch.weights``) is made in
+    pre from the plain ``x`` and parameters by closed ops alone (no opaque call, no
+    random op), so that attention_aggregate can make it again in backward; else None."""
+    m = program.lowering.get(None)
+    if not isinstance(m, SoftmaxMatch) or m.weights is None or "pre" in program.as_written:
+        return None
+    pre = program.pre
+    root = pre.outputs[m.value].id
+    nodes = [pre.nodes[i] for i in pre.ancestors([root])]
+    if any(n.op == Op.OPAQUE or (n.op == Op.VERTEX and n.attrs["key"] is not None)
+           for n in nodes):
+        return None
+    ids = {n.id for n in nodes}
+    return (m.value, root, [n.id for n in nodes if n.op == Op.PARAM],
+            all(lin in ids for lin, _, _ in dropout_linears))
+
+
 def _refs(struct: Any) -> list:
     return list(iter_refs(struct))
 
@@ -431,9 +503,13 @@ def _kernel_line(p: Program, m: Any, gather: str) -> str:
         return (f"gspmm({format_key(m.src)}, {ef}, reduce={reduce}) -> "
                 f"[N_dst, {', '.join(map(str, m.out))}]")
     if isinstance(m, SoftmaxMatch):
-        return (f"softmax_aggregate(score_src={_k(m.score_src)}, score_dst={_k(m.score_dst)}, "
+        line = (f"softmax_aggregate(score_src={_k(m.score_src)}, score_dst={_k(m.score_dst)}, "
                 f"value={format_key(m.value)}, negative_slope={m.slope:g}) -> "
                 f"[N_dst, {', '.join(map(str, m.heads + m.dims))}]; no [E, H, D] tensor")
+        if m.weights is not None:
+            line += ("; whole graph: attention_aggregate(value, w_src, w_dst), the scores' "
+                     "rowdots inside")
+        return line
     if isinstance(m, FusedEdgeMatch):
         src = ", ".join(format_key(k) for k, _ in m.src)
         dst = ", ".join(format_key(k) if kind == "term" else "param" for kind, k, _ in m.dst)

@@ -72,6 +72,7 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
         acc = run_streamed(plan, graph, grid, terms, edata)
     else:
         acc = propagate(plan, graph, grid, terms, edata)
+    del terms  # what backward needs is saved; the terms' memory is free for post
     with probes.stage("post") as s:
         return s.outputs(plan.post(s.inputs(x), acc, graph))
 

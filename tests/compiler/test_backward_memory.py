@@ -1,11 +1,12 @@
 """Backward memory of compiled plans: gradients are added in place, and a compiled GAT's
-training step keeps three ``N x H x D`` tensors at its backward peak.
+training step keeps about two ``N x H x D`` tensors at its peak.
 
-The structure behind it: the attention scores are ``rowdot`` contractions (no ``[N, H, D]``
-product), the whole-graph softmax state needs no division by ones, every gradient of
-the value is added in place (no view in its path), and ELU's backward reuses its saved
-output. Each is checked on its own, then the peak of live tensors of a whole zoo GAT step
-(two layers, dropout, Adam), counted by torch's memory profiler, against its bound.
+The structure behind it: on the whole graph a GAT layer is one ``attention_aggregate``
+(rowdot scores inside, no ``[N, H, D]`` product, no division by ones) that keeps no
+value between forward and backward (it makes ``dropout(x) W`` again) and writes the value
+gradient over the recomputed value; ELU's backward reuses its saved output. Each is
+checked on its own, then the peak of live tensors of a whole zoo GAT step (two layers,
+dropout, Adam), counted by torch's memory profiler, against its bound.
 """
 
 from __future__ import annotations
@@ -37,18 +38,20 @@ def _grad_fns(t: torch.Tensor) -> list[str]:
     return names
 
 
-def test_gat_layer_backward_accumulates_in_place_and_never_divides():
+def test_gat_layer_is_one_attention_op_that_adds_no_gradient_and_never_divides():
     g = _graph(2000)
     layer = GATConv(16, 8, heads=4)
     out = layer(g, torch.randn(2000, 16))
     names = _grad_fns(out)
-    assert "_RowDotBackward" in names and "_SoftmaxAggregateBackward" in names
-    assert "DivBackward0" not in names and "MulBackward0" not in names
+    assert "_AttentionAggregateBackward" in names
+    for written_out in ("_RowDotBackward", "_SoftmaxAggregateBackward", "DivBackward0",
+                        "MulBackward0"):
+        assert written_out not in names
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out.sum().backward()
     ops = {e.key: e.count for e in prof.key_averages()}
-    assert ops.get("aten::add", 0) == 0, "a gradient of the value was added out of place"
-    assert ops.get("aten::add_", 0) == 2  # both score gradients, into the value's
+    # the score gradients are folded into the value gradient inside the kernel
+    assert ops.get("aten::add", 0) == 0 and ops.get("aten::add_", 0) == 0
 
 
 def test_ggcn_input_gradient_is_accumulated_in_place():
@@ -64,7 +67,7 @@ def test_ggcn_input_gradient_is_accumulated_in_place():
     assert ops.get("aten::add_", 0) >= 2
 
 
-def test_gat_training_step_peak_is_three_hidden_tensors():
+def test_gat_training_step_peak_is_about_two_hidden_tensors():
     n, f_in = 8192, 32
     g, _ = prepare("gat", _graph(n))
     torch.manual_seed(0)
@@ -81,8 +84,10 @@ def test_gat_training_step_peak_is_three_hidden_tensors():
     step()
     unit = n * 64 * 4  # one N x (4 heads x 16) float32 tensor
     peak = tensor_peak_bytes(step)
-    # three units (the layer-1 value, the gradient of its output and that of the value)
-    # plus N-sized scores, log-sum-exps, masks and layer-2 tensors (about 0.6 units);
-    # before rowdot, the in-place ELU backward and the division-free state it was 4.6
-    assert peak <= 3.8 * unit, f"peak {peak / unit:.2f} x N x 64 float32 tensors"
-    assert peak >= 3.0 * unit  # the three are really there: the count measures something
+    # two units (layer 2's backward: ELU's output and the gradient into it; layer 1's:
+    # the output gradient and the recomputed value, which takes its own gradient) plus
+    # N-sized scores, log-sum-exps, masks and layer-2 tensors (about 0.4 units). Saving
+    # the value (3.5), and before that rowdot, the in-place ELU backward and the
+    # division-free state (4.6), it was more.
+    assert peak <= 2.8 * unit, f"peak {peak / unit:.2f} x N x 64 float32 tensors"
+    assert peak >= 2.0 * unit  # the two are really there: the count measures something

@@ -106,6 +106,51 @@ def test_gat_variant_lowers_to_softmax_aggregate():
     # [1, H, D] attention weights (a leading 1) contract too
     assert "contract fired: 2 product-sum(s)" in text
     assert "rowdot(" in text
+    assert "attention_aggregate" in text  # the scores are rowdots of the value itself
+
+
+class OpaqueValueGAT(GATVariant):
+    """The value passes an opaque call (F.normalize) before the Linear: attention_aggregate
+    cannot make it again in backward, so it saves it (and may overwrite it there)."""
+
+    def apply_edge(self, edge):
+        xs = F.linear(F.normalize(edge.src, dim=-1), self.w).reshape(-1, self.h, self.f)
+        xd = F.linear(F.normalize(edge.dst, dim=-1), self.w).reshape(-1, self.h, self.f)
+        alpha = torch.sum(xd * self.att_dst, dim=-1) + torch.sum(xs * self.att_src, dim=-1)
+        return F.leaky_relu(alpha, negative_slope=0.1), xs
+
+
+@pytest.mark.parametrize("case", ["random", "isolated", "self_loops"])
+def test_gat_value_that_cannot_be_remade_is_saved(case):
+    g = make_graph(case)
+    plan = _check(OpaqueValueGAT(F_IN, 3, 2), g, _x(g), kinds=("softmax_aggregate",))
+    assert plan._value_recipe is None
+    assert "attention_aggregate" in "\n".join(plan.describe())
+
+
+def test_gat_with_input_dropout_matches_generic_and_differentiates_twice():
+    """The compiled layer makes dropout(x) W again in backward with the forward's mask:
+    the same output and gradients as the generic executor's dropout on x, and a second
+    backward through the same graph (retain_graph) gives the same gradients again."""
+    from ngra.models import GATConv
+
+    g = make_graph("self_loops")
+    layer = GATConv(F_IN, 3, heads=2).double()
+    x = _x(g)
+    inputs = [x, *layer.parameters()]
+
+    def run():
+        torch.manual_seed(7)
+        out = layer(g, x, dropout=0.5)
+        probe = torch.randn_like(out, generator=torch.Generator().manual_seed(1))
+        first = torch.autograd.grad(out, inputs, probe, retain_graph=True)
+        return [out, *first], list(torch.autograd.grad(out, inputs, probe))
+
+    (got, again) = run()
+    with disabled():
+        want, _ = run()
+    assert_close_all(got, want, "GATConv", **TOL)
+    assert_close_all(again, got[1:], "GATConv (second backward)", **TOL)
 
 
 class ScoreShapes(SagaLayer):

@@ -15,13 +15,16 @@ patterns, tried in order for each message of a sum/mean/max/min gather:
    no ``[E, F]`` tensor is written).
 
 A softmax gather whose score is ``leaky_relu(src_term + dst_term)`` (or without the
-activation) and whose value is a source term runs as **softmax_aggregate**.
+activation) and whose value is a source term runs as **softmax_aggregate**; when both
+terms are ``rowdot(value, w)`` of that value (GAT after ``contract``) the match records
+the weights, and whole-graph tiles run **attention_aggregate**.
 Anything else runs the (hoisted) edge stage through the interpreter, with the
 reason recorded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +59,9 @@ class SoftmaxMatch:
     slope: float
     heads: tuple[int, ...]  # the score's non-row shape
     dims: tuple[int, ...]   # the value's shape after the heads
+    # pre node ids (w_src, w_dst) when both scores are rowdot(value, w) of the value
+    # itself (GAT): then whole-graph tiles run attention_aggregate; else None
+    weights: tuple[int, int] | None = None
     kind: str = "softmax_aggregate"
 
 
@@ -88,7 +94,7 @@ def run(program: Program) -> PassNote:
     edge = program.edge
     out = edge.outputs
     if program.gather == "softmax":
-        matches = {None: _match_softmax(edge, out[0].id, out[1].id)}
+        matches = {None: _score_weights(program, _match_softmax(edge, out[0].id, out[1].id))}
     elif isinstance(out, dict):
         matches = {k: _match_message(edge, r.id) for k, r in out.items()}
     else:
@@ -121,8 +127,13 @@ def describe_match(program: Program, m: Any) -> str:
     if isinstance(m, SoftmaxMatch):
         s = " + ".join(f"{format_key(k)}[{side}]" for k, side in
                        ((m.score_src, "src"), (m.score_dst, "dst")) if k is not None)
-        return (f"softmax_aggregate: score leaky_relu({s}, {m.slope:g}), value "
+        text = (f"softmax_aggregate: score leaky_relu({s}, {m.slope:g}), value "
                 f"{format_key(m.value)}[src], heads {list(m.heads) or [1]}")
+        if m.weights is not None:
+            text += (f"; both scores are rowdot({format_key(m.value)}, w): on the whole graph "
+                     "attention_aggregate (one backward for scores and value, whose gradient "
+                     "may overwrite the value)")
+        return text
     if isinstance(m, FusedEdgeMatch):
         return f"fused_edge_aggregate: {m.expr} (no [E, F] tensor)"
     return str(m)
@@ -291,6 +302,25 @@ def _not_elementwise(edge: Stage, n: Node, expr_text: str) -> str:
 
 
 # ---------------------------------------------------------------------------- softmax
+def _score_weights(program: Program, m: Any) -> Any:
+    """``m`` with ``weights`` set when both scores are ``rowdot(value, w)`` of the value
+    term itself, contracting its last dim over one head dim (``[N, H, D]``)."""
+    if not isinstance(m, SoftmaxMatch) or m.score_src is None or m.score_dst is None:
+        return m
+    if len(m.heads) > 1 or len(m.dims) != 1:
+        return m
+    pre = program.pre
+    terms = pre.outputs
+    value = terms[m.value].id
+    weights = []
+    for key in (m.score_src, m.score_dst):
+        n = pre.nodes[terms[key].id]
+        if n.op != Op.ROWDOT or n.args[0] != value:
+            return m
+        weights.append(n.args[1])
+    return dataclasses.replace(m, weights=(weights[0], weights[1]))
+
+
 def _match_softmax(edge: Stage, score_id: int, value_id: int) -> Any:
     s, v = edge.nodes[score_id], edge.nodes[value_id]
     text = f"score {format_node(edge, score_id)}, value {format_node(edge, value_id)}"
