@@ -509,6 +509,8 @@ def _kernel_line(p: Program, m: Any, gather: str) -> str:
         if m.weights is not None:
             line += ("; whole graph: attention_aggregate(value, w_src, w_dst), the scores' "
                      "rowdots inside")
+            if _value_recipe(p, _dropout_linears(p)[0]) is not None:
+                line += ", the value made again from x in backward instead of saved"
         return line
     if isinstance(m, FusedEdgeMatch):
         src = ", ".join(format_key(k) for k, _ in m.src)
