@@ -18,6 +18,13 @@ A plan has the interface of :class:`ngra.runtime.generic.GenericPlan`:
 
 Source-side rows are indexed with the tile's local source ids; destination-side
 rows are the tile's interval ``[dst_lo, dst_hi)``, indexed with local destination ids.
+
+A softmax whose scores are rowdots of its own value (``SoftmaxMatch.weights``, GAT) runs
+on the whole-graph tile as :func:`~ngra.kernels.attention_aggregate`. When pre made that
+value from the plain ``x`` and parameters by closed ops, pre also notes (weakly: the plan
+outlives the step) how to make it again, with the random state of its input dropout; the
+edge stage hands that :class:`~ngra.kernels.Recompute` to the kernel, which then saves
+no value for backward.
 """
 
 from __future__ import annotations
@@ -199,13 +206,18 @@ class CompiledPlan:
         pre, resolver, lins = self.program.pre, self.resolver, self.dropout_linears
 
         def fn(x_: torch.Tensor, *ps: torch.Tensor) -> torch.Tensor:
+            def vertex(_n: Node) -> torch.Tensor:
+                return x_
+
             preset = dict(zip(params, ps))
-            if dropout:
+            if dropout:  # as in pre: one mask for every Linear of x (all are the value's)
+                wb = [a for _, w, b in lins for a in (w, b) if a is not None]
+                env = evaluate(pre, wb, vertex, resolver, preset)
                 outs = kernels.dropout_linear(
-                    x_, [preset[w] for _, w, _ in lins],
-                    [None if b is None else preset[b] for _, _, b in lins], dropout)
+                    x_, [env[w] for _, w, _ in lins],
+                    [None if b is None else env[b] for _, _, b in lins], dropout)
                 preset.update((lin, o) for (lin, _, _), o in zip(lins, outs))
-            return evaluate(pre, [root], lambda _n: x_, resolver, preset)[root]
+            return evaluate(pre, [root], vertex, resolver, preset)[root]
 
         env = evaluate(pre, params, lambda _n: x, resolver)
         # weak: the plan outlives the step, and x (an activation, for a second layer) must

@@ -128,6 +128,35 @@ def test_gat_value_that_cannot_be_remade_is_saved(case):
     assert "attention_aggregate" in "\n".join(plan.describe())
 
 
+class ScaledWeightGAT(GATVariant):
+    """The Linear's weight is an expression of a parameter, not the parameter itself."""
+
+    def apply_edge(self, edge):
+        xs = F.linear(edge.src, self.w * 0.5).reshape(-1, self.h, self.f)
+        xd = F.linear(edge.dst, self.w * 0.5).reshape(-1, self.h, self.f)
+        alpha = torch.sum(xd * self.att_dst, dim=-1) + torch.sum(xs * self.att_src, dim=-1)
+        return F.leaky_relu(alpha, negative_slope=0.1), xs
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_gat_value_remade_from_a_weight_expression(dropout):
+    g = make_graph("self_loops")
+    layer = ScaledWeightGAT(F_IN, 3, 2).double()
+    x = _x(g)
+    inputs = [x, *layer.parameters()]
+
+    def run():
+        torch.manual_seed(3)
+        out = layer(g, x, dropout=dropout)
+        return [out, *torch.autograd.grad(out, inputs, torch.ones_like(out))]
+
+    got = run()
+    assert compile_layer(layer, g, x, None)._value_recipe is not None
+    with disabled():
+        want = run()
+    assert_close_all(got, want, "ScaledWeightGAT", **TOL)
+
+
 def test_gat_with_input_dropout_matches_generic_and_differentiates_twice():
     """The compiled layer makes dropout(x) W again in backward with the forward's mask:
     the same output and gradients as the generic executor's dropout on x, and a second
