@@ -8,12 +8,18 @@ numba, ``gpu``: torch on CUDA). ``rowdot`` is dense: plain torch on any device.
 
 from ngra.kernels.attention_aggregate import Recompute, attention_aggregate, keep_value
 from ngra.kernels.dropout import dropout
-from ngra.kernels.dropout_linear import dropout_linear
+from ngra.kernels.dropout_linear import DropoutMasks, dropout_linear, dropout_masks
 from ngra.kernels.edge_softmax import edge_softmax
 from ngra.kernels.gsddmm import gsddmm
 from ngra.kernels.gspmm import gspmm
 from ngra.kernels.registry import (
-    available, backward_only, current_backend, forward_skipped, lookup, register, use_backend,
+    available,
+    backward_only,
+    current_backend,
+    forward_skipped,
+    lookup,
+    register,
+    use_backend,
 )
 from ngra.kernels.rowdot import rowdot
 from ngra.kernels.segment_reduce import segment_reduce
@@ -21,6 +27,7 @@ from ngra.kernels.softmax_aggregate import softmax_aggregate, softmax_aggregate_
 from ngra.kernels.transpose import transpose_csc
 
 __all__ = [
+    "DropoutMasks",
     "Recompute",
     "attention_aggregate",
     "available",
@@ -28,6 +35,7 @@ __all__ = [
     "current_backend",
     "dropout",
     "dropout_linear",
+    "dropout_masks",
     "edge_softmax",
     "forward_skipped",
     "gsddmm",

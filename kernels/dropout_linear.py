@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -28,7 +29,7 @@ from ngra.kernels._checks import check_feat
 from ngra.kernels.dropout import check_p, draw_seeds
 from ngra.kernels.registry import current_backend, lookup, use_backend
 
-__all__ = ["dropout_linear"]
+__all__ = ["DropoutMasks", "dropout_linear", "dropout_masks"]
 
 #: Bytes of ``x`` per row block, and of the per-thread workspace that holds a dropped
 #: block. Few large blocks (3 on PubMed's input): each block pays a thread-pool dispatch
@@ -40,7 +41,7 @@ _M32 = 0xFFFFFFFF
 
 def dropout_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
                    biases: Sequence[torch.Tensor | None] | None = None, p: float = 0.5,
-                   training: bool = True) -> list[torch.Tensor]:
+                   training: bool = True, masks: DropoutMasks | None = None) -> list[torch.Tensor]:
     """``[dropout(x, p) @ W.T + b for W, b in zip(weights, biases)]``, one mask for all.
 
     Args:
@@ -49,6 +50,9 @@ def dropout_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
         biases: ``[F_out_i]`` tensors or ``None`` per weight (default: no biases).
         p: drop probability in ``[0, 1]``. (default: ``0.5``)
         training: plain Linears when ``False``. (default: ``True``)
+        masks: replay the dropout of an earlier call on this ``x`` and ``p`` (its
+            :func:`dropout_masks`) instead of drawing a new one: no random numbers, no
+            hashing, the same outputs for the same weights. (default: draw)
 
     Returns:
         One ``[N, F_out_i]`` tensor per weight.
@@ -62,7 +66,37 @@ def dropout_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
         return [torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases)]
     if p == 1:
         return [torch.nn.functional.linear(x * 0, w, b) for w, b in zip(weights, biases)]
-    return list(_DropoutLinear.apply(x, float(p), len(weights), *weights, *biases))
+    if masks is not None:
+        if not isinstance(masks, DropoutMasks):
+            raise TypeError(f"masks must be the DropoutMasks of an earlier dropout_linear "
+                            f"(ngra.kernels.dropout_masks); got {type(masks).__name__}.")
+        if masks.shape != tuple(x.shape) or masks.p != float(p):
+            raise ValueError(f"masks were drawn for x of shape {list(masks.shape)} and "
+                             f"p={masks.p}; this call has {list(x.shape)} and p={float(p)}.")
+    return list(_DropoutLinear.apply(x, float(p), len(weights), masks, *weights, *biases))
+
+
+@dataclass(frozen=True)
+class DropoutMasks:
+    """The per-block masks one dropout_linear forward drew (packed bits on the CPU: 1/32 of
+    ``x``), for replaying that dropout (``dropout_linear(..., masks=...)``)."""
+
+    blocks: tuple
+    scale: float
+    p: float
+    shape: tuple[int, ...]
+    backend: str
+
+
+def dropout_masks(out: torch.Tensor) -> DropoutMasks | None:
+    """The masks of the dropout_linear forward that made ``out`` (one of its outputs, under
+    autograd), or ``None`` when ``out`` was not made so (or its backward already ran)."""
+    node = out.grad_fn
+    masks = getattr(node, "masks", None) if isinstance(node, _DropoutLinear._backward_cls) \
+        else None
+    if masks is None:
+        return None
+    return DropoutMasks(tuple(masks), node.scale, node.p, node.x_shape, node.backend)
 
 
 def _check(x: torch.Tensor, weights: list, biases: list) -> None:
@@ -118,23 +152,32 @@ class _DropoutLinear(torch.autograd.Function):
     the masks to ``x`` (weight gradients) and to ``sum_i g_i W_i`` (the input's)."""
 
     @staticmethod
-    def forward(ctx, x, p, k, *params):
+    def forward(ctx, x, p, k, replay, *params):
         weights, biases = params[:k], params[k:]
-        ctx.backend = current_backend()
-        ctx.k = k
+        ctx.backend = current_backend() if replay is None else replay.backend
+        ctx.k, ctx.p, ctx.x_shape = k, p, tuple(x.shape)
         ctx.has_bias = tuple(b is not None for b in biases)
-        s1, s2, thr, scale = draw_seeds(p)
+        if replay is None:
+            s1, s2, thr, scale = draw_seeds(p)
+        else:
+            scale = replay.scale
         ctx.scale = scale
         x = x.contiguous()
-        kern = lookup("dropout_mask", x.device)
+        with use_backend(ctx.backend):
+            kern = lookup("dropout_mask" if replay is None else "dropout_apply", x.device)
         outs = [torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
                 for w in weights]
         blocks = _blocks(x)
         buf = _buffer(x, blocks[0][1] - blocks[0][0])
         ctx.masks = []
-        for r0, r1 in blocks:
+        for i, (r0, r1) in enumerate(blocks):
             d = buf[:r1 - r0]  # the block's first flat index offsets the seed: same mask
-            ctx.masks.append(kern(x[r0:r1], (s1 + r0 * x.shape[1]) & _M32, s2, thr, scale, d))
+            if replay is None:
+                ctx.masks.append(kern(x[r0:r1], (s1 + r0 * x.shape[1]) & _M32, s2, thr,
+                                      scale, d))
+            else:
+                ctx.masks.append(replay.blocks[i])
+                kern(x[r0:r1], replay.blocks[i], scale, d)
             for w, b, out in zip(weights, biases, outs):
                 if b is None:
                     torch.mm(d, w.t(), out=out[r0:r1])
@@ -147,8 +190,8 @@ class _DropoutLinear(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *grads):
         x, *weights = ctx.saved_tensors
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3:3 + ctx.k]
-        need_b = ctx.needs_input_grad[3 + ctx.k:]
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[4:4 + ctx.k]
+        need_b = ctx.needs_input_grad[4 + ctx.k:]
         grads = [torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
                  if g is None else g.contiguous() for g, w in zip(grads, weights)]
         blocks = _blocks(x)
@@ -173,4 +216,4 @@ class _DropoutLinear(torch.autograd.Function):
         ctx.masks = None
         gb = [g.sum(0) if n and has else None
               for g, n, has in zip(grads, need_b, ctx.has_bias)]
-        return (gx, None, None, *gw, *gb)
+        return (gx, None, None, None, *gw, *gb)

@@ -22,9 +22,9 @@ rows are the tile's interval ``[dst_lo, dst_hi)``, indexed with local destinatio
 A softmax whose scores are rowdots of its own value (``SoftmaxMatch.weights``, GAT) runs
 on the whole-graph tile as :func:`~ngra.kernels.attention_aggregate`. When pre made that
 value from the plain ``x`` and parameters by closed ops, pre also notes (weakly: the plan
-outlives the step) how to make it again, with the random state of its input dropout; the
-edge stage hands that :class:`~ngra.kernels.Recompute` to the kernel, which then saves
-no value for backward.
+outlives the step) how to make it again, replaying its input dropout's masks; the edge
+stage hands that :class:`~ngra.kernels.Recompute` to the kernel, which then saves no
+value for backward.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class CompiledPlan:
         self._typed_cache: list[tuple] = []
         self.dropout_linears, self.dropout_note = _dropout_linears(program)
         self._value_recipe = _value_recipe(program, self.dropout_linears)
-        # (weak refs to pre's value term and to x, Recompute.fn, parameters, rng state)
+        # (weak refs to pre's value term and to x, Recompute.fn, parameters)
         self._deferred: tuple | None = None
 
     @property
@@ -187,21 +187,22 @@ class CompiledPlan:
             env = evaluate(self.program.pre, args, vertex, self.resolver)
             weights = [env[w] for _, w, _ in self.dropout_linears]
             biases = [None if b is None else env[b] for _, _, b in self.dropout_linears]
-            rng = torch.get_rng_state()
             outs = kernels.dropout_linear(x, weights, biases, dropout)
             preset = {lin: out for (lin, _, _), out in zip(self.dropout_linears, outs)}
         terms = run_stage(self.program.pre, vertex, self.resolver, preset)
         self._deferred = None
         if self._value_recipe is not None and isinstance(x, torch.Tensor):
-            self._deferred = self._recompute_value(terms, x, dropout, rng if dropout else None)
+            masks = kernels.dropout_masks(outs[0]) if dropout else None
+            self._deferred = self._recompute_value(terms, x, dropout, masks)
         return terms
 
     def _recompute_value(self, terms: dict, x: torch.Tensor, dropout: float,
-                         rng: torch.Tensor | None) -> tuple | None:
+                         masks: Any) -> tuple | None:
         """How attention_aggregate can make the softmax value term again from ``x`` and
-        the parameters (a Recompute), with pre's value term it stands for."""
+        the parameters (a Recompute that replays the input dropout's ``masks``), with
+        pre's value term it stands for."""
         key, root, params, all_dropout = self._value_recipe
-        if dropout and not all_dropout:
+        if dropout and (not all_dropout or masks is None):
             return None  # the value would need its own draw of the one dropout mask
         pre, resolver, lins = self.program.pre, self.resolver, self.dropout_linears
 
@@ -215,14 +216,14 @@ class CompiledPlan:
                 env = evaluate(pre, wb, vertex, resolver, preset)
                 outs = kernels.dropout_linear(
                     x_, [env[w] for _, w, _ in lins],
-                    [None if b is None else env[b] for _, _, b in lins], dropout)
+                    [None if b is None else env[b] for _, _, b in lins], dropout, masks=masks)
                 preset.update((lin, o) for (lin, _, _), o in zip(lins, outs))
             return evaluate(pre, [root], vertex, resolver, preset)[root]
 
         env = evaluate(pre, params, lambda _n: x, resolver)
         # weak: the plan outlives the step, and x (an activation, for a second layer) must
         # not stay alive, nor look shared to in-place backward kernels, through it
-        return (weakref.ref(terms[key]), weakref.ref(x), fn, [env[i] for i in params], rng)
+        return (weakref.ref(terms[key]), weakref.ref(x), fn, [env[i] for i in params])
 
     def edge(self, tile: TileView, src: Any, dst: Any, edata: Any) -> Any:
         ctx = _Tile(tile, src, dst, edata)
@@ -376,8 +377,8 @@ class CompiledPlan:
                       for i in m.weights)
             rc, deferred, self._deferred = None, self._deferred, None
             if deferred is not None and deferred[0]() is value and deferred[1]() is not None:
-                _, x, fn, params, rng = deferred
-                rc = kernels.Recompute(lambda *a: _shaped(fn(*a), shape), [x(), *params], rng)
+                _, x, fn, params = deferred
+                rc = kernels.Recompute(lambda *a: _shaped(fn(*a), shape), [x(), *params])
             out = kernels.attention_aggregate(tile.indptr, tile.src_idx, _shaped(value, shape),
                                               ws, wd, negative_slope=m.slope, rev=tile.rev,
                                               recompute=rc)

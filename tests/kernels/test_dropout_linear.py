@@ -142,3 +142,41 @@ def test_gpu_matches_cpu():
         res.append([t.cpu() for t in outs + list(gr)])
     for a, b in zip(*res):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("block_bytes", [None, 1024])  # one block; many blocks
+def test_replaying_masks_reproduces_outputs_and_gradients(backend, block_bytes, monkeypatch):
+    """dropout_linear(..., masks=dropout_masks(out)) is the same dropout again: the same
+    outputs and gradients (x, weights, biases), and it draws no random numbers."""
+    if block_bytes is not None:
+        monkeypatch.setattr(DL, "BLOCK_BYTES", block_bytes)
+    x = torch.randn(300, 37, dtype=torch.float64, requires_grad=True)
+    ws, bs = _params(37, [5, 3], [True, False], torch.float64)
+    with use_backend(backend):
+        first = dropout_linear(x, ws, bs, 0.4)
+        masks = DL.dropout_masks(first[0])
+        assert masks is not None and masks.shape == (300, 37) and masks.p == 0.4
+        state = torch.get_rng_state()
+        again = dropout_linear(x, ws, bs, 0.4, masks=masks)
+        assert torch.equal(torch.get_rng_state(), state)
+        for a, b in zip(first, again):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        leaves = [x, *ws, *bs]
+        for a, b in zip(_grads(first, leaves), _grads(again, leaves)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_masks_of_other_tensors_and_mismatched_replays():
+    x = torch.randn(20, 6)
+    ws, bs = _params(6, [4], [True], torch.float32)
+    assert DL.dropout_masks(torch.randn(3, requires_grad=True) * 2) is None
+    with torch.no_grad():
+        assert DL.dropout_masks(dropout_linear(x, ws, bs, 0.5)[0]) is None
+    masks = DL.dropout_masks(dropout_linear(x, ws, bs, 0.5)[0])
+    with pytest.raises(ValueError, match="drawn for x of shape"):
+        dropout_linear(torch.randn(21, 6), ws, bs, 0.5, masks=masks)
+    with pytest.raises(ValueError, match="p=0.5"):
+        dropout_linear(x, ws, bs, 0.3, masks=masks)
+    with pytest.raises(TypeError, match="DropoutMasks"):
+        dropout_linear(x, ws, bs, 0.5, masks=[1, 2])
