@@ -103,6 +103,12 @@ def check_range(indices: torch.Tensor, upper: int, name: str, what: str) -> None
     _validated.add(indices, ("range", upper))
 
 
+def storage_uses(t: torch.Tensor) -> int:
+    """How many references hold ``t``'s storage (one per tensor that shares it, plus the
+    storage object this call makes): equal to a calibrated count when nothing else does."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
 def tensor_version(t: torch.Tensor) -> int | None:
     """``t``'s in-place version counter (``None`` for inference-mode tensors)."""
     try:

@@ -40,8 +40,9 @@ from ngra.kernels._checks import (
     check_rev,
     check_same_device,
     check_slope,
+    storage_uses,
 )
-from ngra.kernels.registry import lookup
+from ngra.kernels.registry import lookup, thread_setting
 from ngra.kernels.rowdot import check_row_weight
 from ngra.kernels.transpose import reverse_of
 
@@ -54,12 +55,8 @@ _state = threading.local()
 def keep_value() -> Iterator[None]:
     """Inside the block, attention_aggregate's forward records that its backward must not
     write the value gradient over the value (so the graph can be differentiated twice)."""
-    prev = getattr(_state, "keep", False)
-    _state.keep = True
-    try:
+    with thread_setting(_state, "keep", True):
         yield
-    finally:
-        _state.keep = prev
 
 
 def attention_aggregate(
@@ -128,7 +125,7 @@ def attention_aggregate(
                             f"{type(recompute).__name__}.")
         value, inputs = value.detach(), tuple(recompute.inputs)
     return _AttentionAggregate.apply(indptr.to(torch.int64).contiguous(), indices.contiguous(),
-                                     value.contiguous(), w_src, w_dst, float(negative_slope), rev,
+                                     value.contiguous(), w_src, w_dst, negative_slope, rev,
                                      recompute, *inputs)
 
 
@@ -143,10 +140,6 @@ class Recompute:
     fn: Callable[..., torch.Tensor]
     inputs: Sequence[torch.Tensor]
     rng_state: torch.Tensor | None = None
-
-
-def _storage_uses(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
 class _AttentionAggregate(torch.autograd.Function):
@@ -188,7 +181,7 @@ class _AttentionAggregate(torch.autograd.Function):
         if ctx.recompute is None:
             (value,) = rest
             # in place only when this backward holds the value's only references
-            inplace = ctx.reuse and _storage_uses(value) == _SOLE_OWNER_USES
+            inplace = ctx.reuse and storage_uses(value) == _SOLE_OWNER_USES
         else:
             leaves, value, inplace = _recompute(ctx.recompute, rest, ctx.shape)
         rev = reverse_of(indptr, indices, value.shape[0], ctx.rev)
@@ -263,7 +256,7 @@ def _sole_owner_uses() -> int:
         @staticmethod
         def backward(ctx, grad):
             (v,) = ctx.saved_tensors
-            seen.append(_storage_uses(v))
+            seen.append(storage_uses(v))
             return grad.unsqueeze(-1).expand(v.shape)
 
     v = (torch.ones(4, 2, requires_grad=True) * 1.0).view(2, 2, 2)

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -99,16 +100,28 @@ def available(op: str) -> list[str]:
 
 
 @contextlib.contextmanager
+def thread_setting(state: threading.local, name: str, value: Any) -> Iterator[None]:
+    """``state.<name> = value`` in this thread inside the block, the previous value (or
+    none) restored after it."""
+    missing = object()
+    prev = getattr(state, name, missing)
+    setattr(state, name, value)
+    try:
+        yield
+    finally:
+        if prev is missing:
+            delattr(state, name)
+        else:
+            setattr(state, name, prev)
+
+
+@contextlib.contextmanager
 def use_backend(backend: str) -> Iterator[None]:
     """Force a backend (``"ref"``, ``"cpu"``, ``"gpu"`` or ``"auto"``) inside the block."""
     if backend not in BACKENDS + ("auto",):
         raise ValueError(f"backend must be one of {BACKENDS + ('auto',)}; got {backend!r}.")
-    prev = getattr(_state, "backend", None)
-    _state.backend = backend
-    try:
+    with thread_setting(_state, "backend", backend):
         yield
-    finally:
-        _state.backend = prev
 
 
 @contextlib.contextmanager
@@ -122,12 +135,8 @@ def backward_only() -> Iterator[None]:
     backward, which would otherwise run each tile's kernel forward a second time
     only to rebuild the autograd graph.
     """
-    prev = getattr(_state, "backward_only", False)
-    _state.backward_only = True
-    try:
+    with thread_setting(_state, "backward_only", True):
         yield
-    finally:
-        _state.backward_only = prev
 
 
 def forward_skipped(reduce: str) -> bool:

@@ -372,9 +372,7 @@ class CompiledPlan:
             value = ctx.src[m.value]
             shape = (nd, math.prod(m.heads) if m.heads else 1, m.dims[0])
             env = evaluate(self.program.pre, list(m.weights), ctx, self.resolver)
-            rest = m.heads + m.dims
-            ws, wd = (_row_weight(env[i], rest).expand(rest).reshape(shape[1:])
-                      for i in m.weights)
+            ws, wd = (env[i] for i in m.weights)  # broadcasting to [H, D], as rowdot takes
             rc, deferred, self._deferred = None, self._deferred, None
             if deferred is not None and deferred[0]() is value and deferred[1]() is not None:
                 _, x, fn, params = deferred
@@ -458,7 +456,7 @@ class CompiledPlan:
             lines.append("  pre     (per vertex) nothing: the edge stage reads the vertex data")
         for key, m in p.lowering.items():
             who = "" if key is None else f"[{key!r}] "
-            lines.append(f"  edge    (per tile)   {who}{_kernel_line(p, m, self.gather)}")
+            lines.append(f"  edge    (per tile)   {who}{_kernel_line(p, m, self.gather, self._value_recipe is not None)}")
         lines.append(f"  gather  {self.gather}" + (" (partial sums per tile; divided by the "
                                                     "in-degree at the end)" if self.gather == "mean"
                                                     else ""))
@@ -474,11 +472,6 @@ class CompiledPlan:
                else "applied to x before pre")
         lines.append(f"input dropout (layer(..., dropout=p)): {how}: {self.dropout_note}")
         return lines
-
-
-def _row_weight(w: torch.Tensor, rest: tuple[int, ...]) -> torch.Tensor:
-    """A rowdot weight without its leading row dim of 1, if it has one (``[1, H, D]``)."""
-    return w.squeeze(0) if w.dim() == len(rest) + 1 and w.shape[0] == 1 else w
 
 
 def _value_recipe(program: Program, dropout_linears: list) -> tuple | None:
@@ -504,7 +497,7 @@ def _refs(struct: Any) -> list:
     return list(iter_refs(struct))
 
 
-def _kernel_line(p: Program, m: Any, gather: str) -> str:
+def _kernel_line(p: Program, m: Any, gather: str, remade: bool = False) -> str:
     reduce = "sum" if gather in ("sum", "mean") else gather
     if isinstance(m, GspmmMatch):
         ef = "edge_feat=" + ("[E]" if m.edge_dims == 0 else
@@ -522,7 +515,7 @@ def _kernel_line(p: Program, m: Any, gather: str) -> str:
         if m.weights is not None:
             line += ("; whole graph: attention_aggregate(value, w_src, w_dst), the scores' "
                      "rowdots inside")
-            if _value_recipe(p, _dropout_linears(p)[0]) is not None:
+            if remade:
                 line += ", the value made again from x in backward instead of saved"
         return line
     if isinstance(m, FusedEdgeMatch):

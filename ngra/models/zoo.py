@@ -15,6 +15,7 @@ from torch import nn
 
 from ngra.graph import Graph
 from ngra.kernels import dropout
+from ngra.kernels._checks import storage_uses
 from ngra.models.commnet import CommNetConv
 from ngra.models.gat import GATConv
 from ngra.models.gcn import GCNConv
@@ -98,10 +99,6 @@ class GNN(nn.Module):
         return x
 
 
-def _storage_uses(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
 class _ELU(torch.autograd.Function):
     """ELU (alpha = 1) that saves its output, not its input as ``F.elu`` does: the next
     layer saves the same tensor as its input, so a GAT keeps one ``N x F`` tensor per
@@ -125,7 +122,7 @@ class _ELU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        if not torch.is_grad_enabled() and _storage_uses(y) == _SOLE_OWNER_USES:
+        if not torch.is_grad_enabled() and storage_uses(y) == _SOLE_OWNER_USES:
             # torch's kernel, element-wise: reading and writing y in place is exact
             return torch.ops.aten.elu_backward.grad_input(grad, 1.0, 1.0, 1.0, True, y,
                                                           grad_input=y)
@@ -147,7 +144,7 @@ def _sole_owner_uses() -> int:
 
         @staticmethod
         def backward(ctx, grad):
-            seen.append(_storage_uses(ctx.saved_tensors[0]))
+            seen.append(storage_uses(ctx.saved_tensors[0]))
             return grad
 
     y = Probe.apply(torch.zeros(2, requires_grad=True))

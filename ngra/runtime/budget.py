@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ngra.graph import Graph
+from ngra.kernels.registry import thread_setting
 from ngra.memstat import release_large_frees
 from ngra.partition import (GridChoice, TileCost, choose_grid, default_bounds, parse_bytes,
                             tile_graph)
@@ -65,12 +66,8 @@ def memory_budget(size: int | float | str) -> Iterator[int]:
     """
     budget = parse_bytes(size)
     release_large_frees()  # freed tile temporaries go back to the OS (see ngra.memstat)
-    prev = getattr(_state, "budget", None)
-    _state.budget = budget
-    try:
+    with thread_setting(_state, "budget", budget):
         yield budget
-    finally:
-        _state.budget = prev
 
 
 def current_budget() -> int | None:
@@ -87,12 +84,8 @@ def grid_shape(num_dst_parts: int, num_src_parts: int) -> Iterator[None]:
     for name, v in (("num_dst_parts", num_dst_parts), ("num_src_parts", num_src_parts)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1; got {v!r}.")
-    prev = getattr(_state, "shape", None)
-    _state.shape = (num_dst_parts, num_src_parts)
-    try:
+    with thread_setting(_state, "shape", (num_dst_parts, num_src_parts)):
         yield
-    finally:
-        _state.shape = prev
 
 
 def forced_grid(graph: Graph) -> Grid | None:

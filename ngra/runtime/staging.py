@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from ngra.kernels.registry import thread_setting
 from ngra.runtime.tiles import Grid, TileView
 
 __all__ = ["GATHER_FRACTION", "Rows", "Staged", "Stager", "choose_device", "choose_mode",
@@ -79,12 +80,8 @@ def staging_mode(mode: str | None) -> Iterator[None]:
     """
     if mode is not None and mode not in MODES:
         raise ValueError(f"staging mode must be one of {MODES} or None; got {mode!r}.")
-    prev = getattr(_state, "mode", None)
-    _state.mode = mode
-    try:
+    with thread_setting(_state, "mode", mode):
         yield
-    finally:
-        _state.mode = prev
 
 
 def forced_mode() -> str | None:
@@ -100,12 +97,8 @@ def compute_device(device: str | torch.device | None) -> Iterator[None]:
     back to host accumulators. The plan's edge-stage parameters must live on
     ``device``. ``None`` restores the default (see :func:`choose_device`).
     """
-    prev = getattr(_state, "device", None)
-    _state.device = None if device is None else torch.device(device)
-    try:
+    with thread_setting(_state, "device", None if device is None else torch.device(device)):
         yield
-    finally:
-        _state.device = prev
 
 
 def choose_device(plan: Any, terms: Any) -> torch.device:
