@@ -5,7 +5,7 @@
     gspmm-output    copy-sum g-SpMM: fresh vs reused output, vs DGL
     dropout         ngra.kernels.dropout vs F.dropout, 19,717 x 500
     dropout-linear  Linear(dropout(x)) vs dropout_linear, same x
-    fused-edge-bwd  G-GCN gate backward: one source walk vs two walks
+    fused-edge-bwd  G-GCN gate forward + backward: two walks, one walk, dst partials
     gat-memory      a zoo GAT step on R-MAT 2^18: live tensors vs RSS
 
 ``gspmm-output`` runs on R-MAT 2^18 (edge factor 16, self-loops), F=64: ngra's
@@ -35,7 +35,7 @@ def _rounds(cands: dict, base: str, rounds: int = 9) -> None:
             res[k].append(time.perf_counter() - t)
     for k, ts in res.items():
         ratio = statistics.median(a / b for a, b in zip(ts, res[base]))
-        print(f"{k:14s} median {statistics.median(ts) * 1e3:7.1f} ms   vs {base}: {ratio:.2f}x")
+        print(f"{k:20s} median {statistics.median(ts) * 1e3:7.1f} ms   vs {base}: {ratio:.2f}x")
 
 
 def gspmm_output(data_root: str | None) -> None:
@@ -97,10 +97,12 @@ def dropout_linear() -> None:
 
 def fused_edge_bwd(data_root: str | None) -> None:
     """The G-GCN gate ``sum_u sigmoid(a[v] + b[u]) * c[u]`` on R-MAT 2^16 (edge factor 16),
-    F = 64: backward of every term, the one-pass kernel (``bwd_all``) against the
-    destination walk + source walk it replaces; also without ``c``'s gradient (a first
-    layer, whose ``c`` is the input)."""
+    F = 64, forward + backward of every term by three routes: the destination walk +
+    source walk, the one-pass source walk (``bwd_all``, per-thread dst-gradient buffers),
+    and dst partials (the forward sums ``d expr / d a``; backward is ``g * K`` and the
+    source walk); also without ``c``'s gradient (a first layer, whose ``c`` is the input)."""
     import ngra.kernels.cpu.fused_edge as cpu_fe
+    import ngra.kernels.fused_edge as fe
     from ngra.datasets import load
     from ngra.kernels.fused_edge import E, fused_edge_aggregate
 
@@ -108,22 +110,20 @@ def fused_edge_bwd(data_root: str | None) -> None:
     gen = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(g.num_nodes, 64, generator=gen).requires_grad_() for _ in range(3))
     expr, rev = E.sigmoid(E.dst(0) + E.src(1)) * E.src(0), g.csr()
-    outs = {need_c: fused_edge_aggregate(g.indptr, g.indices, expr,
-                                         [c if need_c else c.detach(), b], [a], rev=rev)
-            for need_c in (True, False)}
-    ones = torch.ones_like(outs[True])
 
-    def bwd(one_pass: bool, need_c: bool):
+    def step(route: str, need_c: bool):
         def f() -> None:
-            cpu_fe.ONE_PASS_BACKWARD = one_pass
-            torch.autograd.grad(outs[need_c], [a, b, c] if need_c else [a, b], ones,
-                                retain_graph=True)
+            fe.DST_PARTIALS = route == "partials"
+            cpu_fe.ONE_PASS_BACKWARD = route == "one walk"
+            out = fused_edge_aggregate(g.indptr, g.indices, expr,
+                                       [c if need_c else c.detach(), b], [a], rev=rev)
+            torch.autograd.grad(out, [a, b, c] if need_c else [a, b], torch.ones_like(out))
         return f
 
-    _rounds({"two walks": bwd(False, True), "one walk": bwd(True, True),
-             "two walks, no c": bwd(False, False), "one walk, no c": bwd(True, False)},
-            "two walks", rounds=15)
-    cpu_fe.ONE_PASS_BACKWARD = True
+    routes = ("two walks", "one walk", "partials")
+    _rounds({f"{r}{'' if need_c else ', no c'}": step(r, need_c)
+             for need_c in (True, False) for r in routes}, "two walks", rounds=15)
+    fe.DST_PARTIALS, cpu_fe.ONE_PASS_BACKWARD = True, True
 
 
 def gat_memory(data_root: str | None) -> None:

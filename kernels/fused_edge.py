@@ -35,6 +35,8 @@ and ``"fused_edge_bwd"`` (``ref/``, ``cpu/``, ``gpu/``). The backend is chosen o
 at forward time, and the same backend runs the backward. Backend contract::
 
     fused_edge_fwd(indptr, indices, call, src, dst, edge) -> (out [num_dst, F], aux)
+    fused_edge_fwd_partials(indptr, indices, call, src, dst, edge, partials)
+        -> (out [num_dst, F], [K_i [num_dst, F] for i in partials])     # sum/mean only
     fused_edge_bwd(indptr, indices, get_rev, call, src, dst, edge, aux, grad_out, need)
         -> (src_grads, dst_grads, edge_grads)
 
@@ -43,11 +45,24 @@ term tensors; ``aux`` is ``None`` for sum/mean and, for max/min, the ``[num_dst,
 int64 CSC position of the selected edge (-1 without in-edges); ``get_rev()`` returns
 the reverse CSR (built on first call); ``need`` says, per term, whether its gradient
 is wanted, and each returned list holds a gradient or ``None`` per term.
+
+**Dst partials.** Under ``sum`` (``mean``) a destination's gradient factors:
+``d out[v, f] / d dst_i[v, f] = sum_{u -> v} d expr / d dst_i`` (divided by the degree)
+does not depend on ``grad_out``, so the forward can sum it while it walks the
+destination's in-edges anyway: ``K_i [num_dst, F]``, and the backward's gradient of
+``dst_i`` is ``grad_out * K_i``, element-wise, with no graph walk. The walk over
+sources that the src gradients need then writes only rows of its own source (no
+per-thread ``[num_dst, F]`` buffers, no random read-modify-write of destination rows).
+This runs for every full-width dst term that needs a gradient while grad mode is on
+(not in a :func:`~ngra.kernels.backward_only` recompute, whose forward is skipped); the
+cost is one ``K_i`` saved for backward per such term. :data:`DST_PARTIALS` switches it
+off (tests compare both routes).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -71,6 +86,7 @@ __all__ = [
     "topo_order",
     "REDUCERS",
     "OPS",
+    "DST_PARTIALS",
 ]
 
 REDUCERS = ("sum", "mean", "max", "min")
@@ -84,6 +100,8 @@ OPS: dict[str, int] = {
     "relu_grad": 1, "leaky_relu_grad": 1,
 }
 _PARAM_OPS = ("const", "leaky_relu", "leaky_relu_grad")  # ops that carry a float ``value``
+#: Sum full-width dst terms' partial derivatives in the forward (see "Dst partials" above).
+DST_PARTIALS = True
 _MAX_NODES = 4096  # a generated kernel beyond this is a bug in the caller, not a workload
 
 
@@ -591,7 +609,8 @@ def fused_edge_aggregate(
     destination without in-edges gets 0. Differentiable in every term; gradients are
     computed by derivative expressions (:func:`derivative`) in a pass over
     destinations (dst and edge terms) and one over sources (src terms), so neither
-    direction forms an ``[E, F]`` tensor. ``max``/``min`` route each gradient to the
+    direction forms an ``[E, F]`` tensor; under sum/mean a full-width dst term's
+    derivatives are summed in the forward instead (module docs, "Dst partials"). ``max``/``min`` route each gradient to the
     first edge (in CSC order) attaining the extreme; their NaN handling is unspecified.
 
     Args:
@@ -644,27 +663,43 @@ def fused_edge_aggregate(
         expr, reduce, (len(groups["src"]), len(groups["dst"]), len(groups["edge"])), width,
         dtype if dtype is not None else torch.get_default_dtype(),
     )
+    partials = _partials(call, groups["dst"]) if torch.is_grad_enabled() else ()
     return _FusedEdge.apply(
-        indptr, indices, call, rev_t, num_src, *groups["src"], *groups["dst"], *groups["edge"]
+        indptr, indices, call, rev_t, num_src, partials,
+        *groups["src"], *groups["dst"], *groups["edge"]
     )
 
 
+def _partials(call: FusedEdgeCall, dst: list[torch.Tensor]) -> tuple[int, ...]:
+    """The dst terms whose summed partial derivatives the forward computes: full-width,
+    read by the expression, wanting a gradient, under sum/mean (see "Dst partials")."""
+    if not DST_PARTIALS or call.reduce not in ("sum", "mean") or forward_skipped(call.reduce):
+        return ()
+    read = {i for kind, i in leaves(call.expr) if kind == "dst"}
+    return tuple(i for i, t in enumerate(dst)
+                 if i in read and t.requires_grad and t.shape[1] == call.width > 1)
+
+
 class _FusedEdge(torch.autograd.Function):
+    _ARGS = 6  # non-term arguments of apply: indptr, indices, call, rev, num_src, partials
+
     @staticmethod
-    def forward(ctx, indptr, indices, call, rev, num_src, *terms):  # type: ignore[override]
+    def forward(ctx, indptr, indices, call, rev, num_src, partials, *terms):  # type: ignore[override]
         device = indptr.device
-        fwd = lookup("fused_edge_fwd", device)
         ctx.bwd = lookup("fused_edge_bwd", device)  # same backend as the forward
         terms = tuple(t.contiguous() for t in terms)
         src, dst, edge = call.split(terms)
+        aux, ks = None, []
         if forward_skipped(call.reduce):
             out = indptr.new_zeros((), dtype=call.dtype).expand(indptr.numel() - 1, call.width)
-            aux = None
+        elif partials:
+            fwd = lookup("fused_edge_fwd_partials", device)
+            out, ks = fwd(indptr, indices, call, src, dst, edge, partials)
         else:
-            out, aux = fwd(indptr, indices, call, src, dst, edge)
-        ctx.call, ctx.rev, ctx.num_src = call, rev, num_src
-        ctx.save_for_backward(indptr, indices, *((aux,) if aux is not None else ()), *terms)
+            out, aux = lookup("fused_edge_fwd", device)(indptr, indices, call, src, dst, edge)
+        ctx.call, ctx.rev, ctx.num_src, ctx.partials = call, rev, num_src, partials
         ctx.has_aux = aux is not None
+        ctx.save_for_backward(indptr, indices, *((aux,) if ctx.has_aux else ()), *ks, *terms)
         return out
 
     @staticmethod
@@ -672,23 +707,36 @@ class _FusedEdge(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         saved = ctx.saved_tensors
         indptr, indices = saved[:2]
-        aux = saved[2] if ctx.has_aux else None
-        terms = saved[3:] if ctx.has_aux else saved[2:]
+        rest = saved[2:]
+        aux = rest[0] if ctx.has_aux else None
+        rest = rest[1:] if ctx.has_aux else rest
+        partials: tuple[int, ...] = ctx.partials
+        ks, terms = rest[:len(partials)], rest[len(partials):]
         call: FusedEdgeCall = ctx.call
-        needs = ctx.needs_input_grad[5:]
+        skip = (None,) * _FusedEdge._ARGS
+        needs = ctx.needs_input_grad[_FusedEdge._ARGS:]
         if not any(needs):
-            return (None,) * (5 + len(terms))
+            return skip + (None,) * len(terms)
         src, dst, edge = call.split(terms)
         ns, nd, _ = call.num_terms
-        need = (tuple(needs[:ns]), tuple(needs[ns:ns + nd]), tuple(needs[ns + nd:]))
-
-        def get_rev() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            # built only when a src term needs a gradient; cached per graph tensors
-            return reverse_of(indptr, indices, ctx.num_src, ctx.rev)
-
         g = grad_out.to(call.dtype).contiguous()
-        gs, gd, ge = ctx.bwd(indptr, indices, get_rev, call, src, dst, edge, aux, g, need)
-        return (None,) * 5 + tuple(gs) + tuple(gd) + tuple(ge)
+        # dst terms with partials: grad_out * K, no walk; the backend skips them
+        dst_need = [n and i not in partials for i, n in enumerate(needs[ns:ns + nd])]
+        need = (tuple(needs[:ns]), tuple(dst_need), tuple(needs[ns + nd:]))
+        if any(itertools.chain(*need)):
+
+            def get_rev() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                # built only when a src term needs a gradient; cached per graph tensors
+                return reverse_of(indptr, indices, ctx.num_src, ctx.rev)
+
+            gs, gd, ge = ctx.bwd(indptr, indices, get_rev, call, src, dst, edge, aux, g, need)
+            gd = list(gd)
+        else:
+            gs, gd, ge = [None] * ns, [None] * nd, [None] * (len(terms) - ns - nd)
+        for i, k in zip(partials, ks):
+            if needs[ns + i]:
+                gd[i] = g * k
+        return skip + tuple(gs) + tuple(gd) + tuple(ge)
 
 
 # ============================================================================ validation

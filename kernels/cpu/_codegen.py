@@ -15,7 +15,9 @@ Three pass kinds, all without atomics (each output row has exactly one writer):
 
 ``fwd``      rows = destinations; accumulates each destination's in-edges (CSC) straight
              into its output row. ``max``/``min`` also record the CSC position of the
-             first edge attaining the extreme (``arg``).
+             first edge attaining the extreme (``arg``). With ``grads`` (dst leaves;
+             sum/mean only) it also sums ``d expr / d dst_i`` over the in-edges into
+             ``gd<i>`` (the "dst partials" of :mod:`ngra.kernels.fused_edge`).
 ``bwd_dst``  rows = destinations: gradients of dst terms (summed over in-edges) and of
              edge terms (one row per edge), ``g[v] * d expr / d term``.
 ``bwd_src``  rows = sources, walking the reverse CSR: gradients of src terms summed over
@@ -69,9 +71,10 @@ class KernelSpec:
         reduce: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
         layout: ``((kind, index, wide), ...)`` every leaf the expression reads, sorted;
             ``wide`` is False for a width-1 term (broadcast over columns).
-        grads: ``((kind, index), ...)`` leaves whose gradients this kernel writes
-            (backward kinds only): dst and edge leaves for ``bwd_dst``, src for ``bwd_src``,
-            any for ``bwd_all`` (src first, then edge, then dst: the order of its arguments).
+        grads: ``((kind, index), ...)`` leaves whose gradients this kernel writes: dst and
+            edge leaves for ``bwd_dst``, src for ``bwd_src``, any for ``bwd_all`` (src
+            first, then edge, then dst: the order of its arguments); for ``fwd``, dst
+            leaves whose partial derivatives it sums (full width, sum/mean).
         flush_denormals: run with the x86 FTZ/DAZ bits set (restored on return), see
             :data:`ngra.kernels.cpu.fused_edge.FLUSH_DENORMALS`.
     """
@@ -202,7 +205,7 @@ def _grad_roots(spec: KernelSpec) -> list[tuple[str, int, EdgeExpr]]:
 def generate(spec: KernelSpec) -> tuple[str, list[float]]:
     """``(module source, constants)`` for ``spec``; the module defines ``kernel``."""
     if spec.kind == "fwd":
-        emitter = _Emitter(spec, [spec.expr])
+        emitter = _Emitter(spec, [spec.expr] + [r for _, _, r in _grad_roots(spec)])
         body = _fwd(spec, emitter)
     elif spec.kind in ("bwd_dst", "bwd_src", "bwd_all"):
         roots = _grad_roots(spec)
@@ -376,8 +379,12 @@ def _wide_leaves(spec: KernelSpec, kind: str) -> list[str]:
 
 def _fwd(spec: KernelSpec, em: _Emitter) -> str:
     ext = spec.reduce in ("max", "min")
+    if spec.grads and (ext or any(k != "dst" for k, _ in spec.grads)):
+        raise ValueError(f"internal error: dst partials under {spec.reduce}: {spec.grads}")
+    parts = [(f"gd{i}", derivative(spec.expr, (k, i))) for k, i in spec.grads]
+    outs = ["out"] + [name for name, _ in parts]
     w = _Writer()
-    args = ["indptr", "indices", "consts", "ahead", *spec.arrays(), "out"]
+    args = ["indptr", "indices", "consts", "ahead", *spec.arrays(), *outs]
     _open_kernel(w, spec, em, args + (["arg"] if ext else []))
     w("nf = out.shape[1]")
     w("num_edges = indices.shape[0]")
@@ -387,7 +394,8 @@ def _fwd(spec: KernelSpec, em: _Emitter) -> str:
     w("end = indptr[v + 1]")
     w("for f in range(nf):")
     w.indent()
-    w("out[v, f] = c0")
+    for name in outs:
+        w(f"{name}[v, f] = c0")
     if ext:
         w("arg[v, f] = -1")
     w.dedent()
@@ -411,6 +419,8 @@ def _fwd(spec: KernelSpec, em: _Emitter) -> str:
         w.dedent()
     else:
         w(f"out[v, f] += {root}")
+        for name, d in parts:
+            w(f"{name}[v, f] += {em.names[d]}")
     w.dedent()
     w.dedent()  # edge loop
     if spec.reduce == "mean":
@@ -418,7 +428,9 @@ def _fwd(spec: KernelSpec, em: _Emitter) -> str:
         w.indent()
         w(f"inv = c1 / {_ft(spec)}(end - start)")
         w("for f in range(nf):")
-        w.indent()("out[v, f] *= inv")
+        w.indent()
+        for name in outs:
+            w(f"{name}[v, f] *= inv")
     return _close_kernel(w, spec)
 
 

@@ -16,7 +16,8 @@ Cache directory: ``$NGRA_CACHE/numba`` if ``NGRA_CACHE`` is set, else
 
 Passes (no atomics; no ``[E, F]`` tensor):
 
-* forward: rows = destinations (CSC);
+* forward: rows = destinations (CSC); ``fused_edge_fwd_partials`` also sums the dst
+  terms' partial derivatives there, so that their gradients need no pass at all;
 * backward, when src terms and dst or edge terms all want gradients: one walk over
   sources (reverse CSR); dst-term gradients are added into one buffer per thread
   (on graphs with :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread);
@@ -50,8 +51,8 @@ from ngra.kernels.cpu._util import as_numpy, prefetch_distance, row_threads, run
 from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.registry import register
 
-__all__ = ["fused_edge_fwd", "fused_edge_bwd", "kernel_for", "cache_dir", "FLUSH_DENORMALS",
-           "ONE_PASS_BACKWARD", "ONE_PASS_MIN_DEGREE"]
+__all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_bwd", "kernel_for",
+           "cache_dir", "FLUSH_DENORMALS", "ONE_PASS_BACKWARD", "ONE_PASS_MIN_DEGREE"]
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,11 @@ ONE_PASS_BACKWARD = True
 #: ... when the graph has at least this many edges per destination and extra thread:
 #: each thread beyond the first adds a ``[num_dst, F]`` buffer per dst term (memory,
 #: zeroing and a final sum), which a second evaluation per edge outweighs only on
-#: denser graphs. G-GCN on R-MAT 2^16 (15 edges per destination, 2 threads): backward
-#: 0.71x (``kernel_probes.py fused-edge-bwd``); on Cora (4.9): the same time within
-#: noise and +15 MB of training memory (``train_bench.py --models ggcn --graphs cora``).
+#: denser graphs. G-GCN on R-MAT 2^16 (15 edges per destination, 2 threads): forward +
+#: backward 0.85x of the two walks (``kernel_probes.py fused-edge-bwd``); on Cora (4.9):
+#: the same time within noise and +15 MB of training memory (``train_bench.py --models
+#: ggcn --graphs cora``). Full-width dst terms usually skip both: the forward sums their
+#: partials (:data:`ngra.kernels.fused_edge.DST_PARTIALS`; 0.80x in the same probe).
 ONE_PASS_MIN_DEGREE = 8
 
 
@@ -260,20 +263,38 @@ def fused_edge_fwd(
     src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward: ``(out [num_dst, F], arg [num_dst, F] int64 for max/min else None)``."""
-    num_dst = indptr.numel() - 1
-    layout, arrays = _layout(call, {"src": src, "dst": dst, "edge": edge})
-    out = torch.empty(num_dst, call.width, dtype=call.dtype)
     ext = call.reduce in ("max", "min")
-    arg = torch.empty(num_dst, call.width, dtype=torch.int64) if ext else None
+    out, extra = _forward(indptr, indices, call, src, dst, edge, (), ext)
+    return out, (extra[0] if ext else None)
+
+
+@register("fused_edge_fwd_partials", "cpu")
+def fused_edge_fwd_partials(
+    indptr: torch.Tensor, indices: torch.Tensor, call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+    partials: tuple[int, ...],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Sum/mean forward that also sums ``d expr / d dst_i`` over each destination's
+    in-edges, ``i`` in ``partials``: ``(out, [K_i [num_dst, F]])``, in the same walk."""
+    return _forward(indptr, indices, call, src, dst, edge, partials, False)
+
+
+def _forward(indptr, indices, call: FusedEdgeCall, src, dst, edge, partials, ext):
+    """The ``fwd`` kernel: ``(out, [arg] under max/min, else the K_i of partials)``."""
+    num_dst = indptr.numel() - 1
+    groups = {"src": src, "dst": dst, "edge": edge}
+    layout, arrays = _layout(call, groups)
+    out = torch.empty(num_dst, call.width, dtype=call.dtype)
+    extra = ([torch.empty(num_dst, call.width, dtype=torch.int64)] if ext else
+             [torch.empty(num_dst, call.width, dtype=call.dtype) for _ in partials])
     spec = KernelSpec("fwd", _dtype_name(call.dtype), call.expr, call.reduce, layout,
-                      flush_denormals=FLUSH_DENORMALS)
+                      tuple(("dst", i) for i in partials), FLUSH_DENORMALS)
     kern, consts = kernel_for(spec)
     ip = as_numpy(indptr.to(torch.int64).contiguous())
-    extra = [as_numpy(arg)] if ext else []
-    row_bytes = _gathered_bytes(layout, {"src": src, "dst": dst, "edge": edge}, ("src",))
+    row_bytes = _gathered_bytes(layout, groups, ("src",))
     run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts, prefetch_distance(row_bytes),
-             *arrays, as_numpy(out), *extra, row_bytes=row_bytes)
-    return out, arg
+             *arrays, as_numpy(out), *[as_numpy(x) for x in extra], row_bytes=row_bytes)
+    return out, extra
 
 
 @register("fused_edge_bwd", "cpu")

@@ -23,7 +23,8 @@ from ngra.kernels.gpu._util import require_cuda
 from ngra.kernels.ref.fused_edge import edge_ends, evaluate
 from ngra.kernels.registry import register
 
-__all__ = ["fused_edge_fwd", "fused_edge_bwd", "chunked_fwd", "chunked_bwd", "CHUNK_ELEMENTS"]
+__all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_bwd", "chunked_fwd",
+           "chunked_fwd_partials", "chunked_bwd", "CHUNK_ELEMENTS"]
 
 CHUNK_ELEMENTS = 1 << 24  # elements of one [chunk, F] temporary (64 MiB in float32)
 
@@ -55,6 +56,17 @@ def fused_edge_fwd(
     return chunked_fwd(indptr, indices, call, src, dst, edge)
 
 
+@register("fused_edge_fwd_partials", "gpu")
+def fused_edge_fwd_partials(
+    indptr: torch.Tensor, indices: torch.Tensor, call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+    partials: tuple[int, ...],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Sum/mean forward and the summed partials of the dst terms in ``partials``."""
+    require_cuda(indptr, indices, *src, *dst, *edge)
+    return chunked_fwd_partials(indptr, indices, call, src, dst, edge, partials)
+
+
 @register("fused_edge_bwd", "gpu")
 def fused_edge_bwd(
     indptr: torch.Tensor, indices: torch.Tensor, get_rev: Callable, call: FusedEdgeCall,
@@ -73,30 +85,20 @@ def chunked_fwd(
     src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The forward on any device, one chunk of edges at a time."""
+    if call.reduce not in ("max", "min"):
+        return _chunked_sums(indptr, indices, call, src, dst, edge, [call.expr])[0], None
     device = indptr.device
     num_dst, num_edges, width = indptr.numel() - 1, indices.numel(), call.width
     s_id, d_id = edge_ends(indptr, indices)
     deg = indptr[1:] - indptr[:-1]
-    ext = call.reduce in ("max", "min")
-    if ext:
-        fill = float("-inf") if call.reduce == "max" else float("inf")
-        out = torch.full((num_dst, width), fill, dtype=call.dtype, device=device)
-    else:
-        out = torch.zeros(num_dst, width, dtype=call.dtype, device=device)
+    fill = float("-inf") if call.reduce == "max" else float("inf")
+    out = torch.full((num_dst, width), fill, dtype=call.dtype, device=device)
     how = "amax" if call.reduce == "max" else "amin"
     for lo, hi in _chunks(num_edges, width):
         leaf = _leaf_fn(src, dst, edge, s_id, d_id, lo, hi)
         (msg,) = evaluate([call.expr], leaf, call.dtype, device)
-        msg = msg.expand(hi - lo, width)
-        if ext:
-            idx = d_id[lo:hi].unsqueeze(-1).expand(-1, width)
-            out.scatter_reduce_(0, idx, msg, how, include_self=True)
-        else:
-            out.index_add_(0, d_id[lo:hi], msg)
-    if call.reduce == "mean":
-        out /= deg.clamp(min=1).to(call.dtype).unsqueeze(-1)
-    if not ext:
-        return out, None
+        idx = d_id[lo:hi].unsqueeze(-1).expand(-1, width)
+        out.scatter_reduce_(0, idx, msg.expand(hi - lo, width), how, include_self=True)
     # second pass: the first edge (lowest CSC position) attaining each extreme
     arg = torch.full((num_dst, width), num_edges, dtype=torch.int64, device=device)
     for lo, hi in _chunks(num_edges, width):
@@ -110,6 +112,36 @@ def chunked_fwd(
     out.masked_fill_(empty, 0.0)
     arg[arg == num_edges] = -1
     return out, arg
+
+
+def chunked_fwd_partials(
+    indptr: torch.Tensor, indices: torch.Tensor, call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+    partials: tuple[int, ...],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Sum/mean forward on any device, with ``K_i``: the derivative expressions of the
+    dst terms in ``partials`` summed like the expression itself."""
+    roots = [call.expr] + [derivative(call.expr, ("dst", i)) for i in partials]
+    out, *ks = _chunked_sums(indptr, indices, call, src, dst, edge, roots)
+    return out, ks
+
+
+def _chunked_sums(indptr, indices, call: FusedEdgeCall, src, dst, edge,
+                  roots: list[EdgeExpr]) -> list[torch.Tensor]:
+    """Each root summed (sum) or averaged (mean) over every destination's in-edges."""
+    device = indptr.device
+    num_dst, num_edges, width = indptr.numel() - 1, indices.numel(), call.width
+    s_id, d_id = edge_ends(indptr, indices)
+    sums = [torch.zeros(num_dst, width, dtype=call.dtype, device=device) for _ in roots]
+    for lo, hi in _chunks(num_edges, width):
+        leaf = _leaf_fn(src, dst, edge, s_id, d_id, lo, hi)
+        for total, val in zip(sums, evaluate(roots, leaf, call.dtype, device)):
+            total.index_add_(0, d_id[lo:hi], val.expand(hi - lo, width))
+    if call.reduce == "mean":
+        deg = (indptr[1:] - indptr[:-1]).clamp(min=1).to(call.dtype).unsqueeze(-1)
+        for total in sums:
+            total /= deg
+    return sums
 
 
 def chunked_bwd(

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from ngra.kernels.fused_edge import EdgeExpr, FusedEdgeCall, topo_order
 from ngra.kernels.registry import register
 
-__all__ = ["evaluate", "fused_edge_fwd", "fused_edge_bwd", "edge_ends"]
+__all__ = ["evaluate", "fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_bwd",
+           "edge_ends"]
 
 
 def evaluate(
@@ -149,6 +150,29 @@ def fused_edge_fwd(
     """Forward: ``(out [num_dst, F], arg [num_dst, F] int64 for max/min else None)``."""
     msg, d_id = _messages(indptr, indices, call, src, dst, edge)
     return _reduce(indptr, d_id, msg, call.reduce)
+
+
+@register("fused_edge_fwd_partials", "ref")
+def fused_edge_fwd_partials(
+    indptr: torch.Tensor, indices: torch.Tensor, call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+    partials: tuple[int, ...],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Sum/mean forward and ``K_i[v, f] = d out[v, f] / d dst_i[v, f]`` for ``i`` in ``partials``.
+
+    By autograd, not by derivative expressions: column ``f`` of the expression reads
+    column ``f`` of a full-width term, and ``dst_i[v]`` reaches no output row but
+    ``out[v]``, so the gradient of ``out.sum()`` with respect to ``dst_i`` is ``K_i``.
+    """
+    with torch.enable_grad():
+        leaves_ = [t.detach().requires_grad_(i in partials) for i, t in enumerate(dst)]
+        msg, d_id = _messages(indptr, indices, call, [t.detach() for t in src], leaves_,
+                              [t.detach() for t in edge])
+        out, _ = _reduce(indptr, d_id, msg, call.reduce)
+        wanted = [leaves_[i] for i in partials]
+        ks = (torch.autograd.grad(out, wanted, torch.ones_like(out), allow_unused=True)
+              if out.requires_grad else [None] * len(wanted))
+    return out.detach(), [torch.zeros_like(t) if k is None else k for t, k in zip(wanted, ks)]
 
 
 @register("fused_edge_bwd", "ref")

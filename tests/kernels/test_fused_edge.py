@@ -21,6 +21,7 @@ from graph_cases import CASES, graph_case, to_csc
 from kernel_testing import assert_as_accurate, assert_same, max_degree, run
 
 import ngra.kernels.cpu.fused_edge as cpu_fe
+import ngra.kernels.fused_edge as fe
 import ngra.kernels.gpu.fused_edge as gpu_fe
 import ngra.kernels.ref.fused_edge as ref_fe
 from ngra.kernels import transpose_csc, use_backend
@@ -117,9 +118,12 @@ def test_expressions_match_ref(name, reduce, dtype, index_dtype, case, gen):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("dtype,index_dtype", DTYPES)
-@pytest.mark.parametrize("reduce", REDUCES)
+@pytest.mark.parametrize("reduce,partials", [("sum", True), ("sum", False), ("mean", True),
+                                             ("mean", False), ("max", False), ("min", False)])
 @pytest.mark.parametrize("name", list(EXPRS))
-def test_sweep_matches_ref(name, reduce, dtype, index_dtype, case, gen):
+def test_sweep_matches_ref(name, reduce, partials, dtype, index_dtype, case, gen, monkeypatch):
+    """Sum/mean both with dst partials (the default) and with the backward walks."""
+    monkeypatch.setattr(fe, "DST_PARTIALS", partials)
     _compare(name, case, reduce, dtype, index_dtype, gen)
 
 
@@ -147,7 +151,9 @@ def test_partial_gradients(gen):
                                          ("u_mul_e", "min")])
 def test_one_pass_backward_equals_two_passes_on_two_threads(name, reduce, monkeypatch):
     """``bwd_all`` (one walk over sources, per-thread dst-gradient buffers) == the
-    dst walk + src walk, on a graph big enough that both threads take ranges."""
+    dst walk + src walk, on a graph big enough that both threads take ranges (dst
+    partials off: with them the walks compute no dst gradient)."""
+    monkeypatch.setattr(fe, "DST_PARTIALS", False)
     gen = torch.Generator().manual_seed(3)
     n, num_edges = 3000, 60000
     src = torch.randint(0, n, (num_edges,), generator=gen)
@@ -178,6 +184,7 @@ def test_one_pass_backward_equals_two_passes_on_two_threads(name, reduce, monkey
 def test_one_pass_needs_a_dense_enough_graph_for_its_thread_buffers(monkeypatch):
     """With 2 threads the one-pass kernel adds a dst-gradient buffer: below
     ONE_PASS_MIN_DEGREE edges per destination the two walks run instead."""
+    monkeypatch.setattr(fe, "DST_PARTIALS", False)
     n = 3000
     calls = []
     real = cpu_fe.kernel_for
@@ -199,7 +206,8 @@ def test_one_pass_needs_a_dense_enough_graph_for_its_thread_buffers(monkeypatch)
         torch.set_num_threads(threads)
 
 
-def test_one_pass_kernel_is_generated_for_both_sides(gen):
+def test_one_pass_kernel_is_generated_for_both_sides(gen, monkeypatch):
+    monkeypatch.setattr(fe, "DST_PARTIALS", False)
     indptr, indices, num_src = graph_case("skewed", gen)
     a = torch.randn(indptr.numel() - 1, F, dtype=torch.float64, requires_grad=True)
     b = torch.randn(num_src, F, dtype=torch.float64, requires_grad=True)
@@ -207,6 +215,97 @@ def test_one_pass_kernel_is_generated_for_both_sides(gen):
         fused_edge_aggregate(indptr, indices, GGCN, [b, b], [a]).sum().backward()
     kinds = {s.kind for s in cpu_fe._KERNELS if s.expr == GGCN and s.reduce == "sum"}
     assert "bwd_all" in kinds
+
+
+# ---------------------------------------------------------------- dst partials
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("case", SOME_CASES + ["skewed"])
+@pytest.mark.parametrize("name,reduce", [("ggcn", "sum"), ("kitchen", "mean"), ("kitchen", "sum")])
+def test_dst_partials_equal_the_walks(name, reduce, case, backend, gen, monkeypatch):
+    """Gradients of dst terms from the forward's summed partials (grad_out * K) == from
+    the backward walks, every term's gradient, forward unchanged (kitchen: one wide
+    dst term with partials, one width-1 dst term without)."""
+    expr, _ = EXPRS[name]
+    indptr, indices, num_src = graph_case(case, gen)
+    t = _terms(name, num_src, indptr.numel() - 1, indices.numel(), torch.float64, gen)
+    ns, nd = len(t["src"]), len(t["dst"])
+
+    def fn(*ts):
+        return fused_edge_aggregate(indptr, indices, expr, ts[:ns], ts[ns:ns + nd], ts[ns + nd:],
+                                    reduce=reduce)
+
+    inputs = t["src"] + t["dst"] + t["edge"]
+    monkeypatch.setattr(fe, "DST_PARTIALS", False)
+    out_walk, g_walk, grad_out = run(backend, fn, inputs, gen=gen)
+    monkeypatch.setattr(fe, "DST_PARTIALS", True)
+    calls = []
+    real = fe.lookup
+    monkeypatch.setattr(fe, "lookup", lambda op, dev: calls.append(op) or real(op, dev))
+    out, grads, _ = run(backend, fn, inputs, grad_out)
+    assert "fused_edge_fwd_partials" in calls
+    assert_same([out] + grads, [out_walk] + g_walk, torch.float64,
+                terms=max_degree(indptr) + 1)
+
+
+def test_dst_partials_only_where_they_help(gen, monkeypatch):
+    """No partials without grad mode, without a dst gradient, under max/min, for a
+    width-1 dst term, or in a backward_only recompute; with them the source walk
+    alone runs in backward (no dst-gradient buffers)."""
+    from ngra.kernels import backward_only
+
+    indptr, indices, num_src = graph_case("skewed", gen)
+    n = indptr.numel() - 1
+    a = torch.randn(n, F, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(num_src, F, dtype=torch.float64, requires_grad=True)
+    ops, kinds = [], []
+    real, real_kernel = fe.lookup, cpu_fe.kernel_for
+    monkeypatch.setattr(fe, "lookup", lambda op, dev: ops.append(op) or real(op, dev))
+    monkeypatch.setattr(cpu_fe, "kernel_for",
+                        lambda spec: kinds.append((spec.kind, spec.grads)) or real_kernel(spec))
+
+    def fwd_op(dst, reduce="sum"):
+        ops.clear()
+        with use_backend("cpu"):
+            out = fused_edge_aggregate(indptr, indices, GGCN, [b, b], [dst], reduce=reduce)
+        return out, [o for o in ops if o.startswith("fused_edge_fwd")]
+
+    assert fwd_op(a)[1] == ["fused_edge_fwd_partials"]
+    with torch.no_grad():
+        assert fwd_op(a)[1] == ["fused_edge_fwd"]
+    assert fwd_op(a.detach())[1] == ["fused_edge_fwd"]
+    assert fwd_op(a, "max")[1] == ["fused_edge_fwd"]
+    assert fwd_op(a[:, :1].detach().requires_grad_())[1] == ["fused_edge_fwd"]
+    with backward_only():
+        assert fwd_op(a)[1] == []
+    out, _ = fwd_op(a)
+    kinds.clear()
+    out.sum().backward()
+    assert kinds == [("bwd_src", (("src", 0), ("src", 1)))]
+
+
+def test_dst_partials_of_the_gpu_backend_on_cpu_tensors(gen, monkeypatch):
+    monkeypatch.setattr(gpu_fe, "CHUNK_ELEMENTS", 7 * F)
+    indptr, indices, num_src = graph_case("multi_edges", gen)
+    t = _terms("kitchen", num_src, indptr.numel() - 1, indices.numel(), torch.float64, gen)
+    call = FusedEdgeCall(KITCHEN, "mean", (2, 2, 1), F, torch.float64)
+    want = ref_fe.fused_edge_fwd_partials(indptr, indices, call, t["src"], t["dst"], t["edge"],
+                                          (0,))
+    got = gpu_fe.chunked_fwd_partials(indptr, indices, call, t["src"], t["dst"], t["edge"], (0,))
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
+def test_dst_partials_survive_retain_graph(gen):
+    indptr, indices, num_src = graph_case("random", gen)
+    a = torch.randn(indptr.numel() - 1, F, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(num_src, F, dtype=torch.float64, requires_grad=True)
+    with use_backend("cpu"):
+        out = fused_edge_aggregate(indptr, indices, GGCN, [b, b], [a])
+    g = torch.randn_like(out)
+    first = torch.autograd.grad(out, [a, b], g, retain_graph=True)
+    second = torch.autograd.grad(out, [a, b], g)
+    for x, y in zip(first, second):
+        assert torch.equal(x, y)
 
 
 def test_unused_terms_get_zero_gradients(gen):
