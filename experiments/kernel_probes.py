@@ -113,7 +113,7 @@ def fused_edge_bwd(data_root: str | None) -> None:
 
     def step(route: str, need_c: bool):
         def f() -> None:
-            fe.DST_PARTIALS = route == "partials"
+            fe.DST_PARTIALS = "always" if route == "partials" else "never"
             cpu_fe.ONE_PASS_BACKWARD = route == "one walk"
             out = fused_edge_aggregate(g.indptr, g.indices, expr,
                                        [c if need_c else c.detach(), b], [a], rev=rev)
@@ -123,7 +123,7 @@ def fused_edge_bwd(data_root: str | None) -> None:
     routes = ("two walks", "one walk", "partials")
     _rounds({f"{r}{'' if need_c else ', no c'}": step(r, need_c)
              for need_c in (True, False) for r in routes}, "two walks", rounds=15)
-    fe.DST_PARTIALS, cpu_fe.ONE_PASS_BACKWARD = True, True
+    fe.DST_PARTIALS, cpu_fe.ONE_PASS_BACKWARD = "auto", True
 
 
 def gat_memory(data_root: str | None) -> None:

@@ -37,6 +37,7 @@ at forward time, and the same backend runs the backward. Backend contract::
     fused_edge_fwd(indptr, indices, call, src, dst, edge) -> (out [num_dst, F], aux)
     fused_edge_fwd_partials(indptr, indices, call, src, dst, edge, partials)
         -> (out [num_dst, F], [K_i [num_dst, F] for i in partials])     # sum/mean only
+    fused_edge_partials_pay(indptr, call) -> bool     # whether the forward should take them
     fused_edge_bwd(indptr, indices, get_rev, call, src, dst, edge, aux, grad_out, need)
         -> (src_grads, dst_grads, edge_grads)
 
@@ -53,10 +54,15 @@ destination's in-edges anyway: ``K_i [num_dst, F]``, and the backward's gradient
 ``dst_i`` is ``grad_out * K_i``, element-wise, with no graph walk. The walk over
 sources that the src gradients need then writes only rows of its own source (no
 per-thread ``[num_dst, F]`` buffers, no random read-modify-write of destination rows).
-This runs for every full-width dst term that needs a gradient while grad mode is on
-(not in a :func:`~ngra.kernels.backward_only` recompute, whose forward is skipped); the
-cost is one ``K_i`` saved for backward per such term. :data:`DST_PARTIALS` switches it
-off (tests compare both routes).
+It costs one ``K_i`` saved for backward per term, so it runs only where the backend
+says it pays (``fused_edge_partials_pay``): on cpu where the one-walk backward would
+otherwise add a ``[num_dst, F]`` buffer per extra thread (two or more threads, a dense
+enough graph; on sparse graphs the two walks need no buffer), never on gpu (whose
+chunked backward gets dst gradients from the same pass as the others), always on ref
+(the specification). It applies to full-width dst terms that need a gradient while
+grad mode is on, not in a :func:`~ngra.kernels.backward_only` recompute (its forward is
+skipped). :data:`DST_PARTIALS` overrides the backend's choice (tests compare both
+routes).
 """
 
 from __future__ import annotations
@@ -100,8 +106,9 @@ OPS: dict[str, int] = {
     "relu_grad": 1, "leaky_relu_grad": 1,
 }
 _PARAM_OPS = ("const", "leaky_relu", "leaky_relu_grad")  # ops that carry a float ``value``
-#: Sum full-width dst terms' partial derivatives in the forward (see "Dst partials" above).
-DST_PARTIALS = True
+#: Sum full-width dst terms' partial derivatives in the forward (see "Dst partials" above):
+#: ``"auto"`` where the backend says they pay, ``"always"``, or ``"never"`` (tests, probes).
+DST_PARTIALS = "auto"
 _MAX_NODES = 4096  # a generated kernel beyond this is a bug in the caller, not a workload
 
 
@@ -663,21 +670,28 @@ def fused_edge_aggregate(
         expr, reduce, (len(groups["src"]), len(groups["dst"]), len(groups["edge"])), width,
         dtype if dtype is not None else torch.get_default_dtype(),
     )
-    partials = _partials(call, groups["dst"]) if torch.is_grad_enabled() else ()
+    partials = _partials(call, groups["dst"], indptr) if torch.is_grad_enabled() else ()
     return _FusedEdge.apply(
         indptr, indices, call, rev_t, num_src, partials,
         *groups["src"], *groups["dst"], *groups["edge"]
     )
 
 
-def _partials(call: FusedEdgeCall, dst: list[torch.Tensor]) -> tuple[int, ...]:
+def _partials(call: FusedEdgeCall, dst: list[torch.Tensor], indptr: torch.Tensor
+              ) -> tuple[int, ...]:
     """The dst terms whose summed partial derivatives the forward computes: full-width,
-    read by the expression, wanting a gradient, under sum/mean (see "Dst partials")."""
-    if not DST_PARTIALS or call.reduce not in ("sum", "mean") or forward_skipped(call.reduce):
+    read by the expression, wanting a gradient, under sum/mean, where the backend says
+    they pay (see "Dst partials")."""
+    if (DST_PARTIALS == "never" or call.reduce not in ("sum", "mean")
+            or forward_skipped(call.reduce)):
         return ()
     read = {i for kind, i in leaves(call.expr) if kind == "dst"}
-    return tuple(i for i, t in enumerate(dst)
-                 if i in read and t.requires_grad and t.shape[1] == call.width > 1)
+    parts = tuple(i for i, t in enumerate(dst)
+                  if i in read and t.requires_grad and t.shape[1] == call.width > 1)
+    if (parts and DST_PARTIALS == "auto"
+            and not lookup("fused_edge_partials_pay", indptr.device)(indptr, call)):
+        return ()
+    return parts
 
 
 class _FusedEdge(torch.autograd.Function):

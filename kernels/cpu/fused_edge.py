@@ -17,7 +17,8 @@ Cache directory: ``$NGRA_CACHE/numba`` if ``NGRA_CACHE`` is set, else
 Passes (no atomics; no ``[E, F]`` tensor):
 
 * forward: rows = destinations (CSC); ``fused_edge_fwd_partials`` also sums the dst
-  terms' partial derivatives there, so that their gradients need no pass at all;
+  terms' partial derivatives there, so that their gradients need no pass at all (where
+  ``fused_edge_partials_pay``: the dense graphs of the one-walk backward below);
 * backward, when src terms and dst or edge terms all want gradients: one walk over
   sources (reverse CSR); dst-term gradients are added into one buffer per thread
   (on graphs with :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread);
@@ -51,8 +52,9 @@ from ngra.kernels.cpu._util import as_numpy, prefetch_distance, row_threads, run
 from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.registry import register
 
-__all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_bwd", "kernel_for",
-           "cache_dir", "FLUSH_DENORMALS", "ONE_PASS_BACKWARD", "ONE_PASS_MIN_DEGREE"]
+__all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_partials_pay",
+           "fused_edge_bwd", "kernel_for", "cache_dir", "FLUSH_DENORMALS", "ONE_PASS_BACKWARD",
+           "ONE_PASS_MIN_DEGREE"]
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +82,8 @@ ONE_PASS_BACKWARD = True
 #: denser graphs. G-GCN on R-MAT 2^16 (15 edges per destination, 2 threads): forward +
 #: backward 0.85x of the two walks (``kernel_probes.py fused-edge-bwd``); on Cora (4.9):
 #: the same time within noise and +15 MB of training memory (``train_bench.py --models
-#: ggcn --graphs cora``). Full-width dst terms usually skip both: the forward sums their
-#: partials (:data:`ngra.kernels.fused_edge.DST_PARTIALS`; 0.80x in the same probe).
+#: ggcn --graphs cora``). On such dense graphs full-width dst terms skip both: the
+#: forward sums their partials (:func:`fused_edge_partials_pay`; 0.80x in the same probe).
 ONE_PASS_MIN_DEGREE = 8
 
 
@@ -277,6 +279,17 @@ def fused_edge_fwd_partials(
     """Sum/mean forward that also sums ``d expr / d dst_i`` over each destination's
     in-edges, ``i`` in ``partials``: ``(out, [K_i [num_dst, F]])``, in the same walk."""
     return _forward(indptr, indices, call, src, dst, edge, partials, False)
+
+
+@register("fused_edge_partials_pay", "cpu")
+def fused_edge_partials_pay(indptr: torch.Tensor, call: FusedEdgeCall) -> bool:
+    """Dst partials replace the per-thread ``[num_dst, F]`` buffers of the one-walk
+    backward, at the same memory: worth it where that walk would run with them (two or
+    more threads, :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread)."""
+    ip = as_numpy(indptr.to(torch.int64).contiguous())
+    threads = row_threads(ip, 3 * call.width * torch.finfo(call.dtype).bits // 8)
+    num_dst, num_edges = ip.shape[0] - 1, int(ip[-1])
+    return threads > 1 and num_edges >= ONE_PASS_MIN_DEGREE * (threads - 1) * num_dst
 
 
 def _forward(indptr, indices, call: FusedEdgeCall, src, dst, edge, partials, ext):

@@ -23,8 +23,9 @@ from ngra.kernels.gpu._util import require_cuda
 from ngra.kernels.ref.fused_edge import edge_ends, evaluate
 from ngra.kernels.registry import register
 
-__all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_bwd", "chunked_fwd",
-           "chunked_fwd_partials", "chunked_bwd", "CHUNK_ELEMENTS"]
+__all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_partials_pay",
+           "fused_edge_bwd", "chunked_fwd", "chunked_fwd_partials", "chunked_bwd",
+           "CHUNK_ELEMENTS"]
 
 CHUNK_ELEMENTS = 1 << 24  # elements of one [chunk, F] temporary (64 MiB in float32)
 
@@ -65,6 +66,13 @@ def fused_edge_fwd_partials(
     """Sum/mean forward and the summed partials of the dst terms in ``partials``."""
     require_cuda(indptr, indices, *src, *dst, *edge)
     return chunked_fwd_partials(indptr, indices, call, src, dst, edge, partials)
+
+
+@register("fused_edge_partials_pay", "gpu")
+def fused_edge_partials_pay(indptr: torch.Tensor, call: FusedEdgeCall) -> bool:
+    """Never: the chunked backward gets dst gradients in the pass it makes anyway, so
+    partials would only hold ``K`` in memory."""
+    return False
 
 
 @register("fused_edge_bwd", "gpu")

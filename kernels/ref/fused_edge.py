@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from ngra.kernels.fused_edge import EdgeExpr, FusedEdgeCall, topo_order
 from ngra.kernels.registry import register
 
-__all__ = ["evaluate", "fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_bwd",
-           "edge_ends"]
+__all__ = ["evaluate", "fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_partials_pay",
+           "fused_edge_bwd", "edge_ends"]
 
 
 def evaluate(
@@ -173,6 +173,12 @@ def fused_edge_fwd_partials(
         ks = (torch.autograd.grad(out, wanted, torch.ones_like(out), allow_unused=True)
               if out.requires_grad else [None] * len(wanted))
     return out.detach(), [torch.zeros_like(t) if k is None else k for t, k in zip(wanted, ks)]
+
+
+@register("fused_edge_partials_pay", "ref")
+def fused_edge_partials_pay(indptr: torch.Tensor, call: FusedEdgeCall) -> bool:
+    """Always: the reference runs both routes' math wherever they apply."""
+    return True
 
 
 @register("fused_edge_bwd", "ref")

@@ -118,11 +118,12 @@ def test_expressions_match_ref(name, reduce, dtype, index_dtype, case, gen):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("dtype,index_dtype", DTYPES)
-@pytest.mark.parametrize("reduce,partials", [("sum", True), ("sum", False), ("mean", True),
-                                             ("mean", False), ("max", False), ("min", False)])
+@pytest.mark.parametrize("reduce,partials", [("sum", "always"), ("sum", "never"),
+                                             ("mean", "always"), ("mean", "never"),
+                                             ("max", "auto"), ("min", "auto")])
 @pytest.mark.parametrize("name", list(EXPRS))
 def test_sweep_matches_ref(name, reduce, partials, dtype, index_dtype, case, gen, monkeypatch):
-    """Sum/mean both with dst partials (the default) and with the backward walks."""
+    """Sum/mean both with dst partials and with the backward walks."""
     monkeypatch.setattr(fe, "DST_PARTIALS", partials)
     _compare(name, case, reduce, dtype, index_dtype, gen)
 
@@ -153,7 +154,7 @@ def test_one_pass_backward_equals_two_passes_on_two_threads(name, reduce, monkey
     """``bwd_all`` (one walk over sources, per-thread dst-gradient buffers) == the
     dst walk + src walk, on a graph big enough that both threads take ranges (dst
     partials off: with them the walks compute no dst gradient)."""
-    monkeypatch.setattr(fe, "DST_PARTIALS", False)
+    monkeypatch.setattr(fe, "DST_PARTIALS", "never")
     gen = torch.Generator().manual_seed(3)
     n, num_edges = 3000, 60000
     src = torch.randint(0, n, (num_edges,), generator=gen)
@@ -184,7 +185,7 @@ def test_one_pass_backward_equals_two_passes_on_two_threads(name, reduce, monkey
 def test_one_pass_needs_a_dense_enough_graph_for_its_thread_buffers(monkeypatch):
     """With 2 threads the one-pass kernel adds a dst-gradient buffer: below
     ONE_PASS_MIN_DEGREE edges per destination the two walks run instead."""
-    monkeypatch.setattr(fe, "DST_PARTIALS", False)
+    monkeypatch.setattr(fe, "DST_PARTIALS", "never")
     n = 3000
     calls = []
     real = cpu_fe.kernel_for
@@ -207,7 +208,7 @@ def test_one_pass_needs_a_dense_enough_graph_for_its_thread_buffers(monkeypatch)
 
 
 def test_one_pass_kernel_is_generated_for_both_sides(gen, monkeypatch):
-    monkeypatch.setattr(fe, "DST_PARTIALS", False)
+    monkeypatch.setattr(fe, "DST_PARTIALS", "never")
     indptr, indices, num_src = graph_case("skewed", gen)
     a = torch.randn(indptr.numel() - 1, F, dtype=torch.float64, requires_grad=True)
     b = torch.randn(num_src, F, dtype=torch.float64, requires_grad=True)
@@ -235,9 +236,9 @@ def test_dst_partials_equal_the_walks(name, reduce, case, backend, gen, monkeypa
                                     reduce=reduce)
 
     inputs = t["src"] + t["dst"] + t["edge"]
-    monkeypatch.setattr(fe, "DST_PARTIALS", False)
+    monkeypatch.setattr(fe, "DST_PARTIALS", "never")
     out_walk, g_walk, grad_out = run(backend, fn, inputs, gen=gen)
-    monkeypatch.setattr(fe, "DST_PARTIALS", True)
+    monkeypatch.setattr(fe, "DST_PARTIALS", "always")
     calls = []
     real = fe.lookup
     monkeypatch.setattr(fe, "lookup", lambda op, dev: calls.append(op) or real(op, dev))
@@ -247,12 +248,13 @@ def test_dst_partials_equal_the_walks(name, reduce, case, backend, gen, monkeypa
                 terms=max_degree(indptr) + 1)
 
 
-def test_dst_partials_only_where_they_help(gen, monkeypatch):
+def test_dst_partials_only_where_they_apply(gen, monkeypatch):
     """No partials without grad mode, without a dst gradient, under max/min, for a
     width-1 dst term, or in a backward_only recompute; with them the source walk
     alone runs in backward (no dst-gradient buffers)."""
     from ngra.kernels import backward_only
 
+    monkeypatch.setattr(fe, "DST_PARTIALS", "always")
     indptr, indices, num_src = graph_case("skewed", gen)
     n = indptr.numel() - 1
     a = torch.randn(n, F, dtype=torch.float64, requires_grad=True)
@@ -283,6 +285,33 @@ def test_dst_partials_only_where_they_help(gen, monkeypatch):
     assert kinds == [("bwd_src", (("src", 0), ("src", 1)))]
 
 
+def test_dst_partials_where_the_backend_says_they_pay(monkeypatch):
+    """cpu: where the one-walk backward would hold a dst buffer per extra thread (two
+    threads, a dense graph), not on a sparse graph or one thread; gpu never; ref always."""
+    n = 3000
+    a = torch.randn(n, 64, requires_grad=True)
+    b = torch.randn(n, 64, requires_grad=True)
+    ops = []
+    real = fe.lookup
+    monkeypatch.setattr(fe, "lookup", lambda op, dev: ops.append(op) or real(op, dev))
+    threads = torch.get_num_threads()
+    try:
+        for nthreads, degree, want in ((2, 20, True), (2, 4, False), (1, 20, False)):
+            torch.set_num_threads(nthreads)
+            gen = torch.Generator().manual_seed(degree)
+            src, dst = (torch.randint(0, n, (degree * n,), generator=gen) for _ in range(2))
+            indptr, indices = to_csc(src, dst, n)
+            ops.clear()
+            with use_backend("cpu"):
+                fused_edge_aggregate(indptr, indices, GGCN, [b, b], [a])
+            assert ("fused_edge_fwd_partials" in ops) == want, (nthreads, degree, ops)
+    finally:
+        torch.set_num_threads(threads)
+    call = FusedEdgeCall(GGCN, "sum", (2, 1, 0), 64, torch.float32)
+    assert gpu_fe.fused_edge_partials_pay(indptr, call) is False
+    assert ref_fe.fused_edge_partials_pay(indptr, call) is True
+
+
 def test_dst_partials_of_the_gpu_backend_on_cpu_tensors(gen, monkeypatch):
     monkeypatch.setattr(gpu_fe, "CHUNK_ELEMENTS", 7 * F)
     indptr, indices, num_src = graph_case("multi_edges", gen)
@@ -295,7 +324,8 @@ def test_dst_partials_of_the_gpu_backend_on_cpu_tensors(gen, monkeypatch):
     torch.testing.assert_close(got[1], want[1])
 
 
-def test_dst_partials_survive_retain_graph(gen):
+def test_dst_partials_survive_retain_graph(gen, monkeypatch):
+    monkeypatch.setattr(fe, "DST_PARTIALS", "always")
     indptr, indices, num_src = graph_case("random", gen)
     a = torch.randn(indptr.numel() - 1, F, dtype=torch.float64, requires_grad=True)
     b = torch.randn(num_src, F, dtype=torch.float64, requires_grad=True)
