@@ -7,6 +7,7 @@
     dropout-linear  Linear(dropout(x)) vs dropout_linear, same x
     fused-edge-bwd  G-GCN gate forward + backward: two walks, one walk, dst partials
     gat-memory      a zoo GAT step on R-MAT 2^18: live tensors vs RSS
+    ggcn-floor      the G-GCN showcase step against its GEMMs and fused edge stages alone
 
 ``gspmm-output`` runs on R-MAT 2^18 (edge factor 16, self-loops), F=64: ngra's
 ``gspmm`` as called, its numba kernel into a reused output buffer, the same
@@ -165,10 +166,62 @@ def gat_memory(data_root: str | None) -> None:
           f"{statistics.median(rss) / unit:.2f} x")
 
 
+def ggcn_floor(data_root: str | None) -> None:
+    """Where the G-GCN showcase step goes (train_bench's: two GGCNConv 64 -> 64 on R-MAT
+    2^16 x 16, forward + backward of ``out.sum()``): the step as the benchmark runs it;
+    its 16 matrix products (6 forward linears; 4 input and 6 weight gradients) into
+    preallocated outputs, i.e. at the BLAS's speed without page faults; and the two
+    layers' fused edge stages (forward + backward, as ngra runs them, allocations
+    included). The sum of the last two is a floor under any schedule of this math in
+    float32 here; the step minus it is everything else (element-wise ops, bias sums,
+    gradient accumulation, page faults)."""
+    from ngra.datasets import load
+    from ngra.kernels.fused_edge import E, fused_edge_aggregate
+    from ngra.models import GGCNConv
+
+    ds = load("rmat:scale=16,edge_factor=16,feat=64,classes=8", root=data_root)
+    g, x = ds.graph, ds.x
+    n, f = x.shape
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([GGCNConv(f, f), GGCNConv(f, f)])
+
+    def step() -> None:
+        for p in layers.parameters():
+            p.grad = None
+        h = x
+        for layer in layers:
+            h = layer(g, h)
+        h.sum().backward()
+
+    w, b = torch.randn(f, f), torch.randn(f)
+    acts = [torch.randn(n, f) for _ in range(2)]
+    outs = [torch.empty(n, f) for _ in range(2)]
+    wout = torch.empty(f, f)
+
+    def gemms() -> None:
+        for _ in range(6):
+            torch.addmm(b, acts[0], w.t(), out=outs[0])
+        for _ in range(4):
+            torch.mm(acts[0], w, out=outs[1])
+        for _ in range(6):
+            torch.mm(acts[1].t(), acts[0], out=wout)
+
+    gen = torch.Generator().manual_seed(0)
+    a1, b1, a2, b2, c2 = (torch.randn(n, f, generator=gen).requires_grad_() for _ in range(5))
+    expr, rev = E.sigmoid(E.dst(0) + E.src(1)) * E.src(0), g.csr()
+
+    def edges() -> None:
+        for a, bb, c in ((a1, b1, x), (a2, b2, c2)):  # layer 1's c is the input x
+            out = fused_edge_aggregate(g.indptr, g.indices, expr, [c, bb], [a], rev=rev)
+            out.sum().backward()
+
+    _rounds({"step": step, "16 GEMMs": gemms, "2 edge stages": edges}, "step", rounds=9)
+
+
 # every probe takes the --data-root (those on synthetic data ignore it)
 PROBES = {"gspmm-output": gspmm_output, "dropout": lambda _root: dropout(),
           "dropout-linear": lambda _root: dropout_linear(), "fused-edge-bwd": fused_edge_bwd,
-          "gat-memory": gat_memory}
+          "gat-memory": gat_memory, "ggcn-floor": ggcn_floor}
 
 
 def main() -> None:

@@ -70,6 +70,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -107,8 +108,11 @@ OPS: dict[str, int] = {
 }
 _PARAM_OPS = ("const", "leaky_relu", "leaky_relu_grad")  # ops that carry a float ``value``
 #: Sum full-width dst terms' partial derivatives in the forward (see "Dst partials" above):
-#: ``"auto"`` where the backend says they pay, ``"always"``, or ``"never"`` (tests, probes).
-DST_PARTIALS = "auto"
+#: ``"auto"`` where the backend says they pay, ``"always"``, or ``"never"``; the
+#: ``NGRA_DST_PARTIALS`` environment variable sets it at import (benchmarks, A/B runs).
+DST_PARTIALS = os.environ.get("NGRA_DST_PARTIALS", "auto")
+if DST_PARTIALS not in ("auto", "always", "never"):
+    raise ValueError(f"NGRA_DST_PARTIALS must be auto, always or never; got {DST_PARTIALS!r}.")
 _MAX_NODES = 4096  # a generated kernel beyond this is a bug in the caller, not a workload
 
 

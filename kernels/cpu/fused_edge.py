@@ -284,8 +284,13 @@ def fused_edge_fwd_partials(
 @register("fused_edge_partials_pay", "cpu")
 def fused_edge_partials_pay(indptr: torch.Tensor, call: FusedEdgeCall) -> bool:
     """Dst partials replace the per-thread ``[num_dst, F]`` buffers of the one-walk
-    backward, at the same memory: worth it where that walk would run with them (two or
-    more threads, :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread)."""
+    backward: worth it where that walk would run with them (two or more threads,
+    :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread). Not free: ``K``
+    lives from the forward to the backward, the buffers only in the backward, so the
+    activation peak grows by ``num_dst x F`` per term (R-MAT 2^18 G-GCN training: train
+    MB 1,186-1,192 without, 1,319-1,325 with, time the same within that case's noise:
+    ``NGRA_DST_PARTIALS=never|auto train_bench.py --models ggcn --graphs rmat18
+    --frameworks ngra --no-showcase``)."""
     ip = as_numpy(indptr.to(torch.int64).contiguous())
     threads = row_threads(ip, 3 * call.width * torch.finfo(call.dtype).bits // 8)
     num_dst, num_edges = ip.shape[0] - 1, int(ip[-1])

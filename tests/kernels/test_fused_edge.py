@@ -312,6 +312,18 @@ def test_dst_partials_where_the_backend_says_they_pay(monkeypatch):
     assert ref_fe.fused_edge_partials_pay(indptr, call) is True
 
 
+@pytest.mark.parametrize("value,ok", [("never", True), ("sometimes", False)])
+def test_dst_partials_environment_variable(value, ok):
+    script = "import ngra.kernels.fused_edge as fe; print(fe.DST_PARTIALS)"
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       env=dict(os.environ, NGRA_DST_PARTIALS=value), timeout=120, check=False)
+    if ok:
+        assert r.returncode == 0 and r.stdout.strip() == value, r.stderr
+    else:
+        assert r.returncode != 0
+        assert "NGRA_DST_PARTIALS must be auto, always or never; got 'sometimes'" in r.stderr
+
+
 def test_dst_partials_of_the_gpu_backend_on_cpu_tensors(gen, monkeypatch):
     monkeypatch.setattr(gpu_fe, "CHUNK_ELEMENTS", 7 * F)
     indptr, indices, num_src = graph_case("multi_edges", gen)
