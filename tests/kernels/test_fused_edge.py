@@ -377,15 +377,20 @@ def test_gradcheck(name, gen):
 
 
 def test_float32_on_a_hub_stays_accurate(gen):
-    """10^5 float32 terms summed into one row: compare against float64."""
+    """10^5 float32 terms summed into one row: as close to float64 as torch's own float32
+    sum (ref). The fixed tolerance this test had (rtol 1e-4, atol 2e-3) failed for 5 of
+    seeds 0-299, e.g. a sum near 43 off by 0.007: a float32 sum's rounding walk, not a
+    kernel error; this bound failed for none of them."""
     indptr, indices, num_src = graph_case("hub", gen, torch.int32)
     t = _terms("ggcn", num_src, indptr.numel() - 1, indices.numel(), torch.float32, gen)
-    with use_backend("cpu"):
-        out32 = fused_edge_aggregate(indptr, indices, GGCN, t["src"], t["dst"])
-    with use_backend("ref"):
-        out64 = fused_edge_aggregate(indptr, indices, GGCN, [x.double() for x in t["src"]],
-                                     [x.double() for x in t["dst"]])
-    torch.testing.assert_close(out32.double(), out64, rtol=1e-4, atol=2e-3)
+    outs = {}
+    for backend, dtype in (("cpu", torch.float32), ("ref", torch.float32), ("ref", torch.float64)):
+        with use_backend(backend):
+            outs[backend, dtype] = fused_edge_aggregate(
+                indptr, indices, GGCN, [x.to(dtype) for x in t["src"]],
+                [x.to(dtype) for x in t["dst"]])
+    assert_as_accurate([outs["cpu", torch.float32]], [outs["ref", torch.float32]],
+                       [outs["ref", torch.float64]], torch.float32, terms=max_degree(indptr))
 
 
 # ---------------------------------------------------------------- derivative rules
