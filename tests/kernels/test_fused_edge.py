@@ -379,8 +379,8 @@ def test_gradcheck(name, gen):
 def test_float32_on_a_hub_stays_accurate(gen):
     """10^5 float32 terms summed into one row: as close to float64 as torch's own float32
     sum (ref). The fixed tolerance this test had (rtol 1e-4, atol 2e-3) failed for 5 of
-    seeds 0-299, e.g. a sum near 43 off by 0.007: a float32 sum's rounding walk, not a
-    kernel error; this bound failed for none of them."""
+    NGRA_TEST_SEED=0..299, e.g. a sum near 43 off by 0.007: a float32 sum's rounding
+    walk, not a kernel error; this bound fails for none of them."""
     indptr, indices, num_src = graph_case("hub", gen, torch.int32)
     t = _terms("ggcn", num_src, indptr.numel() - 1, indices.numel(), torch.float32, gen)
     outs = {}
