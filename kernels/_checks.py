@@ -109,6 +109,49 @@ def storage_uses(t: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
+def sole_owner_uses(saved: str) -> int:
+    """The :func:`storage_uses` that a tensor an autograd Function saved shows in its
+    backward when nothing else holds its memory, measured on a throwaway graph so that
+    in-place checks follow torch's bookkeeping instead of assuming it.
+
+    ``saved="output"``: the Function's own output (its consumers' backward done, the
+    caller's reference dropped; torch 2.13: 3). ``saved="alias"``: a detached alias of
+    its input (the input and its base dropped; torch 2.13: 2). -1 where this torch has
+    no storage use count (callers then never write in place).
+    """
+    seen: list[int] = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            if saved == "output":
+                y = x * 1.0
+                ctx.save_for_backward(y)
+                return y
+            ctx.save_for_backward(x.detach())
+            return x.sum(-1)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (t,) = ctx.saved_tensors
+            seen.append(storage_uses(t))
+            return grad if saved == "output" else grad.unsqueeze(-1).expand(t.shape)
+
+    try:
+        if saved == "output":
+            y = Probe.apply(torch.zeros(2, requires_grad=True))
+            loss = (y * 2.0).sum()
+            del y
+        else:
+            v = (torch.ones(4, 2, requires_grad=True) * 1.0).view(2, 2, 2)
+            loss = Probe.apply(v).sum()
+            del v
+        loss.backward()
+    except (AttributeError, RuntimeError):  # a torch without the storage use count
+        return -1
+    return seen[0]
+
+
 def tensor_version(t: torch.Tensor) -> int | None:
     """``t``'s in-place version counter (``None`` for inference-mode tensors)."""
     try:

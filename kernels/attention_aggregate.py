@@ -40,6 +40,7 @@ from ngra.kernels._checks import (
     check_rev,
     check_same_device,
     check_slope,
+    sole_owner_uses,
     storage_uses,
 )
 from ngra.kernels.registry import lookup, thread_setting
@@ -241,32 +242,5 @@ def _recompute(rc: tuple, inputs: list, shape: torch.Size) -> tuple:
     return leaves, value, not shared
 
 
-def _sole_owner_uses() -> int:
-    """The storage use count that the saved value shows in this backward when nothing but
-    the saved alias holds its memory (the forward's value and its base dropped); -1 where
-    this torch has no storage use count (then never in place)."""
-    seen: list[int] = []
-
-    class Probe(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, v):
-            ctx.save_for_backward(v.detach())
-            return v.sum(-1)
-
-        @staticmethod
-        def backward(ctx, grad):
-            (v,) = ctx.saved_tensors
-            seen.append(storage_uses(v))
-            return grad.unsqueeze(-1).expand(v.shape)
-
-    v = (torch.ones(4, 2, requires_grad=True) * 1.0).view(2, 2, 2)
-    out = Probe.apply(v)
-    del v
-    out.sum().backward()
-    return seen[0]
-
-
-try:
-    _SOLE_OWNER_USES = _sole_owner_uses()
-except (AttributeError, RuntimeError):  # a torch without the storage use count
-    _SOLE_OWNER_USES = -1
+#: what a saved alias of the value shows when nothing else holds the value's memory
+_SOLE_OWNER_USES = sole_owner_uses("alias")

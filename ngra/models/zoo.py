@@ -15,7 +15,7 @@ from torch import nn
 
 from ngra.graph import Graph
 from ngra.kernels import dropout
-from ngra.kernels._checks import storage_uses
+from ngra.kernels._checks import sole_owner_uses, storage_uses
 from ngra.models.commnet import CommNetConv
 from ngra.models.gat import GATConv
 from ngra.models.gcn import GCNConv
@@ -109,8 +109,9 @@ class _ELU(torch.autograd.Function):
     it any more: the consumers of the output have run their backward (they come first)
     and no user variable, view, hook or double-backward graph holds it. That is one
     ``N x F`` tensor less at a GAT's backward peak, which is this node's. "Nothing else"
-    is the storage's use count that :func:`_sole_owner_uses` measures on a throwaway
-    graph at import, so the check follows torch's bookkeeping instead of assuming it.
+    is the storage's use count that :func:`~ngra.kernels._checks.sole_owner_uses`
+    measures on a throwaway graph at import, so the check follows torch's bookkeeping
+    instead of assuming it.
     """
 
     @staticmethod
@@ -130,34 +131,8 @@ class _ELU(torch.autograd.Function):
         return torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y)
 
 
-def _sole_owner_uses() -> int:
-    """The storage use count a saved output shows in backward when its forward value has
-    been dropped and its consumers are done (torch 2.13: 3)."""
-    seen: list[int] = []
-
-    class Probe(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            y = x * 1.0
-            ctx.save_for_backward(y)
-            return y
-
-        @staticmethod
-        def backward(ctx, grad):
-            seen.append(storage_uses(ctx.saved_tensors[0]))
-            return grad
-
-    y = Probe.apply(torch.zeros(2, requires_grad=True))
-    loss = (y * 2.0).sum()
-    del y
-    loss.backward()
-    return seen[0]
-
-
-try:
-    _SOLE_OWNER_USES = _sole_owner_uses()
-except (AttributeError, RuntimeError):  # a torch without the storage use count: out of place
-    _SOLE_OWNER_USES = -1
+#: what _ELU's saved output shows in backward when nothing else holds it
+_SOLE_OWNER_USES = sole_owner_uses("output")
 
 
 def _elu(x: torch.Tensor) -> torch.Tensor:
