@@ -205,8 +205,9 @@ def _grad_roots(spec: KernelSpec) -> list[tuple[str, int, EdgeExpr]]:
 def generate(spec: KernelSpec) -> tuple[str, list[float]]:
     """``(module source, constants)`` for ``spec``; the module defines ``kernel``."""
     if spec.kind == "fwd":
-        emitter = _Emitter(spec, [spec.expr] + [r for _, _, r in _grad_roots(spec)])
-        body = _fwd(spec, emitter)
+        roots = _grad_roots(spec)
+        emitter = _Emitter(spec, [spec.expr] + [r for _, _, r in roots])
+        body = _fwd(spec, emitter, roots)
     elif spec.kind in ("bwd_dst", "bwd_src", "bwd_all"):
         roots = _grad_roots(spec)
         emitter = _Emitter(spec, [r for _, _, r in roots])
@@ -377,11 +378,11 @@ def _wide_leaves(spec: KernelSpec, kind: str) -> list[str]:
     return [f"{_LEAF_ARRAY[k]}{i}" for k, i, wd in spec.layout if k == kind and wd]
 
 
-def _fwd(spec: KernelSpec, em: _Emitter) -> str:
+def _fwd(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
     ext = spec.reduce in ("max", "min")
     if spec.grads and (ext or any(k != "dst" for k, _ in spec.grads)):
         raise ValueError(f"internal error: dst partials under {spec.reduce}: {spec.grads}")
-    parts = [(f"gd{i}", derivative(spec.expr, (k, i))) for k, i in spec.grads]
+    parts = list(zip(spec.grad_names(), (r for _, _, r in roots)))
     outs = ["out"] + [name for name, _ in parts]
     w = _Writer()
     args = ["indptr", "indices", "consts", "ahead", *spec.arrays(), *outs]

@@ -221,8 +221,14 @@ def _one_pass_pays(ip: np.ndarray, rp: np.ndarray, layout, groups, g, dst_side) 
     :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread."""
     dst_terms = [ki for ki in dst_side if ki[0] == "dst"]
     threads = row_threads(rp, _walk_row_bytes(layout, groups, g, dst_terms))
+    return not dst_terms or _dense_for_buffers(ip, threads)
+
+
+def _dense_for_buffers(ip: np.ndarray, threads: int) -> bool:
+    """At least :data:`ONE_PASS_MIN_DEGREE` edges per destination and thread beyond the
+    first (``ip`` the CSC offsets): dense enough for per-thread dst buffers to pay."""
     num_dst, num_edges = ip.shape[0] - 1, int(ip[-1])
-    return not dst_terms or num_edges >= ONE_PASS_MIN_DEGREE * (threads - 1) * num_dst
+    return num_edges >= ONE_PASS_MIN_DEGREE * (threads - 1) * num_dst
 
 
 def _source_walk(ip, rp, rev_args, call, layout, arrays, groups, g, extra,
@@ -293,8 +299,7 @@ def fused_edge_partials_pay(indptr: torch.Tensor, call: FusedEdgeCall) -> bool:
     --frameworks ngra --no-showcase``)."""
     ip = as_numpy(indptr.to(torch.int64).contiguous())
     threads = row_threads(ip, 3 * call.width * torch.finfo(call.dtype).bits // 8)
-    num_dst, num_edges = ip.shape[0] - 1, int(ip[-1])
-    return threads > 1 and num_edges >= ONE_PASS_MIN_DEGREE * (threads - 1) * num_dst
+    return threads > 1 and _dense_for_buffers(ip, threads)
 
 
 def _forward(indptr, indices, call: FusedEdgeCall, src, dst, edge, partials, ext):
