@@ -621,8 +621,9 @@ def fused_edge_aggregate(
     computed by derivative expressions (:func:`derivative`) in a pass over
     destinations (dst and edge terms) and one over sources (src terms), so neither
     direction forms an ``[E, F]`` tensor; under sum/mean a full-width dst term's
-    derivatives are summed in the forward instead (module docs, "Dst partials"). ``max``/``min`` route each gradient to the
-    first edge (in CSC order) attaining the extreme; their NaN handling is unspecified.
+    derivatives are summed in the forward instead (module docs, "Dst partials").
+    ``max``/``min`` route each gradient to the first edge (in CSC order) attaining the
+    extreme; their NaN handling is unspecified.
 
     Args:
         indptr: ``[num_dst + 1]`` int32/int64 CSC offsets over destinations.

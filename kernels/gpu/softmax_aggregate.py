@@ -18,8 +18,8 @@ from ngra.kernels.gpu._util import require_cuda
 from ngra.kernels.ref.softmax_aggregate import fold_score_grads
 from ngra.kernels.registry import register
 
-__all__ = ["CHUNK_ELEMENTS", "backward", "forward", "softmax_aggregate_bwd", "softmax_aggregate_bwd_fold",
-           "softmax_aggregate_fwd"]
+__all__ = ["CHUNK_ELEMENTS", "backward", "forward", "softmax_aggregate_bwd",
+           "softmax_aggregate_bwd_fold", "softmax_aggregate_fwd"]
 
 # Transient message elements per chunk (2^24 float32 = 64 MiB).
 CHUNK_ELEMENTS = 1 << 24

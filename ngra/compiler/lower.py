@@ -456,7 +456,8 @@ class CompiledPlan:
             lines.append("  pre     (per vertex) nothing: the edge stage reads the vertex data")
         for key, m in p.lowering.items():
             who = "" if key is None else f"[{key!r}] "
-            lines.append(f"  edge    (per tile)   {who}{_kernel_line(p, m, self.gather, self._value_recipe is not None)}")
+            kernel = _kernel_line(p, m, self.gather, self._value_recipe is not None)
+            lines.append(f"  edge    (per tile)   {who}{kernel}")
         lines.append(f"  gather  {self.gather}" + (" (partial sums per tile; divided by the "
                                                     "in-degree at the end)" if self.gather == "mean"
                                                     else ""))
