@@ -1,7 +1,8 @@
 """numba ``fused_edge_aggregate``: kernels generated from the edge expression.
 
-For each (pass, dtype, expression, reducer, term layout, wanted gradients) the code
-generator (:mod:`ngra.kernels.cpu._codegen`) writes the source of one
+For each :class:`~ngra.kernels._edge_spec.KernelSpec` (pass, dtype, expression,
+reducer, term layout, wanted gradients; the same spec the Triton backend generates
+from) the code generator (:mod:`ngra.kernels.cpu._codegen`) writes the source of one
 ``@njit(nogil=True, cache=True)`` kernel over a range of rows, the expression inlined
 as scalar code in the loop over feature columns; :func:`~ngra.kernels.cpu._util.run_rows`
 runs it on edge-balanced row ranges in ``torch.get_num_threads()`` threads. The
@@ -11,8 +12,8 @@ numba's on-disk cache (``__pycache__`` beside that file) lets a second process r
 the compiled machine code. Within a process each kernel is imported once; numba
 compiles it once per index dtype (int32/int64; the float dtype is part of the spec).
 
-Cache directory: ``$NGRA_CACHE/numba`` if ``NGRA_CACHE`` is set, else
-``~/.cache/ngra/numba``; a private temporary directory if neither is writable.
+Cache directory: :func:`ngra.kernels._edge_spec.cache_dir` ``("numba")``
+(``$NGRA_CACHE/numba`` or ``~/.cache/ngra/numba``).
 
 Passes (no atomics; no ``[E, F]`` tensor):
 
@@ -30,12 +31,8 @@ Accumulators and the expression use the terms' dtype (float32 sums as torch's in
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 import platform
-import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -47,20 +44,21 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ngra.kernels.cpu._codegen import KernelSpec, generate
+from ngra.kernels import _edge_spec
+from ngra.kernels._edge_spec import KernelSpec
+from ngra.kernels.cpu._codegen import CODEGEN_VERSION, generate
 from ngra.kernels.cpu._util import as_numpy, prefetch_distance, row_threads, run_rows
 from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.registry import register
 
 __all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_partials_pay",
-           "fused_edge_bwd", "kernel_for", "cache_dir", "FLUSH_DENORMALS", "ONE_PASS_BACKWARD",
+           "fused_edge_bwd", "kernel_for", "cache_dir", "module_name", "FLUSH_DENORMALS", "ONE_PASS_BACKWARD",
            "ONE_PASS_MIN_DEGREE"]
 
 log = logging.getLogger(__name__)
 
 _KERNELS: dict[KernelSpec, tuple[Callable, np.ndarray]] = {}
 _LOCK = threading.Lock()
-_CACHE_DIR: Path | None = None
 
 #: Generated kernels run with subnormal floats flushed to zero (x86 MXCSR FTZ and DAZ,
 #: set on entry and restored on return, per thread). A saturated sigmoid or exp makes
@@ -125,34 +123,12 @@ def mxcsr_set(typingctx, value):
 # ============================================================================ kernel cache
 def cache_dir() -> Path:
     """Where generated kernel modules (and numba's cache of them) live."""
-    global _CACHE_DIR
-    if _CACHE_DIR is None:
-        root = os.environ.get("NGRA_CACHE")
-        base = Path(root) if root else Path.home() / ".cache" / "ngra"
-        path = base / "numba"
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            probe = path / f".probe-{os.getpid()}"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as exc:
-            path = Path(tempfile.mkdtemp(prefix="ngra-numba-"))
-            log.warning("kernel cache %s not writable (%s); using %s", base, exc, path)
-        _CACHE_DIR = path
-    return _CACHE_DIR
+    return _edge_spec.cache_dir("numba")
 
 
-def _write_module(path: Path, source: str) -> None:
-    # Rewriting an identical file would change its mtime and invalidate numba's
-    # cache index (keyed by the source file's stamp): write only when absent/different.
-    try:
-        if path.read_text() == source:
-            return
-    except OSError:
-        pass
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(source)
-    os.replace(tmp, path)
+def module_name(spec: KernelSpec) -> str:
+    """The generated module (and file) name of ``spec``."""
+    return f"ngra_fused_edge_{spec.digest(CODEGEN_VERSION)}"
 
 
 def kernel_for(spec: KernelSpec) -> tuple[Callable, np.ndarray]:
@@ -165,15 +141,8 @@ def kernel_for(spec: KernelSpec) -> tuple[Callable, np.ndarray]:
         if hit is not None:
             return hit
         source, consts = generate(spec)
-        name = f"ngra_fused_edge_{spec.digest()}"
-        path = cache_dir() / f"{name}.py"
-        _write_module(path, source)
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-        log.debug("fused_edge kernel %s: %s %s", name, spec.kind, spec.expr)
+        module = _edge_spec.load_module("numba", module_name(spec), source)
+        log.debug("fused_edge kernel %s: %s %s", module.__name__, spec.kind, spec.expr)
         hit = (module.kernel, np.asarray(consts, dtype=np.dtype(spec.dtype)))
         _KERNELS[spec] = hit
         return hit

@@ -1,116 +1,201 @@
-"""CUDA ``softmax_aggregate`` in plain torch (no compiled extension, imports without CUDA).
+"""Triton ``softmax_aggregate``: GAT attention in one pass per destination, no [E, H].
 
-Edge-parallel: the ``[E, H]`` scores are formed (cheap on a GPU, as in DGL's
-GATConv), but the ``[E, H, D]`` messages never are: edges are processed in chunks
-of about :data:`CHUNK_ELEMENTS` message elements, each chunk's weighted rows
-``index_add_``-ed (atomics) into the output. Backward recomputes ``alpha`` from
-the saved log-sum-exp the same way. The registered kernels require CUDA tensors
-(like every ``gpu`` kernel); the implementations :func:`forward` / :func:`backward`
-are device-agnostic, so the tests check them on CPU.
+Forward (:func:`_fwd_rows`): one program per (destination, head) walks the in-edges
+in blocks with an online softmax (flash-attention style): a running max ``m`` and
+sum ``s`` and a ``[D]`` accumulator, rescaled by ``exp(m_old - m_new)`` when the max
+grows. Only ``out [M, H, D]`` and the log-sum-exp ``lse [M, H]`` are written.
+
+Backward recomputes ``alpha_uv = exp(leaky_relu(raw_uv) - lse[v])`` in two passes,
+each with one writer per output row (no atomics, deterministic):
+
+A. (:func:`_bwd_dst_rows`) per (destination, head): ``delta[v] = g[v] . out[v]`` (from
+   ``out``, or summed over the in-edges as ``sum_u alpha_uv g[v] . value[u]`` when the
+   output was not kept) and ``d score_dst[v] = sum_u alpha_uv lr'_uv (g[v] . value[u])
+   - delta[v] sum_u alpha_uv lr'_uv``, all from the same walk.
+B. (:func:`_bwd_src_rows`) per (source, head) over the reverse CSR: ``d value[u] =
+   sum_v alpha_uv g[v]`` and ``d score_src[u] = sum_v alpha_uv lr'_uv (g[v] . value[u]
+   - delta[v])``. For ``attention_aggregate`` (``FOLD``) it also adds the score
+   gradients' share of the value gradient, ``d score_src[u] w_src + d score_dst[u]
+   w_dst``, before writing the row; the ``[H, D]`` weight gradients are then two
+   matrix-vector products per head.
+
+Scores, running max/sum and accumulators use the value's dtype.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+import triton
+import triton.language as tl
 
-from ngra.kernels.gpu._util import require_cuda
-from ngra.kernels.ref.softmax_aggregate import fold_score_grads
+from ngra.kernels.gpu._util import autotune, pow2, require_cuda
 from ngra.kernels.registry import register
 
-__all__ = ["CHUNK_ELEMENTS", "backward", "forward", "softmax_aggregate_bwd",
-           "softmax_aggregate_bwd_fold", "softmax_aggregate_fwd"]
+__all__ = ["softmax_aggregate_bwd", "softmax_aggregate_bwd_fold", "softmax_aggregate_fwd"]
 
-# Transient message elements per chunk (2^24 float32 = 64 MiB).
-CHUNK_ELEMENTS = 1 << 24
-
-
-def _edges(indptr: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    deg = (indptr[1:] - indptr[:-1]).long()
-    dst = torch.repeat_interleave(
-        torch.arange(deg.numel(), device=indices.device), deg, output_size=indices.numel()
-    )
-    return indices.long(), dst
+_CONFIGS = [triton.Config({"BLOCK_E": 16}, num_warps=1),
+            triton.Config({"BLOCK_E": 32}, num_warps=2),
+            triton.Config({"BLOCK_E": 64}, num_warps=4)]
 
 
-def _chunk_edges(row: int) -> int:
-    """Edges per chunk for message rows of ``row`` elements."""
-    return max(1, CHUNK_ELEMENTS // max(row, 1))
+@autotune(_CONFIGS, key=["D", "H"])
+@triton.jit
+def _fwd_rows(indptr, indices, ss, sd, value, out, lse, H, D, slope: tl.constexpr,
+              BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    v = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    F = H * D
+    start = tl.load(indptr + v)
+    end = tl.load(indptr + v + 1)
+    sdv = tl.load(sd + v * H + h)
+    sl = tl.full([1], slope, out.dtype.element_ty)  # exact in float64 (a bare float is fp32)
+    m = tl.full([1], float("-inf"), out.dtype.element_ty)
+    s = tl.zeros([1], out.dtype.element_ty)
+    acc = tl.zeros([BLOCK_D], out.dtype.element_ty)
+    for j in range(start, end, BLOCK_E):
+        e = j + tl.arange(0, BLOCK_E)
+        emask = e < end
+        u = tl.load(indices + e, mask=emask, other=0).to(tl.int64)
+        raw = tl.load(ss + u * H + h, mask=emask, other=0.0) + sdv
+        x = tl.where(emask, tl.where(raw > 0, raw, raw * sl), float("-inf"))
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        scale = tl.exp(m - m_new)
+        p = tl.exp(x - m_new)
+        val = tl.load(value + u[:, None] * F + h * D + d[None, :],
+                      mask=emask[:, None] & dmask[None, :], other=0.0)
+        s = s * scale + tl.sum(p, axis=0)
+        acc = acc * scale + tl.sum(p[:, None] * val, axis=0)
+        m = m_new
+    full = end > start
+    tl.store(out + v * F + h * D + d, tl.where(full, acc / tl.where(full, s, 1.0), 0.0),
+             mask=dmask)
+    tl.store(lse + v * H + h + tl.arange(0, 1),
+             tl.where(full, m + tl.log(tl.where(full, s, 1.0)), float("-inf")))
 
 
-def _scores(score_src, score_dst, src, dst, negative_slope):
-    raw = score_src[src] + score_dst[dst]
-    return raw, F.leaky_relu(raw, negative_slope)
+@autotune(_CONFIGS, key=["D", "H"])
+@triton.jit
+def _bwd_dst_rows(indptr, indices, ss, sd, value, out, lse, g, delta, gsd, H, D,
+                  slope: tl.constexpr,
+                  HAS_OUT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    v = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    F = H * D
+    start = tl.load(indptr + v)
+    end = tl.load(indptr + v + 1)
+    sdv = tl.load(sd + v * H + h)
+    lsev = tl.load(lse + v * H + h)
+    sl = tl.full([1], slope, g.dtype.element_ty)
+    gv = tl.load(g + v * F + h * D + d, mask=dmask, other=0.0)
+    s1 = tl.zeros([1], g.dtype.element_ty)  # sum alpha dp
+    s2 = tl.zeros([1], g.dtype.element_ty)  # sum alpha lr' dp
+    s3 = tl.zeros([1], g.dtype.element_ty)  # sum alpha lr'
+    for j in range(start, end, BLOCK_E):
+        e = j + tl.arange(0, BLOCK_E)
+        emask = e < end
+        u = tl.load(indices + e, mask=emask, other=0).to(tl.int64)
+        raw = tl.load(ss + u * H + h, mask=emask, other=0.0) + sdv
+        lr = tl.where(raw > 0, 1.0, sl)
+        alpha = tl.where(emask, tl.exp(raw * lr - lsev), 0.0)
+        val = tl.load(value + u[:, None] * F + h * D + d[None, :],
+                      mask=emask[:, None] & dmask[None, :], other=0.0)
+        dp = tl.sum(val * gv[None, :], axis=1)
+        s1 += tl.sum(alpha * dp, axis=0)
+        s2 += tl.sum(alpha * lr * dp, axis=0)
+        s3 += tl.sum(alpha * lr, axis=0)
+    if HAS_OUT:
+        dl = s1 * 0 + tl.sum(gv * tl.load(out + v * F + h * D + d, mask=dmask, other=0.0), axis=0)
+    else:
+        dl = s1
+    one = tl.arange(0, 1)
+    tl.store(delta + v * H + h + one, dl)
+    tl.store(gsd + v * H + h + one, s2 - dl * s3)
 
 
-def forward(
-    indptr: torch.Tensor,
-    indices: torch.Tensor,
-    score_src: torch.Tensor,
-    score_dst: torch.Tensor,
-    value: torch.Tensor,
-    negative_slope: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns ``out [num_dst, H, D]`` and ``lse [num_dst, H]`` (``-inf`` where in-degree is 0)."""
-    src, dst = _edges(indptr, indices)
+@autotune(_CONFIGS, key=["D", "H"])
+@triton.jit
+def _bwd_src_rows(rev_indptr, rev_indices, ss, sd, value, lse, g, delta, gss, gval,
+                  ws, wd, gsd, H, D, slope: tl.constexpr, FOLD: tl.constexpr,
+                  BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    u = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    F = H * D
+    start = tl.load(rev_indptr + u)
+    end = tl.load(rev_indptr + u + 1)
+    ssu = tl.load(ss + u * H + h)
+    sl = tl.full([1], slope, g.dtype.element_ty)
+    valu = tl.load(value + u * F + h * D + d, mask=dmask, other=0.0)
+    acc_s = tl.zeros([1], g.dtype.element_ty)
+    acc_v = tl.zeros([BLOCK_D], g.dtype.element_ty)
+    for j in range(start, end, BLOCK_E):
+        e = j + tl.arange(0, BLOCK_E)
+        emask = e < end
+        v = tl.load(rev_indices + e, mask=emask, other=0).to(tl.int64)
+        raw = ssu + tl.load(sd + v * H + h, mask=emask, other=0.0)
+        lr = tl.where(raw > 0, 1.0, sl)
+        alpha = tl.where(emask, tl.exp(raw * lr - tl.load(lse + v * H + h, mask=emask,
+                                                            other=0.0)), 0.0)
+        gv = tl.load(g + v[:, None] * F + h * D + d[None, :],
+                     mask=emask[:, None] & dmask[None, :], other=0.0)
+        dp = tl.sum(gv * valu[None, :], axis=1)
+        dl = tl.load(delta + v * H + h, mask=emask, other=0.0)
+        acc_s += tl.sum(alpha * lr * (dp - dl), axis=0)
+        acc_v += tl.sum(alpha[:, None] * gv, axis=0)
+    if FOLD:  # attention_aggregate: the scores are value . w, so their gradients join value's
+        acc_v += acc_s * tl.load(ws + h * D + d, mask=dmask, other=0.0)
+        acc_v += tl.load(gsd + u * H + h) * tl.load(wd + h * D + d, mask=dmask, other=0.0)
+    tl.store(gss + u * H + h + tl.arange(0, 1), acc_s)
+    tl.store(gval + u * F + h * D + d, acc_v, mask=dmask)
+
+
+def forward(indptr, indices, score_src, score_dst, value, negative_slope):
     num_dst, heads = score_dst.shape
-    _, e = _scores(score_src, score_dst, src, dst, negative_slope)
-    m = torch.full((num_dst, heads), -torch.inf, dtype=e.dtype, device=e.device)
-    m = m.scatter_reduce(0, dst.unsqueeze(1).expand(-1, heads), e, "amax", include_self=True)
-    p = torch.exp(e - m[dst])
-    s = torch.zeros_like(m).index_add_(0, dst, p)
-    alpha = p / s[dst]
-    del e, p
-    out = value.new_zeros((num_dst,) + tuple(value.shape[1:]))
-    step = _chunk_edges(heads * value.shape[2])
-    for lo in range(0, src.numel(), step):
-        hi = lo + step
-        out.index_add_(0, dst[lo:hi], alpha[lo:hi].unsqueeze(-1) * value[src[lo:hi]])
-    return out, m + torch.log(s)
+    dim = value.shape[2]
+    out = value.new_empty((num_dst, heads, dim))
+    lse = value.new_empty((num_dst, heads))
+    if num_dst and heads:
+        _fwd_rows[(num_dst, heads)](indptr, indices, score_src, score_dst, value, out, lse,
+                                    heads, dim, negative_slope, BLOCK_D=pow2(dim))
+    return out, lse
 
 
-def backward(
-    indptr: torch.Tensor,
-    indices: torch.Tensor,
-    rev: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-    score_src: torch.Tensor,
-    score_dst: torch.Tensor,
-    value: torch.Tensor,
-    out: torch.Tensor | None,
-    lse: torch.Tensor,
-    grad_out: torch.Tensor,
-    negative_slope: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(d score_src, d score_dst, d value)``; ``rev`` is not needed (atomics).
-    ``out=None``: ``g[v] . out[v]`` is summed from the edges in the same chunk loop."""
-    src, dst = _edges(indptr, indices)
-    raw, e = _scores(score_src, score_dst, src, dst, negative_slope)
-    alpha = torch.exp(e - lse[dst])
-    del e
-    delta = None if out is None else (grad_out * out).sum(-1)
-    sums = alpha.new_zeros(lse.shape) if out is None else None
-    d_raw = torch.empty_like(alpha)
-    g_value = torch.zeros_like(value)
-    step = _chunk_edges(value.shape[1] * value.shape[2])
-    for lo in range(0, src.numel(), step):
-        hi = lo + step
-        s_c, d_c, a_c = src[lo:hi], dst[lo:hi], alpha[lo:hi]
-        g_c = grad_out[d_c]
-        dp = (g_c * value[s_c]).sum(-1)
-        d_raw[lo:hi] = a_c * dp
-        if sums is not None:
-            sums.index_add_(0, d_c, d_raw[lo:hi])
-        g_value.index_add_(0, s_c, a_c.unsqueeze(-1) * g_c)
-    d_raw -= alpha * (sums if delta is None else delta)[dst]
-    d_raw = torch.where(raw > 0, d_raw, d_raw * negative_slope)
-    g_score_src = torch.zeros_like(score_src).index_add_(0, src, d_raw)
-    g_score_dst = torch.zeros_like(score_dst).index_add_(0, dst, d_raw)
-    return g_score_src, g_score_dst, g_value
+def backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out,
+             negative_slope, fold=None):
+    """``(d score_src, d score_dst, d value)``; with ``fold = (ws, wd)`` the value
+    gradient also holds the score gradients' share (``attention_aggregate``)."""
+    num_dst, heads = score_dst.shape
+    num_src, dim = value.shape[0], value.shape[2]
+    lse = lse.to(value.dtype)
+    delta = value.new_empty((num_dst, heads))
+    gsd = value.new_empty((num_dst, heads))
+    gss = value.new_empty((num_src, heads))
+    gval = value.new_empty(value.shape)
+    if not heads:
+        return gss, gsd, gval
+    if num_dst:
+        _bwd_dst_rows[(num_dst, heads)](indptr, indices, score_src, score_dst, value,
+                                        value if out is None else out, lse, grad_out, delta,
+                                        gsd, heads, dim, negative_slope, HAS_OUT=out is not None,
+                                        BLOCK_D=pow2(dim))
+    if num_src:
+        rev_indptr, rev_indices, _ = rev
+        ws, wd = fold if fold is not None else (value, value)
+        _bwd_src_rows[(num_src, heads)](rev_indptr, rev_indices, score_src, score_dst, value,
+                                        lse, grad_out, delta, gss, gval, ws, wd, gsd, heads, dim,
+                                        negative_slope, FOLD=fold is not None,
+                                        BLOCK_D=pow2(dim))
+    return gss, gsd, gval
 
 
 @register("softmax_aggregate_fwd", "gpu")
 def softmax_aggregate_fwd(indptr, indices, score_src, score_dst, value, negative_slope):
-    """See :func:`forward`; CUDA tensors only."""
+    """See :func:`ngra.kernels.ref.softmax_aggregate.softmax_aggregate_fwd`."""
     require_cuda(indptr, indices, score_src, score_dst, value)
     return forward(indptr, indices, score_src, score_dst, value, negative_slope)
 
@@ -118,7 +203,7 @@ def softmax_aggregate_fwd(indptr, indices, score_src, score_dst, value, negative
 @register("softmax_aggregate_bwd", "gpu")
 def softmax_aggregate_bwd(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out,
                           negative_slope):
-    """See :func:`backward`; CUDA tensors only."""
+    """See :func:`ngra.kernels.ref.softmax_aggregate.softmax_aggregate_bwd`."""
     require_cuda(indptr, indices, score_src, score_dst, value, out, lse, grad_out)
     return backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out,
                     negative_slope)
@@ -127,7 +212,13 @@ def softmax_aggregate_bwd(indptr, indices, rev, score_src, score_dst, value, out
 @register("softmax_aggregate_bwd_fold", "gpu")
 def softmax_aggregate_bwd_fold(indptr, indices, rev, value, w_src, w_dst, score_src, score_dst,
                                lse, grad_out, negative_slope, inplace):
-    """The reference's fold over :func:`backward`; CUDA tensors only, never in place."""
+    """``(d value, d w_src, d w_dst)`` of ``attention_aggregate``: the score gradients are
+    folded into the value gradient in pass B. Never in place (``inplace`` is ignored):
+    the weight gradients read the value after that pass."""
     require_cuda(indptr, indices, value, w_src, w_dst, score_src, score_dst, lse, grad_out)
-    return fold_score_grads(softmax_aggregate_bwd, indptr, indices, rev, value, w_src, w_dst,
-                            score_src, score_dst, lse, grad_out, negative_slope)
+    gss, gsd, gval = backward(indptr, indices, rev, score_src, score_dst, value, None, lse,
+                              grad_out, negative_slope, fold=(w_src, w_dst))
+    heads = value.shape[1]
+    g_ws = torch.stack([value[:, h, :].t() @ gss[:, h] for h in range(heads)])
+    g_wd = torch.stack([value[:, h, :].t() @ gsd[:, h] for h in range(heads)])
+    return gval, g_ws.view(w_src.shape), g_wd.view(w_dst.shape)
