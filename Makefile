@@ -16,7 +16,7 @@ $(VENV)/.core: pyproject.toml
 	touch $@
 
 $(VENV)/.test: $(VENV)/.core
-	$(PIP) install -e ".[test,baselines]"
+	$(PIP) install -e ".[test,baselines,gpu]"
 	touch $@
 
 install: $(VENV)/.core

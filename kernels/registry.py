@@ -30,6 +30,7 @@ BACKENDS = ("ref", "cpu", "gpu")
 _MODULES = {"ref": "ngra.kernels.ref", "cpu": "ngra.kernels.cpu", "gpu": "ngra.kernels.gpu"}
 _IMPLS: dict[tuple[str, str], Callable] = {}
 _loaded: dict[str, bool] = {}
+_why: dict[str, str] = {}  # backend -> why it failed to load
 _state = threading.local()
 
 
@@ -53,6 +54,7 @@ def _load(backend: str) -> bool:
         except ImportError as exc:  # an optional backend must never break import
             log.info("kernel backend %r unavailable: %s", backend, exc)
             _loaded[backend] = False
+            _why[backend] = str(exc)
     return _loaded[backend]
 
 
@@ -89,8 +91,10 @@ def lookup(op: str, device: torch.device | str = "cpu") -> Callable:
         if _load(backend) and (op, backend) in _IMPLS:
             return _IMPLS[(op, backend)]
     known = sorted({o for o, _ in _IMPLS})
+    why = "".join(f" Backend {b!r} is unavailable: {_why[b]}" for b in order if b in _why)
     raise NotImplementedError(
         f"no kernel for op {op!r} on backend(s) {order} (device {device}); known ops: {known}."
+        + why
     )
 
 

@@ -10,6 +10,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Without a GPU the gpu backend's Triton kernels run on CPU tensors in Triton's
+# interpreter; triton.jit reads this when ngra.kernels.gpu is first imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def data_root() -> Path:
     """``$NGRA_DATA`` or ``<repo>/../shared/data``."""

@@ -51,16 +51,43 @@ def test_public_api():
         assert name in K.__all__ and callable(getattr(K, name))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
-def test_gpu_backend_raises_clearly_on_cpu_tensors():
+def test_gpu_backend_raises_clearly_on_cpu_tensors(monkeypatch):
+    import ngra.kernels.gpu._util as gpu_util
+
+    monkeypatch.setattr(gpu_util, "INTERPRET", False)  # as outside Triton's interpreter
     indptr, indices = torch.tensor([0, 1]), torch.tensor([0])
     with use_backend("gpu"), pytest.raises(RuntimeError, match="needs CUDA tensors"):
         K.gspmm(indptr, indices, torch.randn(1, 2))
 
 
-def test_import_does_not_load_numba():
-    code = "import sys, ngra.kernels; assert 'numba' not in sys.modules, 'numba imported'"
+def test_import_does_not_load_numba_or_triton():
+    code = ("import sys, ngra, ngra.kernels; "
+            "assert 'numba' not in sys.modules, 'numba imported'; "
+            "assert 'triton' not in sys.modules, 'triton imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_without_triton_ngra_runs_on_cpu_and_gpu_says_why():
+    """triton absent (blocked from import): ngra imports, trains on CPU, and asking for the
+    gpu backend names the missing package and the extra that installs it."""
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, ngra\n"
+        "from ngra import kernels as K\n"
+        "ip, ix = torch.tensor([0, 1, 2]), torch.tensor([1, 0])\n"
+        "x = torch.randn(2, 3, requires_grad=True)\n"
+        "K.gspmm(ip, ix, x).sum().backward()\n"
+        "assert 'gpu' not in K.available('gspmm')\n"
+        "try:\n"
+        "    with K.use_backend('gpu'):\n"
+        "        K.gspmm(ip, ix, x)\n"
+        "except NotImplementedError as e:\n"
+        "    print(e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "triton is not importable" in r.stdout and "ngra[gpu]" in r.stdout, r.stdout
 
 
 @pytest.mark.gpu

@@ -324,14 +324,14 @@ def test_dst_partials_environment_variable(value, ok):
         assert "NGRA_DST_PARTIALS must be auto, always or never; got 'sometimes'" in r.stderr
 
 
-def test_dst_partials_of_the_gpu_backend_on_cpu_tensors(gen, monkeypatch):
-    monkeypatch.setattr(gpu_fe, "CHUNK_ELEMENTS", 7 * F)
+def test_dst_partials_of_the_gpu_backend_on_cpu_tensors(gen):
     indptr, indices, num_src = graph_case("multi_edges", gen)
     t = _terms("kitchen", num_src, indptr.numel() - 1, indices.numel(), torch.float64, gen)
     call = FusedEdgeCall(KITCHEN, "mean", (2, 2, 1), F, torch.float64)
     want = ref_fe.fused_edge_fwd_partials(indptr, indices, call, t["src"], t["dst"], t["edge"],
                                           (0,))
-    got = gpu_fe.chunked_fwd_partials(indptr, indices, call, t["src"], t["dst"], t["edge"], (0,))
+    got = gpu_fe.fused_edge_fwd_partials(indptr, indices, call, t["src"], t["dst"], t["edge"],
+                                         (0,))
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1], want[1])
 
@@ -449,19 +449,18 @@ def test_derivatives_fold_constants():
     assert GGCN.args[0] in _walk(d)
 
 
-# ---------------------------------------------------------------- chunked torch backend
+# ---------------------------------------------------------------- Triton (gpu) backend
 @pytest.mark.parametrize("name,reduce", [("ggcn", "sum"), ("kitchen", "mean"), ("ggcn", "max"),
                                          ("u_mul_e", "min")])
-def test_gpu_backend_logic_on_cpu_tensors(name, reduce, gen, monkeypatch):
-    """The CUDA backend is plain torch: run its functions on CPU tensors, tiny chunks."""
-    monkeypatch.setattr(gpu_fe, "CHUNK_ELEMENTS", 7 * F)
+def test_gpu_backend_kernels_on_cpu_tensors(name, reduce, gen):
+    """The Triton kernels in Triton's interpreter (tests/conftest.py) == the reference."""
     expr, _ = EXPRS[name]
     indptr, indices, num_src = graph_case("multi_edges", gen)
     t = _terms(name, num_src, indptr.numel() - 1, indices.numel(), torch.float64, gen)
     call = FusedEdgeCall(expr, reduce, (len(t["src"]), len(t["dst"]), len(t["edge"])), F,
                          torch.float64)
     out_ref, arg_ref = ref_fe.fused_edge_fwd(indptr, indices, call, t["src"], t["dst"], t["edge"])
-    out, arg = gpu_fe.chunked_fwd(indptr, indices, call, t["src"], t["dst"], t["edge"])
+    out, arg = gpu_fe.fused_edge_fwd(indptr, indices, call, t["src"], t["dst"], t["edge"])
     torch.testing.assert_close(out, out_ref)
     if arg_ref is not None:
         # Duplicate edges tie up to rounding, which differs between vectorized chunk
@@ -474,7 +473,8 @@ def test_gpu_backend_logic_on_cpu_tensors(name, reduce, gen, monkeypatch):
     need = tuple(tuple(True for _ in t[k]) for k in ("src", "dst", "edge"))
     want = ref_fe.fused_edge_bwd(indptr, indices, None, call, t["src"], t["dst"], t["edge"],
                                  arg_ref, g, need)
-    got = gpu_fe.chunked_bwd(indptr, indices, call, t["src"], t["dst"], t["edge"], arg, g, need)
+    got = gpu_fe.fused_edge_bwd(indptr, indices, lambda: transpose_csc(indptr, indices, num_src),
+                                call, t["src"], t["dst"], t["edge"], arg, g, need)
     for a, b in zip(itertools.chain(*got), itertools.chain(*want)):
         torch.testing.assert_close(a, b)
 
@@ -507,9 +507,9 @@ def test_kernel_modules_are_files_named_by_hash(gen):
     files = [p.name for p in cpu_fe.cache_dir().glob("ngra_fused_edge_*.py")]
     assert files, f"no generated kernel module in {cpu_fe.cache_dir()}"
     spec = next(s for s in cpu_fe._KERNELS if s.expr == GGCN and s.kind == "fwd")
-    assert f"ngra_fused_edge_{spec.digest()}.py" in files
+    assert f"{cpu_fe.module_name(spec)}.py" in files
     assert cpu_fe.kernel_for(spec) is cpu_fe.kernel_for(spec)  # imported once per process
-    text = (cpu_fe.cache_dir() / f"ngra_fused_edge_{spec.digest()}.py").read_text()
+    text = (cpu_fe.cache_dir() / f"{cpu_fe.module_name(spec)}.py").read_text()
     assert "expr: sigmoid(dst0 + src1) * src0" in text
 
 
@@ -624,7 +624,10 @@ def test_argument_errors(name):
         fn()
 
 
-def test_gpu_backend_refuses_cpu_tensors():
+def test_gpu_backend_refuses_cpu_tensors(monkeypatch):
+    import ngra.kernels.gpu._util as gpu_util
+
+    monkeypatch.setattr(gpu_util, "INTERPRET", False)  # as outside Triton's interpreter
     ip, ix = torch.tensor([0, 2, 2, 5]), torch.tensor([0, 1, 1, 2, 0])
     with use_backend("gpu"), pytest.raises(RuntimeError, match="CUDA"):
         fused_edge_aggregate(ip, ix, E.src(0), [torch.randn(3, 2)])
@@ -636,7 +639,7 @@ def test_constant_expression_counts_in_edges():
         out = fused_edge_aggregate(ip, ix, E.const(2.0) + 0.5)
     assert torch.equal(out, torch.tensor([[5.0], [0.0], [7.5]]))
     call = FusedEdgeCall(E.const(2.0) + 0.5, "sum", (0, 0, 0), 1, torch.float32)
-    out, _ = gpu_fe.chunked_fwd(ip, ix, call, [], [], [])
+    out, _ = gpu_fe.fused_edge_fwd(ip, ix, call, [], [], [])
     assert torch.equal(out, torch.tensor([[5.0], [0.0], [7.5]]))
 
 
