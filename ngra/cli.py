@@ -46,6 +46,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="stream every layer in tiles that fit SIZE (e.g. 2GB, 512MB)")
     p.add_argument("--reorder", default="none", choices=["none", "degree", "rcm", "metis"],
                    help="relabel vertices for locality before tiling (default: none)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda or cuda:N: on a GPU, train device-resident when it fits, "
+                        "else stream tiles to it (default: cpu)")
 
 
 def _add_explain(sub: argparse._SubParsersAction) -> None:
@@ -62,6 +65,7 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", default=None, help="dataset folder")
     p.add_argument("--generic", action="store_true",
                    help="explain with compilation disabled (the generic executor)")
+    p.add_argument("--device", default="cpu", help="explain the plan on this device (cpu, cuda)")
 
 
 def _add_characterize(sub: argparse._SubParsersAction) -> None:
@@ -104,7 +108,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     ctx = compiler.disabled() if args.generic else contextlib.nullcontext()
     with ctx:
         print(explain_model(args.model, args.dataset, hidden=args.hidden, heads=args.heads,
-                            num_layers=args.num_layers, data_root=args.data_root))
+                            num_layers=args.num_layers, data_root=args.data_root,
+                            device=args.device))
     return 0
 
 

@@ -282,10 +282,23 @@ class Graph:
         if "csr" not in self._cache:
             perm = torch.argsort(self.indices, stable=True)
             counts = torch.bincount(self.indices, minlength=self.num_nodes)
-            indptr = torch.zeros(self.num_nodes + 1, dtype=torch.int64)
+            indptr = torch.zeros(self.num_nodes + 1, dtype=torch.int64, device=counts.device)
             torch.cumsum(counts, 0, out=indptr[1:])
             self._cache["csr"] = CSR(indptr, self.dst_index()[perm].contiguous(), perm)
         return self._cache["csr"]
+
+    def to(self, device: torch.device | str) -> Graph:
+        """This graph with its arrays (and a built reverse CSR) on ``device``."""
+        device = torch.device(device)
+        if self.indptr.device == device:
+            return self
+        w = None if self.edge_weight is None else self.edge_weight.to(device)
+        g = Graph(self.indptr.to(device), self.indices.to(device), self.perm.to(device),
+                  self.num_nodes, w)
+        if "csr" in self._cache:
+            c = self._cache["csr"]
+            g._cache["csr"] = CSR(c.indptr.to(device), c.indices.to(device), c.perm.to(device))
+        return g
 
     def has_self_loops(self) -> bool:
         return bool((self.indices == self.dst_index()).any())

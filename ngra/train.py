@@ -33,6 +33,8 @@ from tqdm.auto import tqdm
 from ngra.memstat import peak_rss_bytes
 from ngra.models import MODELS, build_model, prepare
 from ngra.runtime.budget import memory_budget
+from ngra.runtime.placement import (Placement, move_to, placed, plan_placement, resident_bytes,
+                                    resolve_device)
 
 __all__ = ["TrainConfig", "train", "evaluate", "reorder_dataset", "grid_report"]
 
@@ -68,6 +70,7 @@ class TrainConfig:
     explain: bool = False
     memory_budget: str | None = None
     reorder: str = "none"
+    device: str = "cpu"
     extra: dict = field(default_factory=dict)
 
     def resolved(self) -> dict[str, Any]:
@@ -148,6 +151,26 @@ def grid_report(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: 
     return "\n".join(lines)
 
 
+def _placement(device: torch.device, cfg: TrainConfig, graph: Any, x: torch.Tensor,
+               model: torch.nn.Module, extra: list[Any]) -> Placement:
+    """Where this run trains (see :mod:`ngra.runtime.placement`)."""
+    from ngra.partition import parse_bytes
+
+    budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
+    more = sum(t.numel() * t.element_size() for t in _tensors(extra))
+    return plan_placement(device, resident_bytes(graph, x, model, more), budget=budget)
+
+
+def _tensors(items: list[Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for it in items:
+        if isinstance(it, torch.Tensor):
+            out.append(it)
+        elif isinstance(it, dict):
+            out += [v for v in it.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
              y: torch.Tensor, masks: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -172,6 +195,7 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
         raise ValueError(f"epochs must be >= 1; got {cfg.epochs}.")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
     resolved = cfg.resolved()
     log.info("ngra train config: %s", json.dumps(resolved, sort_keys=True))
 
@@ -183,11 +207,19 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
     model = build_model(cfg.model, ds.x.shape[1], ds.num_classes, hidden=resolved["hidden"],
                         heads=resolved["heads"], num_layers=cfg.num_layers,
                         num_edge_types=ds.num_edge_types, dropout=resolved["dropout"])
+    masks = {"train": ds.train_mask, "val": ds.val_mask, "test": ds.test_mask}
+    x, y = ds.x, ds.y
+    placement = _placement(device, cfg, graph, x, model, [y, edge_data, *masks.values()])
+    log.info("placement: %s", placement.describe())
+    if device.type == "cuda" and placement.resident:
+        graph, x, y, edge_data, model = move_to(device, graph, x, y, edge_data, model)
+        masks = dict(zip(masks, move_to(device, *masks.values())))
     opt = torch.optim.Adam(model.parameters(), lr=resolved["lr"],
                            weight_decay=resolved["weight_decay"])
-    masks = {"train": ds.train_mask, "val": ds.val_mask, "test": ds.test_mask}
 
     def budget_ctx() -> Any:
+        if device.type == "cuda":
+            return placed(placement)
         return memory_budget(cfg.memory_budget) if cfg.memory_budget else contextlib.nullcontext()
 
     plans = None
@@ -195,9 +227,10 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
         from ngra.compiler.explain import explain
 
         with budget_ctx():
-            plans = explain(model, graph, ds.x, edge_data)
-            if cfg.memory_budget:
-                plans += "\n" + grid_report(model, graph, ds.x, edge_data)
+            plans = explain(model, graph, x, edge_data)
+            if cfg.memory_budget or not placement.resident:
+                plans += "\n" + grid_report(model, graph, x, edge_data)
+            plans += f"\nplacement: {placement.describe()}"
         (echo or log.info)(plans)
 
     start, best, times, history = 0, {"val": -1.0, "test": float("nan"), "epoch": -1, "state": None}, [], []
@@ -222,13 +255,15 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
         model.train()
         opt.zero_grad()
         with budget_ctx():
-            out = model(graph, ds.x, edge_data)
-            loss = F.cross_entropy(out[ds.train_mask], ds.y[ds.train_mask])
+            out = model(graph, x, edge_data)
+            loss = F.cross_entropy(out[masks["train"]], y[masks["train"]])
             loss.backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
         with budget_ctx():
-            acc = evaluate(model, graph, ds.x, edge_data, ds.y, masks)
+            acc = evaluate(model, graph, x, edge_data, y, masks)
         history.append({"epoch": epoch + 1, "loss": float(loss.detach()), **acc})
         if acc["val"] > best["val"]:
             best = {"val": acc["val"], "test": acc["test"], "epoch": epoch + 1,
@@ -249,11 +284,15 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
         "final_loss": history[-1]["loss"] if history else float("nan"),
         "epoch_time_s": statistics.median(times) if times else float("nan"),
         "peak_rss_mb": _peak_rss_mb(),
+        "device": str(device),
+        "placement": placement.describe(),
         "num_nodes": ds.graph.num_nodes,
         "num_edges": ds.graph.num_edges,
         "config": resolved,
         "history": history,
     }
+    if device.type == "cuda":
+        summary["peak_device_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     if plans is not None:
         summary["explain"] = plans
     if cfg.out:

@@ -57,8 +57,9 @@ def explain(layer: nn.Module, graph: Any, x: Any = None, edge_data: Any = None) 
 
 def explain_model(model: str, dataset: str, *, hidden: int | None = None,
                   heads: int | None = None, num_layers: int = 2,
-                  data_root: str | None = None) -> str:
-    """``ngra explain --model M --dataset D``: the plans of zoo model ``M`` on dataset ``D``."""
+                  data_root: str | None = None, device: str = "cpu") -> str:
+    """``ngra explain --model M --dataset D``: the plans of zoo model ``M`` on dataset ``D``
+    (on ``device``: the same plan shape, dispatched to that device's kernels)."""
     from ngra.datasets import load
     from ngra.models import MODELS, build_model, prepare
 
@@ -68,9 +69,13 @@ def explain_model(model: str, dataset: str, *, hidden: int | None = None,
     graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
     net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=heads,
                       num_layers=num_layers, num_edge_types=ds.num_edge_types)
+    from ngra.runtime.placement import move_to, resolve_device
+
+    dev = resolve_device(device)
+    graph, x, edge_data, net = move_to(dev, graph, ds.x, edge_data, net)
     head = (f"ngra explain: {model} on {dataset} ({graph.num_nodes} nodes, {graph.num_edges} "
-            f"edges, {ds.x.shape[1]} features, {ds.num_classes} classes)")
-    return head + "\n\n" + explain(net, graph, ds.x, edge_data)
+            f"edges, {ds.x.shape[1]} features, {ds.num_classes} classes) on {dev}")
+    return head + "\n\n" + explain(net, graph, x, edge_data)
 
 
 def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) -> list[str]:
