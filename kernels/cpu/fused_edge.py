@@ -52,8 +52,8 @@ from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.registry import register
 
 __all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_partials_pay",
-           "fused_edge_bwd", "kernel_for", "cache_dir", "module_name", "FLUSH_DENORMALS", "ONE_PASS_BACKWARD",
-           "ONE_PASS_MIN_DEGREE"]
+           "fused_edge_bwd", "kernel_for", "cache_dir", "module_name", "FLUSH_DENORMALS",
+           "ONE_PASS_BACKWARD", "ONE_PASS_MIN_DEGREE"]
 
 log = logging.getLogger(__name__)
 
