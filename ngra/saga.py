@@ -128,21 +128,47 @@ class SagaLayer(nn.Module):
 
 
 def _check_signature(cls: type, name: str, expected: tuple[str, ...]) -> None:
-    fn = cls.__dict__.get(name)
-    if fn is None:
+    """Check that ``layer.<name>(*expected)`` is a call Python accepts, at class definition.
+
+    The check looks at what an instance call binds to (the descriptor protocol): a
+    method of any instance-parameter name, a ``staticmethod``/``classmethod``, or a
+    plain callable assigned on the class. Definitions inherited from an earlier
+    SagaLayer subclass were checked with it.
+    """
+    owner = next(k for k in cls.__mro__ if name in k.__dict__)
+    if owner is not cls and issubclass(owner, SagaLayer):
         return
-    if not callable(fn):
-        raise TypeError(f"{cls.__name__}.{name} must be a method; got {type(fn).__name__}.")
-    params = list(inspect.signature(fn).parameters.values())
-    if params and params[0].name == "self":
-        params = params[1:]
+    attr = owner.__dict__[name]
+    if not callable(attr) and not hasattr(type(attr), "__get__"):
+        raise TypeError(f"{cls.__name__}.{name} must be a method; got {type(attr).__name__}.")
+    try:
+        bound = attr.__get__(object.__new__(cls), cls) if hasattr(type(attr), "__get__") else attr
+        sig = inspect.signature(bound)
+    except (TypeError, ValueError, AttributeError):
+        return  # a descriptor or builtin Python cannot introspect: the first call will tell
+    if not callable(bound):
+        raise TypeError(f"{cls.__name__}.{name} must be a method; got {type(attr).__name__}.")
+    problem = _binding_problem(sig, len(expected))
+    if problem:
+        want = ", ".join(expected)
+        got = ", ".join(str(p) for p in sig.parameters.values()) or "no parameters"
+        raise TypeError(
+            f"{cls.__name__}.{name} must take ({want}) when called on a layer; it takes "
+            f"({got}): {problem}. Define it as `def {name}(self, {want}):`."
+        )
+
+
+def _binding_problem(sig: inspect.Signature, n: int) -> str | None:
+    """Why ``sig`` cannot be called with ``n`` positional arguments (``None``: it can)."""
+    params = list(sig.parameters.values())
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p for p in positional if p.default is p.empty]
-    has_var = any(p.kind == p.VAR_POSITIONAL for p in params)
-    if len(required) > len(expected) or (len(positional) < len(expected) and not has_var):
-        got = ", ".join(p.name for p in params) or "no parameters"
-        want = ", ".join(expected)
-        raise TypeError(
-            f"{cls.__name__}.{name} must take ({want}) after self; it takes ({got}). "
-            f"Define it as `def {name}(self, {want}):`."
-        )
+    if len(required) > n:
+        extra = ", ".join(p.name for p in required[n:])
+        return f"{len(required)} required positional parameters, {n} are passed ({extra} unfilled)"
+    if len(positional) < n and not any(p.kind == p.VAR_POSITIONAL for p in params):
+        return f"it accepts {len(positional)} positional arguments, {n} are passed"
+    kw_only = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    if kw_only:
+        return f"keyword-only parameter(s) {', '.join(kw_only)} have no default"
+    return None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -143,18 +146,83 @@ def test_empty_graph():
     assert out.shape == (4, 3) and torch.all(out == 0)
 
 
-def test_signature_checked_at_definition():
-    with pytest.raises(TypeError, match=r"apply_edge must take \(edge\).*\(edge, extra\)"):
-        class Bad(SagaLayer):  # noqa: F841
-            def apply_edge(self, edge, extra):
-                return edge.src
+class _Scale:
+    """A callable object assigned on a class: Python calls it without the instance."""
+
+    def __call__(self, edge):
+        return edge.src * 2
+
+
+def _src_times_two(this, edge):
+    return edge.src * 2
+
+
+class _ApplyVertexMixin:  # not a SagaLayer: its UDF is checked where it is mixed in
+    def apply_vertex(me, vertex, acc):
+        return acc - vertex
+
+
+# Every way Python lets a class provide apply_edge(edge): each doubles the source row.
+_UDF_FORMS = {
+    "any instance name": {"apply_edge": _src_times_two},
+    "staticmethod": {"apply_edge": staticmethod(lambda edge: edge.src * 2)},
+    "classmethod": {"apply_edge": classmethod(lambda cls, edge: edge.src * 2)},
+    "callable object": {"apply_edge": _Scale()},
+    "functools.partial": {"apply_edge": functools.partial(lambda k, edge: edge.src * k, 2)},
+    "lambda": {"apply_edge": lambda self, edge: edge.src * 2},
+    "*args": {"apply_edge": lambda self, *args: args[0].src * 2},
+    "defaults": {"apply_edge": lambda self, edge, k=2, *, twice=False: edge.src * k},
+}
+
+
+@pytest.mark.parametrize("form", sorted(_UDF_FORMS))
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "generic"])
+def test_every_udf_form_python_accepts_runs(form, compiled):
+    g, ei = _graph()
+    cls = type(f"Form_{form.replace(' ', '_')}", (_ApplyVertexMixin, SagaLayer), _UDF_FORMS[form])
+    x = torch.randn(N, 3)
+    with contextlib.nullcontext() if compiled else ngra.compiler.disabled():
+        out = cls()(g, x)
+    torch.testing.assert_close(out, _ref_reduce(2 * x[ei[0]], ei[1], N, "sum") - x)
+
+
+def _defining(body, gather="sum", bases=(SagaLayer,)):
+    return type("Bad", bases, {"gather": gather, **body})
+
+
+@pytest.mark.parametrize("body, match", [
+    ({"apply_edge": lambda self, edge, extra: edge.src},
+     r"apply_edge must take \(edge\).*\(edge, extra\): 2 required positional.*extra unfilled"),
+    ({"apply_edge": staticmethod(lambda: 0)},
+     r"apply_edge must take \(edge\).*\(no parameters\): it accepts 0 positional"),
+    ({"apply_edge": lambda this: 0}, r"it accepts 0 positional arguments, 1 are passed"),
+    ({"apply_vertex": lambda self, vertex: vertex},
+     r"apply_vertex must take \(vertex, acc\).*it accepts 1 positional"),
+    ({"apply_vertex": staticmethod(lambda vertex, acc, extra: acc)}, r"extra unfilled"),
+    ({"apply_edge": lambda self, edge, *, scale: edge.src},
+     r"keyword-only parameter\(s\) scale have no default"),
+    ({"apply_edge": 3}, r"apply_edge must be a method; got int"),
+    ({"apply_edge": None}, r"apply_edge must be a method; got NoneType"),
+])
+def test_signature_mismatch_names_the_problem(body, match):
+    with pytest.raises(TypeError, match=match) as err:
+        _defining(body)
+    if "method" not in match:
+        assert "Define it as `def" in str(err.value)
+
+
+def test_signature_of_a_mixin_is_checked_where_it_is_mixed_in():
+    class Mixin:
+        def apply_vertex(self, vertex):
+            return vertex
+
     with pytest.raises(TypeError, match=r"apply_vertex must take \(vertex, acc\)"):
-        class Bad2(SagaLayer):  # noqa: F841
-            def apply_vertex(self, vertex):
-                return vertex
-    with pytest.raises(TypeError, match="gather must be one of"):
-        class Bad3(SagaLayer):  # noqa: F841
-            gather = "prod"
+        _defining({}, bases=(Mixin, SagaLayer))
+
+
+def test_unknown_gather_is_refused():
+    with pytest.raises(TypeError, match=r"gather must be one of .*got 'prod'"):
+        _defining({}, gather="prod")
 
 
 def test_bad_inputs_have_clear_errors():
