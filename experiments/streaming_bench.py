@@ -97,7 +97,7 @@ def _ngra_case(spec: str, model: str, budget: str | None, epochs: int, cap: int,
 
         ngra.compiler.set_enabled(compiled)  # ngra-generic: every layer on the UDF plan
         from ngra.models import build_model, prepare
-        from ngra.runtime.probes import Recorder
+        from ngra.probes import Recorder
 
         ds = _dataset(spec, data_root)
         graph, edata = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)

@@ -170,7 +170,7 @@ def _ngra_step(case: Case, ds) -> tuple[Any, Any, str]:
     x, y, mask = ds.x, ds.y, ds.train_mask
     plan = ""
     if case.framework == "ngra":
-        first = ngra.compiler.explain(model.layers[0], graph, x, edata).splitlines()
+        first = ngra.explain(model.layers[0], graph, x, edata).splitlines()
         plan = next((ln.split(":", 1)[1].strip() for ln in first if ln.startswith("plan:")), "")
 
     def step(opt):

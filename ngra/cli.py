@@ -13,7 +13,7 @@ import logging
 import sys
 from dataclasses import fields
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "explain_model"]
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -103,7 +103,6 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     import contextlib
 
     from ngra import compiler
-    from ngra.compiler.explain import explain_model
 
     ctx = compiler.disabled() if args.generic else contextlib.nullcontext()
     with ctx:
@@ -111,6 +110,30 @@ def _cmd_explain(args: argparse.Namespace) -> int:
                             num_layers=args.num_layers, data_root=args.data_root,
                             device=args.device))
     return 0
+
+
+def explain_model(model: str, dataset: str, *, hidden: int | None = None,
+                  heads: int | None = None, num_layers: int = 2,
+                  data_root: str | None = None, device: str = "cpu") -> str:
+    """``ngra explain --model M --dataset D``: :func:`ngra.explain` of zoo model ``M``
+    built for dataset ``D`` (the library explains any layer; names are resolved here), on
+    ``device``: the same plan shape, dispatched to that device's kernels."""
+    from ngra import explain
+    from ngra.datasets import load
+    from ngra.models import MODELS, build_model, prepare
+    from ngra.runtime.placement import move_to, resolve_device
+
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}.")
+    ds = load(dataset, root=data_root)
+    graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
+    net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=heads,
+                      num_layers=num_layers, num_edge_types=ds.num_edge_types)
+    dev = resolve_device(device)
+    graph, x, edge_data, net = move_to(dev, graph, ds.x, edge_data, net)
+    head = (f"ngra explain: {model} on {dataset} ({graph.num_nodes} nodes, {graph.num_edges} "
+            f"edges, {ds.x.shape[1]} features, {ds.num_classes} classes) on {dev}")
+    return head + "\n\n" + explain(net, graph, x, edge_data)
 
 
 def _cmd_characterize(args: argparse.Namespace) -> int:

@@ -136,7 +136,7 @@ def reorder_dataset(ds: Any, method: str, seed: int = 0) -> Any:
 def grid_report(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any) -> str:
     """The tile grid each layer call chose under the active memory budget, its predicted
     peak, and how its tiles are staged (gathered vs spanned source rows)."""
-    from ngra.runtime.probes import Recorder
+    from ngra.probes import Recorder
 
     model.eval()
     with Recorder() as rec:
@@ -224,7 +224,7 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
 
     plans = None
     if cfg.explain:
-        from ngra.compiler.explain import explain
+        from ngra.runtime.explain import explain
 
         with budget_ctx():
             plans = explain(model, graph, x, edge_data)

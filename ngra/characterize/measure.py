@@ -6,11 +6,11 @@ the framework's honest total, then ``repeats`` instrumented iterations for the
 stage breakdown; with a time budget the counts shrink to fit it, judged from
 the first iteration:
 
-* **ngra**: :class:`ngra.runtime.probes.Recorder`; forward stage times are the
+* **ngra**: :class:`ngra.probes.Recorder`; forward stage times are the
   probes' exclusive times, read per SAGA layer (each layer call is a
   ``layer<i>`` stage, so its ``pre`` and ``edge`` map with its own plan, see
   :func:`plan_info` and :mod:`ngra.characterize.stages`); in training the
-  backward is split by the probes' autograd markers (:mod:`ngra.runtime.probes`).
+  backward is split by the probes' autograd markers (:mod:`ngra.probes`).
 * **PyG / DGL**: ``torch.profiler`` with the operator-to-stage mapping of
   :mod:`ngra.characterize.stages` (forward by layer range and op; backward by
   autograd sequence number).
@@ -166,7 +166,7 @@ class _Step:
 def _ngra_iteration(step: _Step) -> tuple[float, float, dict, dict, list[bool]]:
     """One iteration under the probes; each SAGA layer call is a ``layer<i>`` stage so
     that its ``pre`` and ``edge`` are read with its own plan (see :func:`plan_info`)."""
-    from ngra.runtime import probes
+    from ngra import probes
     from ngra.saga import SagaLayer
 
     layers = [m for m in step.net.modules() if isinstance(m, SagaLayer)]

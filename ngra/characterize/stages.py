@@ -2,7 +2,7 @@
 
 Two sources of time, one vocabulary (:data:`STAGES` plus :data:`REMAINDER`):
 
-**ngra** is timed by its own probes (:mod:`ngra.runtime.probes`). Probe names
+**ngra** is timed by its own probes (:mod:`ngra.probes`). Probe names
 map to stages with :data:`PROBE_STAGES`:
 
 ==============  ============  ===============================================

@@ -1,8 +1,8 @@
 """Lowering: a compiled program -> a plan the runtime executes tile by tile.
 
-A plan has the interface of :class:`ngra.runtime.generic.GenericPlan`:
+A plan has the interface of :class:`ngra.compiler.generic.GenericPlan`:
 
-* ``accumulator``: the Gather accumulator (:func:`ngra.runtime.gather.make_accumulator`);
+* ``accumulator``: the Gather accumulator (:func:`ngra.compiler.gather.make_accumulator`);
 * ``pre(x) -> terms``: the vertex-side stage (hoisted terms, a transform moved before
   propagation), a dict ``term key -> [N, ...]``;
 * ``edge(tile, src, dst, edata) -> partial``: the accumulator's partial state for one
@@ -31,20 +31,26 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ngra import kernels
+from ngra.compiler.gather import make_accumulator
+from ngra.compiler.generic import GenericPlan
 from ngra.compiler.interp import Resolver, apply_sink, evaluate, run_stage
 from ngra.compiler.ir import Node, Op, Program, format_key, format_node, iter_refs
 from ngra.compiler.passes import PassNote
 from ngra.compiler.passes.fuse import (
-    FusedEdgeMatch, GspmmMatch, InterpMatch, SoftmaxMatch, describe_match,
+    FusedEdgeMatch,
+    GspmmMatch,
+    InterpMatch,
+    SoftmaxMatch,
+    describe_match,
 )
-from ngra.runtime.generic import GenericPlan
-from ngra.runtime.gather import make_accumulator
-from ngra.runtime.tiles import TileView
+
+if TYPE_CHECKING:  # types only: the runtime builds tiles and runs plans, it is not imported
+    from ngra.runtime.tiles import TileView
 
 __all__ = ["CompiledPlan", "FallbackPlan", "lower"]
 
@@ -405,7 +411,7 @@ class CompiledPlan:
         """Gradients of one tile's share of the output, without recomputing its forward.
 
         ``staged`` is a :class:`~ngra.runtime.staging.Staged` tile, ``final`` the
-        accumulator's :meth:`~ngra.runtime.gather.Accumulator.final_stats` for the
+        accumulator's :meth:`~ngra.compiler.gather.Accumulator.final_stats` for the
         tile's destinations, and ``grad`` the output gradient of those rows. Returns
         ``[(staged rows, their gradient), ...]``, or ``None`` when the plan has no
         direct rule (the executor then recomputes the tile under autograd).

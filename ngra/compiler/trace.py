@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ngra.compiler.ir import Node, Op, Program, Ref, Stage, format_node
-from ngra.saga import Edge
+from ngra.edge import Edge
 
 __all__ = ["SagaTracer", "TraceFailure", "trace_program", "trace_vertex", "structure_of"]
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from ngra import kernels
+from ngra import kernels, probes
+from ngra.compiler.driver import compile_layer
 from ngra.graph import Graph
 from ngra.kernels.dropout import check_p
-from ngra.runtime import probes
 from ngra.runtime.budget import current_budget, forced_grid, grid_for
-from ngra.runtime.staging import forced_mode, staging_summary
-from ngra.runtime.stream import plan_parameters, propagate, run_streamed
+from ngra.runtime.staging import forced_mode, plan_parameters, staging_summary
+from ngra.runtime.stream import propagate, run_streamed
 from ngra.runtime.tiles import Grid, whole_graph_grid
 
 __all__ = ["execute", "run_plan", "choose_runtime_grid", "edge_data_csc"]
@@ -36,8 +36,6 @@ def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: fl
     Inside ``with ngra.memory_budget(...)`` the graph is tiled into the smallest
     grid whose tiles fit the budget and propagation streams tile by tile.
     """
-    from ngra.compiler import compile_layer
-
     check_p(dropout)
     _check_vertex_data(layer, graph, x)
     edata = edge_data_csc(graph, edge_data, type(layer).__name__)
@@ -58,7 +56,7 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
     backward) when the edge stage saves per-edge activations; fused kernels,
     which keep only indices, and the 1 x 1 grid run the same walk under plain
     autograd. Stages
-    are timed by :mod:`ngra.runtime.probes` when a recorder is active.
+    are timed by :mod:`ngra.probes` when a recorder is active.
     """
     probes.annotate("plan", plan)
     fused = bool(dropout) and plan.fuses_input_dropout(x)

@@ -49,8 +49,8 @@ from ngra.kernels.registry import thread_setting
 from ngra.runtime.tiles import Grid, TileView
 
 __all__ = ["GATHER_FRACTION", "Rows", "Staged", "Stager", "choose_device", "choose_mode",
-           "compute_device", "flatten", "forced_mode", "local_view", "staging_mode",
-           "staging_summary", "to_device", "unflatten"]
+           "compute_device", "flatten", "forced_mode", "local_view", "plan_parameters",
+           "staging_mode", "staging_summary", "to_device", "unflatten"]
 
 # Gather a tile's source rows when it touches fewer than this fraction of its span.
 # A span moves every row of [s_lo, s_hi) as one contiguous stream; a gather moves only
@@ -101,6 +101,15 @@ def compute_device(device: str | torch.device | None) -> Iterator[None]:
         yield
 
 
+def plan_parameters(plan: Any) -> list[torch.Parameter]:
+    """Parameters the plan's edge stage may read (the whole layer's, to be safe)."""
+    fn = getattr(plan, "edge_parameters", None)
+    if fn is not None:
+        return list(fn())
+    layer = getattr(plan, "layer", None)
+    return list(layer.parameters()) if layer is not None else []
+
+
 def choose_device(plan: Any, terms: Any) -> torch.device:
     """The device a plan's edge stages run on.
 
@@ -111,8 +120,6 @@ def choose_device(plan: Any, terms: Any) -> torch.device:
     forced = getattr(_state, "device", None)
     if forced is not None:
         return forced
-    from ngra.runtime.stream import plan_parameters
-
     devices = {p.device for p in plan_parameters(plan)}
     if len(devices) == 1 and next(iter(devices)).type == "cuda":
         return next(iter(devices))

@@ -37,15 +37,21 @@ from typing import Any
 
 import torch
 
-from ngra import kernels
+from ngra import kernels, probes
 from ngra.graph import Graph
 from ngra.memstat import malloc_trim
-from ngra.runtime import probes
-from ngra.runtime.staging import Staged, Stager, choose_device, flatten, forced_mode, unflatten
+from ngra.runtime.staging import (
+    Staged,
+    Stager,
+    choose_device,
+    flatten,
+    forced_mode,
+    plan_parameters,
+    unflatten,
+)
 from ngra.runtime.tiles import Grid
 
-__all__ = ["propagate", "run_streamed", "prefetched", "stager_for", "plan_parameters",
-           "StreamedPropagation"]
+__all__ = ["propagate", "run_streamed", "prefetched", "stager_for", "StreamedPropagation"]
 
 
 def prefetched(makers: Iterable[Callable[[], Any]], depth: int = 1) -> Iterator[Any]:
@@ -148,15 +154,6 @@ def run_streamed(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any) ->
     params = [p for p in plan_parameters(plan) if p.requires_grad]
     ctx = _Context(plan, graph, grid, t_spec, len(t_leaves), e_spec, len(e_leaves), len(params))
     return StreamedPropagation.apply(ctx, *t_leaves, *e_leaves, *params)
-
-
-def plan_parameters(plan: Any) -> list[torch.Parameter]:
-    """Parameters the plan's edge stage may read (the whole layer's, to be safe)."""
-    fn = getattr(plan, "edge_parameters", None)
-    if fn is not None:
-        return list(fn())
-    layer = getattr(plan, "layer", None)
-    return list(layer.parameters()) if layer is not None else []
 
 
 class _Context:

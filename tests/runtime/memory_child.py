@@ -23,7 +23,7 @@ import ngra
 from ngra import compiler
 from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
 from ngra.models import GATConv, GCNConv, MPNNConv
-from ngra.runtime.probes import Recorder
+from ngra.probes import Recorder
 
 
 def main() -> None:

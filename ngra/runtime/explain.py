@@ -1,4 +1,11 @@
-"""``ngra.explain``: what the compiler does with a layer (or every layer of a model)."""
+"""``ngra.explain``: how a layer call runs (or every layer call of a model).
+
+The compiled plan (:func:`ngra.compiler.compile_layer` and the plan's ``describe``)
+and, under a memory budget or a forced grid, the tile grid the runtime chooses and
+how its tiles are staged. A SAGA layer is recognized by what the runtime calls on it
+(``gather``, ``apply_edge``, ``apply_vertex``), so this module needs no model zoo and
+no layer base class; explaining a zoo model by name is the CLI's job.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["explain", "explain_lines", "explain_model"]
+from ngra.compiler.driver import compile_layer
+from ngra.runtime.budget import current_budget, forced_grid
+from ngra.runtime.executor import _check_vertex_data, choose_runtime_grid, edge_data_csc
+from ngra.runtime.staging import forced_mode, staging_summary
+
+__all__ = ["explain", "explain_lines"]
 
 
 def explain(layer: nn.Module, graph: Any, x: Any = None, edge_data: Any = None) -> str:
@@ -33,9 +45,7 @@ def explain(layer: nn.Module, graph: Any, x: Any = None, edge_data: Any = None) 
     Returns:
         The explanation (it is not printed; the CLI prints it).
     """
-    from ngra.saga import SagaLayer
-
-    if isinstance(layer, SagaLayer):
+    if is_saga_layer(layer):
         return "\n".join(explain_lines(layer, graph, x, edge_data))
     if not isinstance(layer, nn.Module):
         raise TypeError(f"explain expects a SagaLayer or an nn.Module; got {type(layer).__name__}.")
@@ -55,33 +65,8 @@ def explain(layer: nn.Module, graph: Any, x: Any = None, edge_data: Any = None) 
     return "\n".join(out).rstrip()
 
 
-def explain_model(model: str, dataset: str, *, hidden: int | None = None,
-                  heads: int | None = None, num_layers: int = 2,
-                  data_root: str | None = None, device: str = "cpu") -> str:
-    """``ngra explain --model M --dataset D``: the plans of zoo model ``M`` on dataset ``D``
-    (on ``device``: the same plan shape, dispatched to that device's kernels)."""
-    from ngra.datasets import load
-    from ngra.models import MODELS, build_model, prepare
-
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}.")
-    ds = load(dataset, root=data_root)
-    graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
-    net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=heads,
-                      num_layers=num_layers, num_edge_types=ds.num_edge_types)
-    from ngra.runtime.placement import move_to, resolve_device
-
-    dev = resolve_device(device)
-    graph, x, edge_data, net = move_to(dev, graph, ds.x, edge_data, net)
-    head = (f"ngra explain: {model} on {dataset} ({graph.num_nodes} nodes, {graph.num_edges} "
-            f"edges, {ds.x.shape[1]} features, {ds.num_classes} classes) on {dev}")
-    return head + "\n\n" + explain(net, graph, x, edge_data)
-
-
 def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) -> list[str]:
-    from ngra.compiler.driver import compile_layer
-    from ngra.runtime.executor import _check_vertex_data, edge_data_csc
-
+    """:func:`explain` of one SAGA layer, as lines."""
     if x is None:
         x = _default_x(layer, graph)
     _check_vertex_data(layer, graph, x)
@@ -94,10 +79,6 @@ def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) 
 
 def _grid_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:
     """The grid and its staging, when a memory budget or a forced grid shape is active."""
-    from ngra.runtime.budget import current_budget, forced_grid
-    from ngra.runtime.executor import choose_runtime_grid
-    from ngra.runtime.staging import forced_mode, staging_summary
-
     if current_budget() is None and forced_grid(graph) is None:
         return []
     with torch.no_grad():
@@ -124,9 +105,14 @@ def _default_x(layer: nn.Module, graph: Any) -> torch.Tensor:
     return torch.zeros(graph.num_nodes, lin.in_features, dtype=lin.weight.dtype)
 
 
-def _capture(model: nn.Module, graph: Any, x: Any, edge_data: Any) -> list:
-    from ngra.saga import SagaLayer
+def is_saga_layer(module: Any) -> bool:
+    """``module`` is a SAGA program: an ``nn.Module`` with ``gather``, ``apply_edge`` and
+    ``apply_vertex`` (every :class:`ngra.SagaLayer`)."""
+    return isinstance(module, nn.Module) and all(
+        hasattr(type(module), a) for a in ("gather", "apply_edge", "apply_vertex"))
 
+
+def _capture(model: nn.Module, graph: Any, x: Any, edge_data: Any) -> list:
     calls: list = []
     names = {m: n for n, m in model.named_modules()}
     handles = []
@@ -136,7 +122,7 @@ def _capture(model: nn.Module, graph: Any, x: Any, edge_data: Any) -> list:
         calls.append((names.get(mod, ""), mod, tuple(a[:3])))
 
     for m in model.modules():
-        if isinstance(m, SagaLayer):
+        if is_saga_layer(m):
             handles.append(m.register_forward_pre_hook(hook, with_kwargs=True))
     was_training = model.training
     try:

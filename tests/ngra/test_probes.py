@@ -1,4 +1,4 @@
-"""ngra.runtime.probes: free when inactive, nesting and aggregation, backward markers."""
+"""ngra.probes: free when inactive, nesting and aggregation, backward markers."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import ngra
-from ngra.runtime import probes
-from ngra.runtime.probes import Recorder, stage
+from ngra import probes
+from ngra.probes import Recorder, stage
 
 
 def test_inactive_probes_cost_nothing_and_keep_no_state():

@@ -9,14 +9,16 @@ result per destination.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ngra.runtime import probes
-from ngra.runtime.gather import make_accumulator
-from ngra.runtime.tiles import TileView
-from ngra.saga import Edge, SagaLayer
+from ngra import probes
+from ngra.compiler.gather import make_accumulator
+from ngra.edge import Edge
+
+if TYPE_CHECKING:  # types only: the runtime builds tiles and runs plans, it is not imported
+    from ngra.runtime.tiles import TileView
 
 __all__ = ["GenericPlan"]
 
@@ -26,7 +28,7 @@ class GenericPlan:
 
     kind = "generic"
 
-    def __init__(self, layer: SagaLayer, reason: str = "generic executor requested") -> None:
+    def __init__(self, layer: Any, reason: str = "generic executor requested") -> None:
         self.layer = layer
         self.accumulator = make_accumulator(layer.gather)
         self.reason = reason
@@ -78,7 +80,7 @@ class _ProbedEdge(Edge):
             return s.outputs(Edge.dst.fget(self))
 
 
-def _check_messages(layer: SagaLayer, msg: Any, num_edges: int) -> None:
+def _check_messages(layer: Any, msg: Any, num_edges: int) -> None:
     name = type(layer).__name__
     parts = msg if isinstance(msg, tuple) else (msg,)
     if isinstance(msg, dict):
