@@ -34,13 +34,13 @@ LAYERS = (
     "ngra.kernels",
     "ngra.partition",
     "ngra.datasets",
-    "ngra.planner",
+    "ngra.distributed",  # launch, link model; the executor inserts its exchange
+    "ngra.planner",  # uses the link model; the compiler hands it dense stages
     "ngra.compiler",
     "ngra.runtime",
     "ngra.saga",
     "ngra",  # the package's __init__: the public names (Graph, SagaLayer, explain, ...)
     "ngra.models",
-    "ngra.distributed",
     "ngra.train",
     "ngra.characterize",
     "ngra.cli",
