@@ -21,6 +21,8 @@ import torch
 
 from ngra.graph import Graph
 
+from .direction import add_missing_reverses, reciprocity
+
 __all__ = [
     "DATA_ENV",
     "DEFAULT_DATA_ROOT",
@@ -96,7 +98,9 @@ class NodeDataset:
             typed-edge models (GG-NN, R-GCN); ``None`` when untyped.
         num_edge_types: number of edge types (1 when untyped).
         info: provenance, not part of the data: ``spec`` (canonical spec string),
-            ``cache`` (``"hit"``, ``"miss"`` or ``"off"``), loader notes.
+            ``cache`` (``"hit"``, ``"miss"`` or ``"off"``), ``reciprocity`` (see
+            :attr:`reciprocity`), how file loaders decided the edge direction
+            (``symmetric``, ``direction``, ``symmetric_option``), loader notes.
 
     Raises:
         TypeError: a tensor has the wrong dtype.
@@ -180,8 +184,18 @@ class NodeDataset:
     def num_features(self) -> int:
         return int(self.x.shape[1])
 
+    @property
+    def reciprocity(self) -> float | None:
+        """Share of the edges (self-loops aside) whose reverse is an edge too: 1 for a
+        symmetric graph, 0 for an undirected graph listed one direction per edge
+        (``None`` without such edges). Measured once, kept in ``info``."""
+        if "reciprocity" not in self.info:
+            self.info["reciprocity"] = reciprocity(self.graph)
+        return self.info["reciprocity"]
+
     def summary(self) -> dict[str, Any]:
-        """Sizes as a flat dict (for logs and result files)."""
+        """Sizes and edge reciprocity as a flat dict (for logs and result files)."""
+        r = self.reciprocity
         return {
             "name": self.name,
             "num_nodes": self.num_nodes,
@@ -192,6 +206,8 @@ class NodeDataset:
             "train": int(self.train_mask.sum()),
             "val": int(self.val_mask.sum()),
             "test": int(self.test_mask.sum()),
+            "reciprocity": None if r is None else round(r, 4),
+            **{k: self.info[k] for k in ("symmetric", "direction") if k in self.info},
         }
 
     def __repr__(self) -> str:
@@ -238,7 +254,8 @@ def csc_graph(
     Args:
         src, dst: ``[E]`` integer endpoint arrays.
         num_nodes: ``N`` (ids must lie in ``[0, N)``).
-        symmetric: add the reverse of every edge.
+        symmetric: add the reverse of every edge whose reverse is absent (an edge listed in
+            both directions is not doubled; see :func:`~.direction.add_missing_reverses`).
         remove_self_loops: drop ``v -> v`` edges.
         dedup: drop repeated ``(src, dst)`` pairs (otherwise multi-edges are kept).
     """
@@ -248,8 +265,6 @@ def csc_graph(
         raise ValueError(
             f"src and dst must be 1-D of equal length; got {src.shape} and {dst.shape}."
         )
-    if symmetric:
-        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
     if remove_self_loops:
         keep = src != dst
         if not keep.all():
@@ -264,6 +279,8 @@ def csc_graph(
     n = max(int(num_nodes), 1)
     if n > 3_037_000_499:  # dst * n + src must fit in int64
         raise DatasetError(f"graphs are limited to 3,037,000,499 nodes here; got {n}.")
+    if symmetric:
+        src, dst, _ = add_missing_reverses(src, dst, num_nodes)
     key = dst * n + src
     key.sort()
     if dedup and key.size > 1:

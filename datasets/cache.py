@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 #: Environment variable overriding the cache folder.
 CACHE_ENV = "NGRA_CACHE"
 #: Bump when the stored layout or any loader's output changes: old entries are then ignored.
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: edge direction in info, symmetric adds only missing reverses
 #: Cache folder used when the data root is read-only and ``NGRA_CACHE`` is unset.
 USER_CACHE = "~/.ngra/cache"
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ngra.graph import Graph
 
 from .base import DatasetError, NodeDataset
+from .direction import add_missing_reverses, check_direction
 
 __all__ = ["from_dgl", "from_pyg", "to_dgl", "to_pyg"]
 
@@ -47,7 +49,8 @@ def to_pyg(ds: NodeDataset):
 
 
 def from_pyg(
-    data: Any, name: str = "pyg", num_classes: int | None = None, split: int = 0
+    data: Any, name: str = "pyg", num_classes: int | None = None, split: int = 0,
+    symmetric: bool | None = None,
 ) -> NodeDataset:
     """A :class:`NodeDataset` from a PyG ``Data`` with ``x``, ``y`` and ``edge_index``.
 
@@ -56,6 +59,10 @@ def from_pyg(
         name: dataset name.
         num_classes: default ``max(y) + 1``.
         split: column of 2-D masks (datasets with several splits, e.g. WikiCS).
+        symmetric: ``True`` appends the reverse of each edge whose reverse is absent (PyG's
+            ``to_undirected``; its edge type and weight copied), ``False`` keeps the edges;
+            ``None`` (default) keeps them and reports a graph with (almost) no reciprocal
+            edges (:mod:`~ngra.datasets.direction`).
     """
     if getattr(data, "x", None) is None or getattr(data, "y", None) is None:
         raise DatasetError("from_pyg needs a Data with node features x and labels y.")
@@ -67,7 +74,8 @@ def from_pyg(
     graph = Graph.from_pyg(data)
     masks = [_mask(getattr(data, m, None), graph.num_nodes, split, m) for m in _MASKS]
     edge_type = getattr(data, "edge_type", None)
-    return _build(name, graph, data.x, y, masks, num_classes, edge_type)
+    return _build(name, graph, data.x, y, masks, num_classes, edge_type, symmetric,
+                  f"from_pyg(data, name={name!r}, symmetric=True)")
 
 
 def to_dgl(ds: NodeDataset):
@@ -83,11 +91,13 @@ def to_dgl(ds: NodeDataset):
     return g
 
 
-def from_dgl(g: Any, name: str = "dgl", num_classes: int | None = None) -> NodeDataset:
+def from_dgl(g: Any, name: str = "dgl", num_classes: int | None = None,
+             symmetric: bool | None = None) -> NodeDataset:
     """A :class:`NodeDataset` from a homogeneous DGL graph with ``ndata["feat"]`` and ``ndata["label"]``.
 
     Masks it lacks are all-False; ``edata["etype"]`` becomes ``edge_type`` and
-    ``edata["w"]`` the graph's edge weights.
+    ``edata["w"]`` the graph's edge weights. ``symmetric`` as for :func:`from_pyg`
+    (``True``: DGL's ``to_bidirected``, keeping multi-edges and edge data).
     """
     for key in ("feat", "label"):
         if key not in g.ndata:
@@ -95,7 +105,8 @@ def from_dgl(g: Any, name: str = "dgl", num_classes: int | None = None) -> NodeD
     graph = Graph.from_dgl(g, weight_field="w" if "w" in g.edata else None)
     masks = [_mask(g.ndata.get(m, None), graph.num_nodes, 0, m) for m in _MASKS]
     edge_type = g.edata.get("etype", None)
-    return _build(name, graph, g.ndata["feat"], g.ndata["label"], masks, num_classes, edge_type)
+    return _build(name, graph, g.ndata["feat"], g.ndata["label"], masks, num_classes, edge_type,
+                  symmetric, f"from_dgl(g, name={name!r}, symmetric=True)")
 
 
 def _mask(m: torch.Tensor | None, n: int, split: int, name: str) -> torch.Tensor:
@@ -114,12 +125,16 @@ def _build(
     masks: list[torch.Tensor],
     num_classes: int | None,
     edge_type: torch.Tensor | None,
+    symmetric: bool | None,
+    option: str,
 ) -> NodeDataset:
     y = y.detach().cpu().long()
     if num_classes is None:
         num_classes = int(y.max()) + 1 if y.numel() else 1
     et = None if edge_type is None else edge_type.detach().cpu().long()
-    return NodeDataset(
+    if symmetric:
+        graph, et = _symmetrized(graph, et)
+    ds = NodeDataset(
         name=name,
         graph=graph,
         x=x.detach().cpu().float(),
@@ -131,3 +146,19 @@ def _build(
         edge_type=et,
         num_edge_types=int(et.max()) + 1 if et is not None and et.numel() else 1,
     )
+    stated = None if symmetric is None else f"symmetric={str(symmetric).lower()} given"
+    check_direction(ds, stated=stated, symmetric=bool(symmetric), option=option)
+    return ds
+
+
+def _symmetrized(graph: Graph, edge_type: torch.Tensor | None) -> tuple[Graph, torch.Tensor | None]:
+    """The graph plus each missing reverse edge, appended after the original edges in
+    original order, with the mirrored edge's weight and type."""
+    ei = graph.edge_index()
+    src, dst, added = add_missing_reverses(ei[0].numpy(), ei[1].numpy(), graph.num_nodes)
+    idx = torch.from_numpy(added)
+    w = graph.edge_weight_original()
+    out = Graph.from_edge_index(
+        torch.from_numpy(np.stack([src, dst])), num_nodes=graph.num_nodes,
+        edge_weight=None if w is None else torch.cat([w, w[idx]]))
+    return out, None if edge_type is None else torch.cat([edge_type, edge_type[idx]])

@@ -10,13 +10,17 @@ direction, the user gave no ``symmetric=`` and (almost) no edge has its reverse,
 :func:`check_direction` warns once, naming the figure and the option that adds the
 reverse edges.
 
-Both measurements are one sort of ``dst * N + src`` keys (skipped when the keys are
-already sorted, as a CSC graph's are) and one binary search per edge, in chunks.
+Both measurements sort the edges' keys ``dst * N + src`` (a CSC graph's are sorted
+already) and their reversed keys ``src * N + dst``, then look each key up among the
+reversed ones in key order (binary searches in a sorted order stay in cache).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,7 +28,7 @@ import numpy as np
 from ngra.graph import Graph
 
 __all__ = ["ONE_DIRECTION_BELOW", "add_missing_reverses", "check_direction", "has_reverse",
-           "reciprocity"]
+           "loading_spec", "reciprocity", "symmetric_spec", "warn_if_one_direction"]
 
 log = logging.getLogger(__name__)
 
@@ -32,29 +36,59 @@ log = logging.getLogger(__name__)
 #: an undirected graph listed one direction per edge.
 ONE_DIRECTION_BELOW = 0.05
 
-_CHUNK = 1 << 22  # edges per binary-search chunk: bounds the temporaries to a few 32 MB arrays
+_CHUNK = 1 << 22  # keys per binary-search chunk: bounds the temporaries to a few 32 MB
 _warned: set[str] = set()
+_spec: contextvars.ContextVar[str | None] = contextvars.ContextVar("ngra_dataset_spec",
+                                                                   default=None)
 
 
-def has_reverse(src: np.ndarray, dst: np.ndarray, num_nodes: int,
-                sorted_keys: np.ndarray | None = None) -> np.ndarray:
+@contextlib.contextmanager
+def loading_spec(spec: str) -> Iterator[None]:
+    """Loads inside name ``spec`` (as the user wrote it) in their advice to symmetrize."""
+    token = _spec.set(spec)
+    try:
+        yield
+    finally:
+        _spec.reset(token)
+
+
+def symmetric_spec(spec: str) -> str:
+    """``spec`` with ``symmetric=true`` in place of any ``symmetric=`` it has."""
+    head, _, rest = spec.strip().partition(":")
+    keep = [t for t in rest.split(",")
+            if t.strip() and t.partition("=")[0].strip().lower() != "symmetric"]
+    return f"{head}:{','.join(keep + ['symmetric=true'])}"
+
+
+def has_reverse(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
     """``[E]`` bool: whether edge ``src[i] -> dst[i]`` has its reverse among the edges.
 
-    ``sorted_keys`` may pass the edges' ``dst * N + src`` keys already sorted.
     A self-loop is its own reverse.
     """
     n = max(int(num_nodes), 1)
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
-    keys = np.sort(dst * n + src) if sorted_keys is None else sorted_keys
-    out = np.zeros(src.size, dtype=bool)
-    if not keys.size:
+    keys = dst * n + src
+    order = np.argsort(keys, kind="stable")
+    out = np.empty(keys.size, dtype=bool)
+    out[order] = _reversed_in(keys[order], src, dst, n)
+    return out
+
+
+def _reversed_in(sorted_keys: np.ndarray, src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
+    """For each key ``d * n + s`` of ``sorted_keys``: whether ``s -> d``'s reverse ``d -> s``
+    is an edge, i.e. whether the key is one of the edges' reversed keys ``s * n + d``.
+    Sorted queries into a sorted set keep the binary searches cache-friendly."""
+    reversed_keys = src * n + dst
+    reversed_keys.sort()  # not np.unique: numpy 2's hash-based unique is ten times slower
+    out = np.zeros(sorted_keys.size, dtype=bool)
+    if not reversed_keys.size:
         return out
-    for lo in range(0, src.size, _CHUNK):
-        rev = src[lo:lo + _CHUNK] * n + dst[lo:lo + _CHUNK]
-        pos = np.searchsorted(keys, rev)
-        np.minimum(pos, keys.size - 1, out=pos)
-        out[lo:lo + _CHUNK] = keys[pos] == rev
+    for lo in range(0, sorted_keys.size, _CHUNK):
+        q = sorted_keys[lo:lo + _CHUNK]
+        pos = np.searchsorted(reversed_keys, q)
+        np.minimum(pos, reversed_keys.size - 1, out=pos)
+        out[lo:lo + _CHUNK] = reversed_keys[pos] == q
     return out
 
 
@@ -80,28 +114,30 @@ def reciprocity(graph: Graph) -> float | None:
     dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(graph.indptr.numpy()))
     keys = dst * max(n, 1) + src
     if keys.size > 1 and not bool((keys[1:] >= keys[:-1]).all()):
-        keys.sort()
-    loop = src == dst
-    total = src.size - int(loop.sum())
+        keys.sort()  # CSC order is sorted by destination; sources within one may not be
+    loops = int((src == dst).sum())
+    total = src.size - loops
     if total == 0:
         return None
-    mutual = int(has_reverse(src, dst, n, sorted_keys=keys).sum()) - int(loop.sum())
-    return mutual / total
+    return (int(_reversed_in(keys, src, dst, max(n, 1)).sum()) - loops) / total
 
 
 def check_direction(ds: Any, *, stated: str | None, symmetric: bool, option: str) -> None:
-    """Record how ``ds`` got its edge direction in ``ds.info`` and warn, once per source,
-    when it looks like an undirected graph listed one direction per edge.
+    """Record how ``ds`` got its edge direction in ``ds.info`` and warn, once per source
+    file (or dataset name) and edge count, when it looks like an undirected graph listed
+    one direction per edge.
 
     Args:
         ds: the :class:`~ngra.datasets.NodeDataset` just loaded.
         stated: what decided the direction (``"symmetric=true given"``, ``"LG header 'u'"``,
             ``"master.csv add_inverse_edge=True"``, ...), or ``None`` when nothing did.
         symmetric: whether reverse edges were added.
-        option: how to load it symmetrized, e.g. ``"ogb:/data/x,symmetric=true"``.
+        option: how to load it symmetrized, e.g. ``"ogb:/data/x,symmetric=true"``; inside
+            :func:`loading_spec`, the user's spec with ``symmetric=true``.
     """
+    spec = _spec.get()
     ds.info.update(symmetric=symmetric, direction=stated or "unstated (edges as listed)",
-                   symmetric_option=option)
+                   symmetric_option=option if spec is None else symmetric_spec(spec))
     warn_if_one_direction(ds)
 
 
@@ -112,10 +148,10 @@ def warn_if_one_direction(ds: Any) -> None:
     if not str(info.get("direction", "")).startswith("unstated"):
         return
     r = ds.reciprocity
-    source = str(info.get("source", ds.name))
-    if r is None or r >= ONE_DIRECTION_BELOW or source in _warned:
+    key = f"{info.get('source', ds.name)}:{ds.num_edges}"
+    if r is None or r >= ONE_DIRECTION_BELOW or key in _warned:
         return
-    _warned.add(source)
+    _warned.add(key)
     log.warning(
         "%s: only %.1f%% of its %d edges have their reverse (reciprocity %.3f), and the "
         "format does not say whether it is directed. If the graph is undirected, each edge "

@@ -36,6 +36,7 @@ from .base import (
     data_root,
     writable,
 )
+from .direction import check_direction
 from .download import DownloadError, fetch
 from .synthetic import structural_labels, synthetic_node_data
 
@@ -159,15 +160,22 @@ def load_edgelist(
         seed: seeds labels, features and split.
         noise: feature noise std (class centroids are ``N(0, 1)``).
         symmetric: store both directions of every edge. Default (``None``): yes for
-            an undirected LG file, no otherwise (edges as listed).
+            an undirected LG file, no otherwise (edges as listed; a SNAP/CSV file says
+            nothing about direction, so one with (almost) no reciprocal edges is reported,
+            see :mod:`~ngra.datasets.direction`).
         simple: drop self-loops and duplicate edges (default ``True``).
         train, val: random split fractions; test gets the rest.
         edge_types: ``K > 1`` adds ``edge_type`` (0 for same-label edges, else ``1..K-1``).
         progress: show tqdm bars (default: when stderr is a terminal).
     """
     el = read_edgelist(path, progress=progress)
-    if symmetric is None:
-        symmetric = el.directed is False
+    if symmetric is not None:
+        stated = f"symmetric={str(symmetric).lower()} given"
+    elif el.directed is not None:
+        symmetric = not el.directed
+        stated = f"LG header: {'directed' if el.directed else 'undirected'}"
+    else:
+        symmetric, stated = False, None
     graph = csc_graph(
         el.src, el.dst, el.num_nodes, symmetric=symmetric, remove_self_loops=simple, dedup=simple
     )
@@ -179,6 +187,8 @@ def load_edgelist(
     ds.info.update(
         source=str(Path(path).resolve()), labels="synthetic (structural)", features="synthetic"
     )
+    check_direction(ds, stated=stated, symmetric=symmetric,
+                    option=f"edgelist:{Path(path).resolve()},symmetric=true")
     log.info("loaded %r from %s", ds, path)
     return ds
 

@@ -10,12 +10,21 @@ Expected folder (what ``ogb`` unpacks, e.g. ``ogbn_arxiv/``)::
 
 The split type (e.g. ``time``, ``sales_ranking``) is the only folder under
 ``split/`` unless chosen with ``split=``. Uncompressed ``.csv`` files are accepted
-too. The graph keeps the file's direction (ogbn-arxiv is directed); pass
-``symmetric=True`` for datasets OGB marks ``add_inverse_edge`` (ogbn-products).
+too.
+
+Direction: OGB stores an undirected graph with each edge once and marks it
+``add_inverse_edge`` in its ``master.csv`` (ogbn-products, ogbn-proteins; ogbn-arxiv
+is directed). ``symmetric=True`` adds the reverse edges, ``symmetric=False`` keeps the
+file's edges; by default the ``add_inverse_edge`` row of a ``master.csv`` in the folder
+or beside it decides (its column named like the folder: ``ogbn-arxiv`` for
+``ogbn_arxiv/``), else OGB's own value for a folder named after an OGB dataset, else
+the edges stay as listed and a graph with (almost) no reciprocal edges is reported
+(:mod:`~ngra.datasets.direction`).
 """
 
 from __future__ import annotations
 
+import csv
 import gzip
 import logging
 from pathlib import Path
@@ -25,17 +34,22 @@ import torch
 
 from ._text import parse_numbers, read_text
 from .base import DatasetError, DatasetNotFoundError, NodeDataset, csc_graph
+from .direction import check_direction
 
 __all__ = ["load_ogb", "ogb_source_files"]
 
 log = logging.getLogger(__name__)
+
+#: ``add_inverse_edge`` of OGB's node-property datasets (``ogb/nodeproppred/master.csv``),
+#: for folders without a master.csv of their own.
+OGB_ADD_INVERSE_EDGE = {"ogbn-arxiv": False, "ogbn-products": True, "ogbn-proteins": True}
 
 
 def load_ogb(
     path: str | Path,
     *,
     split: str | None = None,
-    symmetric: bool = False,
+    symmetric: bool | None = None,
     simple: bool = False,
     name: str | None = None,
     progress: bool | None = None,
@@ -45,7 +59,9 @@ def load_ogb(
     Args:
         path: the dataset folder (holding ``raw/`` and ``split/``).
         split: split type under ``split/`` (default: the only one present).
-        symmetric: add the reverse of every edge.
+        symmetric: add the reverse of every edge whose reverse is absent (``True``), keep
+            the file's edges (``False``), or (``None``, default) follow ``add_inverse_edge``
+            of the folder's ``master.csv`` or OGB's value (see the module docstring).
         simple: drop self-loops and duplicate edges (default ``False``: as distributed).
         name: dataset name (default: the folder name).
         progress: show tqdm bars for large files.
@@ -92,6 +108,9 @@ def load_ogb(
             f"{folder}: inconsistent node counts: num-node-list {num_nodes}, node-feat {x.shape[0]} rows, "
             f"node-label {labels.size} rows."
         )
+    stated = f"symmetric={str(symmetric).lower()} given" if symmetric is not None else None
+    if symmetric is None:
+        symmetric, stated = _add_inverse_edge(folder)
     graph = csc_graph(
         edges[:, 0],
         edges[:, 1],
@@ -123,6 +142,8 @@ def load_ogb(
         num_classes=num_classes,
         info={"source": str(folder), "split": split_dir.name},
     )
+    check_direction(ds, stated=stated, symmetric=symmetric,
+                    option=f"ogb:{folder},symmetric=true")
     log.info("loaded %r from %s", ds, folder)
     return ds
 
@@ -130,7 +151,44 @@ def load_ogb(
 def ogb_source_files(path: str | Path) -> list[Path]:
     """The files :func:`load_ogb` reads (for cache invalidation)."""
     folder = Path(path).expanduser().resolve()
-    return sorted(p for sub in ("raw", "split") for p in (folder / sub).rglob("*") if p.is_file())
+    files = [p for sub in ("raw", "split") for p in (folder / sub).rglob("*") if p.is_file()]
+    return sorted(files + [p for p in _master_files(folder) if p.is_file()])
+
+
+def _master_files(folder: Path) -> list[Path]:
+    return [folder / "master.csv", folder.parent / "master.csv"]
+
+
+def _add_inverse_edge(folder: Path) -> tuple[bool, str | None]:
+    """``(symmetric, what decided it)`` from ``add_inverse_edge`` for this folder: a
+    master.csv in or beside it, else OGB's value for its name, else ``(False, None)``."""
+    names = (folder.name.replace("_", "-"), folder.name)
+    for master in _master_files(folder):
+        if not master.is_file():
+            continue
+        with open(master, newline="") as f:
+            rows = list(csv.reader(f))
+        if not rows or len(rows[0]) < 2:
+            continue
+        table = {r[0].strip(): r[1:] for r in rows[1:] if r}
+        columns = [c.strip() for c in rows[0][1:]]
+        downloads = [c.strip() for c in table.get("download_name", [])]
+        col = next((i for i, c in enumerate(columns)
+                    if c in names or (i < len(downloads) and downloads[i] in names)),
+                   0 if len(columns) == 1 and master.parent == folder else None)
+        flags = table.get("add_inverse_edge")
+        if col is None or flags is None or col >= len(flags):
+            continue
+        value = flags[col].strip().lower()
+        if value not in ("true", "false"):
+            raise DatasetError(f"{master}: add_inverse_edge of {columns[col]} must be True or "
+                               f"False; got {flags[col]!r}.")
+        return value == "true", f"{master} add_inverse_edge={value.title()} ({columns[col]})"
+    for name in names:
+        if name in OGB_ADD_INVERSE_EDGE:
+            value = OGB_ADD_INVERSE_EDGE[name]
+            return value, f"OGB's master.csv: add_inverse_edge={value} for {name}"
+    return False, None
 
 
 def _find(folder: Path, stem: str) -> Path | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 from .base import NodeDataset, SpecError, data_root
 from .cache import cache_key, cache_root, load_cached, save_cached, source_stamp
+from .direction import loading_spec, symmetric_spec, warn_if_one_direction
 from .edgelist import TWITTER_FILE, load_edgelist, load_twitter
 from .ogb import load_ogb, ogb_source_files
 from .planetoid import load_planetoid
@@ -208,7 +210,12 @@ _SYNTH_LABELED = (
 _EDGELIST_PARAMS = (
     *_SYNTH_LABELED,
     Param(
-        "symmetric", "auto-bool", None, "store both directions (auto: yes for undirected LG files)"
+        "symmetric",
+        "auto-bool",
+        None,
+        "add each edge's missing reverse: true for an undirected graph listed one direction "
+        "per edge (auto: yes for an LG 'u' file, else edges as listed, and a file with "
+        "almost no reciprocal edges is reported)",
     ),
     Param("simple", "bool", True, "drop self-loops and duplicate edges"),
     *_split_params(),
@@ -278,7 +285,14 @@ _REGISTRY: dict[str, Entry] = {
             params=(
                 Param("path", "path", None, "the dataset folder"),
                 Param("split", "str", None, "split type under split/ (default: the only one)"),
-                Param("symmetric", "bool", False, "add reverse edges"),
+                Param(
+                    "symmetric",
+                    "auto-bool",
+                    None,
+                    "add each edge's missing reverse (auto: add_inverse_edge of a master.csv in "
+                    "or beside the folder, or OGB's value for its name; else edges as listed, "
+                    "and a graph with almost no reciprocal edges is reported)",
+                ),
                 Param("simple", "bool", False, "drop self-loops and duplicate edges"),
             ),
             build=_build_ogb,
@@ -294,6 +308,7 @@ _ALIASES = {
     "ego-twitter": "twitter",
     "ego_twitter": "twitter",
     "edges": "edgelist",
+    "csv": "edgelist",
 }
 
 
@@ -303,8 +318,18 @@ def available() -> list[str]:
 
 
 def describe() -> str:
-    """One line per dataset: usage with defaults and a short description (for ``--help``)."""
-    return "\n".join(f"  {e.usage()}\n      {e.help}" for e in _REGISTRY.values())
+    """Per dataset: usage with defaults and a short description, and for the loaders that
+    read a file every key's meaning (for ``--help``)."""
+    lines = []
+    for e in _REGISTRY.values():
+        lines += [f"  {e.usage()}", f"      {e.help}"]
+        if e.positional:
+            lines += [textwrap.fill(f"{p.name}: {p.help}", 96, initial_indent=" " * 6,
+                                    subsequent_indent=" " * 8)
+                      for p in e.params if p.name != e.positional]
+    aliases = ", ".join(f"{a} = {n}" for a, n in _ALIASES.items())
+    return "\n".join(lines + [textwrap.fill(f"aliases: {aliases}", 96, initial_indent="  ",
+                                            subsequent_indent="    ", break_on_hyphens=False)])
 
 
 def parse_spec(spec: str) -> DatasetSpec:
@@ -403,10 +428,15 @@ def load(
         ds = load_cached(directory, canonical)
         if ds is not None:
             log.info("loaded %s from cache %s", canonical, directory)
+            if "symmetric_option" in ds.info:
+                ds.info["symmetric_option"] = symmetric_spec(spec)
+            warn_if_one_direction(ds)  # as the first load did, once per process
             return ds
-    ds = entry.build(root_path, download, progress, **params)
+    with loading_spec(spec):
+        ds = entry.build(root_path, download, progress, **params)
     ds.info["spec"] = canonical
     ds.info["cache"] = "miss" if use_cache else "off"
+    ds.reciprocity  # measured once, before caching, so that a cache hit has it
     if use_cache:
         # Stamp again: building may have downloaded the sources.
         stamp = source_stamp(entry.sources(root_path, **params)) if entry.sources else None
