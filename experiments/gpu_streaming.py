@@ -65,7 +65,8 @@ def main() -> int:
         graph, edata = prepare(name, ds.graph)
         torch.manual_seed(0)
         net = build_model(name, ds.num_features, ds.num_classes,
-                          hidden=16 if name == "gat" else 64, heads=4)
+                          hidden=16 if name == "gat" else 64,
+                          heads=4 if name == "gat" else None)
         opt = torch.optim.Adam(net.parameters(), lr=0.01)
 
         def step(ctx) -> None:

@@ -102,7 +102,8 @@ def _ngra_case(spec: str, model: str, budget: str | None, epochs: int, cap: int,
         ds = _dataset(spec, data_root)
         graph, edata = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
         hidden = HIDDEN // HEADS if model == "gat" else HIDDEN  # GAT: HEADS x 16, as the baselines
-        net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=HEADS)
+        net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden,
+                          heads=HEADS if model == "gat" else None)
         opt = torch.optim.Adam(net.parameters(), lr=0.01)
         notes: dict = {}
 
@@ -150,7 +151,7 @@ def _dropout(model: str) -> float:
     """The zoo model's dropout (before every layer), so the baselines do the same work."""
     from ngra.models import MODELS
 
-    return MODELS[model].dropout
+    return MODELS[model].defaults.dropout.value
 
 
 def _pyg_model(model: str, ds):

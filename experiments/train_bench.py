@@ -164,7 +164,8 @@ def _ngra_step(case: Case, ds) -> tuple[Any, Any, str]:
 
     ngra.compiler.set_enabled(case.framework == "ngra")
     hidden = GAT_HIDDEN if case.model == "gat" else HIDDEN
-    model = build_model(case.model, ds.num_features, ds.num_classes, hidden=hidden, heads=GAT_HEADS,
+    model = build_model(case.model, ds.num_features, ds.num_classes, hidden=hidden,
+                        heads=GAT_HEADS if case.model == "gat" else None,
                         dropout=case.dropout)
     graph, edata = prepare(case.model, ds.graph)
     x, y, mask = ds.x, ds.y, ds.train_mask

@@ -17,22 +17,22 @@ __all__ = ["main", "build_parser", "explain_model"]
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from ngra.models import MODELS
+    from ngra.datasets import describe
+    from ngra.models import MODELS, defaults_table
 
     p = sub.add_parser("train", help="full-graph node classification training",
-                       description="Train a zoo model full-graph and write a JSON summary.")
+                       description="Train a zoo model full-graph and write a JSON summary.",
+                       epilog="model defaults (a flag a model has no setting for is an error):\n"
+                              + defaults_table() + "\n\ndatasets:\n" + describe(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="gcn", choices=sorted(MODELS))
     p.add_argument("--dataset", default="sbm",
                    help="dataset spec: cora, citeseer, pubmed, sbm[:...], rmat:scale=..., "
                         "edgelist:PATH, ogb:PATH, twitter (default: sbm)")
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", type=int, default=None, help="hidden width (default: per model)")
-    p.add_argument("--heads", type=int, default=None, help="attention heads (GAT)")
+    _add_hyper(p, "hidden", "heads", "lr", "weight_decay", "dropout")
     p.add_argument("--num-layers", type=int, default=2)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--weight-decay", type=float, default=None)
-    p.add_argument("--dropout", type=float, default=None)
     p.add_argument("--data-root", default=None, help="dataset folder (default: $NGRA_DATA or ~/.ngra/data)")
     p.add_argument("--out", default=None, help="write the JSON summary here")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="save checkpoints in DIR")
@@ -59,13 +59,25 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
                                    "reorder decision, kernels, and why a pattern did not fuse.")
     p.add_argument("--model", default="gcn", choices=sorted(MODELS))
     p.add_argument("--dataset", default="sbm", help="dataset spec, as for `ngra train`")
-    p.add_argument("--hidden", type=int, default=None, help="hidden width (default: per model)")
-    p.add_argument("--heads", type=int, default=None, help="attention heads (GAT)")
+    _add_hyper(p, "hidden", "heads")
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--data-root", default=None, help="dataset folder")
     p.add_argument("--generic", action="store_true",
                    help="explain with compilation disabled (the generic executor)")
     p.add_argument("--device", default="cpu", help="explain the plan on this device (cpu, cuda)")
+
+
+def _add_hyper(p: argparse.ArgumentParser, *names: str) -> None:
+    """One flag per zoo hyper-parameter (``--weight-decay`` for ``weight_decay``), its help
+    from the defaults table's field."""
+    from dataclasses import fields as dc_fields
+
+    from ngra.models import Defaults
+
+    meta = {f.name: f.metadata for f in dc_fields(Defaults)}
+    for name in names:
+        p.add_argument(f"--{name.replace('_', '-')}", type=meta[name]["type"], default=None,
+                       help=f"{meta[name]['help']} (default: per model, see below)")
 
 
 def _add_characterize(sub: argparse._SubParsersAction) -> None:

@@ -31,12 +31,12 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ngra.memstat import peak_rss_bytes
-from ngra.models import MODELS, build_model, prepare
+from ngra.models import HYPER_PARAMETERS, MODELS, build_model, hyper_parameters, prepare
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.placement import (Placement, move_to, placed, plan_placement, resident_bytes,
                                     resolve_device)
 
-__all__ = ["TrainConfig", "train", "evaluate", "reorder_dataset", "grid_report"]
+__all__ = ["TrainConfig", "train", "evaluate", "reorder_dataset", "grid_report", "describe_run"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,9 @@ CKPT_NAME = "checkpoint.pt"
 class TrainConfig:
     """One training run. Every CLI flag of ``ngra train`` maps to one field.
 
-    ``None`` hyper-parameters take the model's usual values (``ngra.models.MODELS``).
+    ``None`` hyper-parameters take the model's defaults (``ngra.models.MODELS``, sources in
+    :func:`ngra.models.defaults_table`); a value for a setting the model has not (``heads``
+    for GCN) or out of range (``hidden=0``) is refused by :meth:`resolved`.
     """
 
     model: str = "gcn"
@@ -73,15 +75,30 @@ class TrainConfig:
     device: str = "cpu"
     extra: dict = field(default_factory=dict)
 
+    def hyper_parameters(self) -> dict[str, Any]:
+        """``{name: Hyper(value, source) or None}`` (see :func:`ngra.models.hyper_parameters`)."""
+        return hyper_parameters(self.model, **{k: getattr(self, k) for k in HYPER_PARAMETERS})
+
     def resolved(self) -> dict[str, Any]:
-        spec = MODELS[self.model]
+        """Every field, hyper-parameters filled in from the model's defaults."""
         d = asdict(self)
-        d["hidden"] = self.hidden or spec.hidden
-        d["heads"] = self.heads or spec.heads
-        d["lr"] = spec.lr if self.lr is None else self.lr
-        d["weight_decay"] = spec.weight_decay if self.weight_decay is None else self.weight_decay
-        d["dropout"] = spec.dropout if self.dropout is None else self.dropout
+        d.update({k: h and h.value for k, h in self.hyper_parameters().items()})
         return d
+
+
+def describe_run(cfg: TrainConfig) -> str:
+    """The hyper-parameters a run uses and where each comes from (printed at its start)."""
+    hp = {k: h for k, h in cfg.hyper_parameters().items() if h is not None}
+    given = [k for k, h in hp.items() if h.source == "given"]
+    sources = sorted({h.source for h in hp.values() if h.source != "given"})
+    values = " ".join(f"{k}={h.value:g}" for k, h in hp.items())
+    lines = [f"ngra train {cfg.model} on {cfg.dataset}: {values} num_layers={cfg.num_layers} "
+             f"epochs={cfg.epochs} seed={cfg.seed}"]
+    if given:
+        lines.append(f"  given: {', '.join(given)}")
+    lines += [f"  model default: {', '.join(k for k, h in hp.items() if h.source == src)} "
+              f"from {src}" for src in sources]
+    return "\n".join(lines)
 
 
 def _peak_rss_mb() -> float:
@@ -198,6 +215,7 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
     device = resolve_device(cfg.device)
     resolved = cfg.resolved()
     log.info("ngra train config: %s", json.dumps(resolved, sort_keys=True))
+    (echo or log.info)(describe_run(cfg))
 
     ds = load(cfg.dataset, root=cfg.data_root)
     if cfg.reorder != "none":
@@ -288,7 +306,10 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
         "placement": placement.describe(),
         "num_nodes": ds.graph.num_nodes,
         "num_edges": ds.graph.num_edges,
+        "reciprocity": ds.reciprocity,
+        "dataset_summary": ds.summary(),
         "config": resolved,
+        "config_sources": {k: h.source for k, h in cfg.hyper_parameters().items() if h},
         "history": history,
     }
     if device.type == "cuda":

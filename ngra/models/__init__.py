@@ -9,9 +9,22 @@ from ngra.models.gin import GINConv
 from ngra.models.mpnn import MPNNConv
 from ngra.models.rgcn import RGCNConv
 from ngra.models.sage import SAGEConv
-from ngra.models.zoo import GNN, MODELS, ModelSpec, build_model, prepare, relation_norm
+from ngra.models.zoo import (
+    GNN,
+    HYPER_PARAMETERS,
+    MODELS,
+    Defaults,
+    Hyper,
+    ModelSpec,
+    build_model,
+    defaults_table,
+    hyper_parameters,
+    prepare,
+    relation_norm,
+)
 
 __all__ = [
     "GCNConv", "SAGEConv", "GATConv", "GINConv", "GGCNConv", "CommNetConv", "GGNNConv",
-    "RGCNConv", "MPNNConv", "GNN", "MODELS", "ModelSpec", "build_model", "prepare", "relation_norm",
+    "RGCNConv", "MPNNConv", "GNN", "MODELS", "ModelSpec", "Defaults", "Hyper", "HYPER_PARAMETERS",
+    "build_model", "defaults_table", "hyper_parameters", "prepare", "relation_norm",
 ]

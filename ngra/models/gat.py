@@ -30,6 +30,9 @@ class GATConv(SagaLayer):
     def __init__(self, f_in: int, f_out: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2) -> None:
         super().__init__()
+        if heads < 1 or f_out < 1:
+            raise ValueError(f"GATConv needs heads >= 1 and f_out >= 1; got heads={heads}, "
+                             f"f_out={f_out}.")
         self.heads, self.f_out, self.concat = heads, f_out, concat
         self.negative_slope = negative_slope
         self.lin = nn.Linear(f_in, heads * f_out, bias=False)

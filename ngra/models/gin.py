@@ -21,7 +21,7 @@ class GINConv(SagaLayer):
 
     def __init__(self, f_in: int, f_out: int, hidden: int | None = None, train_eps: bool = True) -> None:
         super().__init__()
-        hidden = hidden or f_out
+        hidden = f_out if hidden is None else hidden
         self.mlp = nn.Sequential(nn.Linear(f_in, hidden), nn.ReLU(), nn.Linear(hidden, f_out))
         self.eps = nn.Parameter(torch.zeros(1), requires_grad=train_eps)
 

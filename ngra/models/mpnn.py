@@ -27,7 +27,7 @@ class MPNNConv(SagaLayer):
 
     def __init__(self, f_in: int, f_out: int, edge_dim: int = 1, hidden: int | None = None) -> None:
         super().__init__()
-        hidden = hidden or f_out
+        hidden = f_out if hidden is None else hidden
         self.mlp = nn.Sequential(nn.Linear(2 * f_in + edge_dim, hidden), nn.ReLU(),
                                  nn.Linear(hidden, f_out))
         self.root = nn.Linear(f_in, f_out)

@@ -1,12 +1,16 @@
 """The model zoo: two-layer (by default) node classifiers built from SAGA layers.
 
-Each entry knows its usual hyper-parameters and how it prepares the graph
-(normalization, self-loops, edge types) once before training.
+Each entry knows its hyper-parameter defaults, each with where it comes from (a
+paper, PyG's example, or ngra's own choice; :func:`defaults_table` prints them, as the
+README does), and how it prepares the graph (normalization, self-loops, edge types)
+once before training. :func:`hyper_parameters` checks given values against the table:
+a setting a model does not have (``heads`` for GCN) is an error, not ignored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import torch
@@ -26,7 +30,77 @@ from ngra.models.mpnn import MPNNConv
 from ngra.models.rgcn import RGCNConv
 from ngra.models.sage import SAGEConv
 
-__all__ = ["MODELS", "ModelSpec", "GNN", "build_model", "relation_norm"]
+__all__ = ["MODELS", "ModelSpec", "Defaults", "Hyper", "HYPER_PARAMETERS", "GNN", "build_model",
+           "defaults_table", "hyper_parameters", "prepare", "relation_norm"]
+
+
+# ----------------------------------------------------------------------------- defaults
+_GCN = "Kipf & Welling 2017 (Planetoid); PyG examples/gcn.py"
+_GAT = "Velickovic et al. 2018 (Cora, Citeseer); PyG examples/gat.py"
+_NGRA = "ngra: GCN's Planetoid optimizer and dropout, width 64 (no paper value adopted yet)"
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """One default value and where it comes from."""
+
+    value: float
+    source: str
+
+
+def _setting(about: str, check: Callable[[str, Any], Any], kind: type = float) -> Any:
+    """A :class:`Defaults` field: ``about`` for help and errors, ``check(name, value)``
+    validates (and returns) a value, ``kind`` is the CLI flag's type."""
+    return field(default=None, metadata={"help": about, "check": check, "type": kind})
+
+
+def _positive_int(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive integer; got {v!r}.")
+    return v
+
+
+def _positive(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+        raise ValueError(f"{name} must be a positive number; got {v!r}.")
+    return float(v)
+
+
+def _non_negative(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+        raise ValueError(f"{name} must be a number >= 0; got {v!r}.")
+    return float(v)
+
+
+def _probability(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+        raise ValueError(f"{name} must be a probability in [0, 1); got {v!r}.")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """A zoo model's hyper-parameter defaults, each with its source. A setting left
+    ``None`` does not exist for the model: giving it is an error, not ignored.
+
+    One field per setting; the field's ``help`` and ``check`` serve the CLI flag
+    (``--hidden`` for ``hidden``), the error messages and the README table.
+    """
+
+    hidden: Hyper | None = _setting("width of each hidden layer (per head for GAT)",
+                                    _positive_int, int)
+    heads: Hyper | None = _setting("attention heads of each hidden layer", _positive_int, int)
+    lr: Hyper | None = _setting("Adam learning rate", _positive)
+    weight_decay: Hyper | None = _setting("Adam weight decay (L2)", _non_negative)
+    dropout: Hyper | None = _setting("dropout of each layer's input", _probability)
+
+    @classmethod
+    def cite(cls, source: str, **values: float) -> Defaults:
+        """Defaults whose values all come from ``source``."""
+        return cls(**{k: Hyper(v, source) for k, v in values.items()})
+
+
+HYPER_PARAMETERS: tuple[str, ...] = tuple(f.name for f in fields(Defaults))
 
 
 @dataclass(frozen=True)
@@ -34,34 +108,92 @@ class ModelSpec:
     """How to build and feed one zoo model.
 
     Attributes:
-        hidden, lr, weight_decay, dropout: the usual hyper-parameters.
-        heads: attention heads of hidden layers (GAT only).
+        defaults: its hyper-parameter defaults and their sources (:class:`Defaults`).
         self_loops: add a self-loop to every vertex before training.
         edge_data: what the layers read as ``edge.data``: "none", "gcn_norm",
             "type", "type_norm" or "norm_feat" (the GCN weight as a [E, 1] feature).
     """
 
-    hidden: int = 64
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    dropout: float = 0.5
-    heads: int = 1
+    defaults: Defaults
     self_loops: bool = False
     edge_data: str = "none"
-    extra: dict = field(default_factory=dict)
 
+
+#: Models with no published setting for full-graph node classification use GCN's recipe.
+_NGRA_DEFAULTS = Defaults.cite(_NGRA, hidden=64, lr=0.01, weight_decay=5e-4, dropout=0.5)
 
 MODELS: dict[str, ModelSpec] = {
-    "gcn": ModelSpec(hidden=16, edge_data="gcn_norm"),
-    "sage": ModelSpec(hidden=64),
-    "gat": ModelSpec(hidden=8, heads=8, lr=0.005, dropout=0.6, self_loops=True),
-    "gin": ModelSpec(hidden=64),
-    "ggcn": ModelSpec(hidden=64),
-    "commnet": ModelSpec(hidden=64),
-    "ggnn": ModelSpec(hidden=64, edge_data="type"),
-    "rgcn": ModelSpec(hidden=64, edge_data="type_norm"),
-    "mpnn": ModelSpec(hidden=64, edge_data="norm_feat"),
+    "gcn": ModelSpec(Defaults(
+        hidden=Hyper(16, _GCN), lr=Hyper(0.01, _GCN), dropout=Hyper(0.5, _GCN),
+        weight_decay=Hyper(5e-4, "Kipf & Welling 2017, PyG examples/gcn.py: on the first layer "
+                                 "only; ngra: on every layer"),
+    ), edge_data="gcn_norm"),
+    "sage": ModelSpec(_NGRA_DEFAULTS),
+    "gat": ModelSpec(Defaults.cite(_GAT, hidden=8, heads=8, lr=0.005, weight_decay=5e-4,
+                                   dropout=0.6), self_loops=True),
+    "gin": ModelSpec(_NGRA_DEFAULTS),
+    "ggcn": ModelSpec(_NGRA_DEFAULTS),
+    "commnet": ModelSpec(_NGRA_DEFAULTS),
+    "ggnn": ModelSpec(_NGRA_DEFAULTS, edge_data="type"),
+    "rgcn": ModelSpec(_NGRA_DEFAULTS, edge_data="type_norm"),
+    "mpnn": ModelSpec(_NGRA_DEFAULTS, edge_data="norm_feat"),
 }
+
+
+def hyper_parameters(model: str, **given: Any) -> dict[str, Hyper | None]:
+    """Zoo model ``model``'s hyper-parameters: each given value (``None``: not given),
+    checked, over the model's default; ``source`` says ``"given"`` or where the default
+    comes from. A setting the model does not have is ``None``.
+
+    Raises:
+        ValueError: unknown model, a setting the model has not (``heads`` for GCN), or a
+            value out of range (a width or head count below 1, a dropout outside [0, 1)).
+        TypeError: a name that is no hyper-parameter.
+    """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}.")
+    unknown = sorted(set(given) - set(HYPER_PARAMETERS))
+    if unknown:
+        raise TypeError(f"unknown hyper-parameter(s) {unknown}; the zoo's are "
+                        f"{list(HYPER_PARAMETERS)}.")
+    defaults = MODELS[model].defaults
+    out: dict[str, Hyper | None] = {}
+    for f in fields(Defaults):
+        default, value = getattr(defaults, f.name), given.get(f.name)
+        if default is None:
+            if value is not None:
+                has = [k for k in HYPER_PARAMETERS if getattr(defaults, k) is not None]
+                raise ValueError(
+                    f"{model} has no {f.name} setting ({f.metadata['help']}), so {f.name}="
+                    f"{value!r} (--{f.name.replace('_', '-')}) cannot apply; its settings are "
+                    f"{', '.join(has)}.")
+            out[f.name] = None
+            continue
+        check = f.metadata["check"]
+        out[f.name] = (Hyper(check(f.name, default.value), default.source) if value is None
+                       else Hyper(check(f.name, value), "given"))
+    return out
+
+
+def defaults_table() -> str:
+    """The zoo's defaults as a markdown table, a numbered source per value (README, --help)."""
+    sources: list[str] = []
+    rows = []
+    for name, spec in MODELS.items():
+        cells = []
+        for k in HYPER_PARAMETERS:
+            h = getattr(spec.defaults, k)
+            if h is None:
+                cells.append("-")
+                continue
+            if h.source not in sources:
+                sources.append(h.source)
+            cells.append(f"{h.value:g} [{sources.index(h.source) + 1}]")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    head = "| model | " + " | ".join(k.replace("_", " ") for k in HYPER_PARAMETERS) + " |"
+    rule = "|" + "---|" * (len(HYPER_PARAMETERS) + 1)
+    notes = [f"[{i}] {src}" for i, src in enumerate(sources, 1)]
+    return "\n".join([head, rule, *rows, "", *notes])
 
 
 class GNN(nn.Module):
@@ -142,14 +274,15 @@ def _elu(x: torch.Tensor) -> torch.Tensor:
 def build_model(name: str, in_dim: int, num_classes: int, *, hidden: int | None = None,
                 heads: int | None = None, num_layers: int = 2, num_edge_types: int = 1,
                 dropout: float | None = None) -> GNN:
-    """Build zoo model ``name`` for ``in_dim`` features and ``num_classes`` outputs."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.")
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1; got {num_layers}.")
-    spec = MODELS[name]
-    h = hidden or spec.hidden
-    p = spec.dropout if dropout is None else dropout
+    """Build zoo model ``name`` for ``in_dim`` features and ``num_classes`` outputs.
+
+    ``hidden``, ``heads`` and ``dropout`` default to the model's (:data:`MODELS`); see
+    :func:`hyper_parameters` for what is refused.
+    """
+    hp = hyper_parameters(name, hidden=hidden, heads=heads, dropout=dropout)
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be an integer >= 1; got {num_layers!r}.")
+    h, p = hp["hidden"].value, hp["dropout"].value
     widths = [in_dim] + [h] * (num_layers - 1) + [num_classes]
     pairs = list(zip(widths[:-1], widths[1:]))
     if name == "gcn":
@@ -167,7 +300,7 @@ def build_model(name: str, in_dim: int, num_classes: int, *, hidden: int | None 
     if name == "rgcn":
         return GNN(name, [RGCNConv(a, b, num_edge_types) for a, b in pairs], p, F.relu)
     if name == "gat":
-        k = heads or spec.heads
+        k = hp["heads"].value
         layers: list[nn.Module] = []
         f = in_dim
         for _ in range(num_layers - 1):

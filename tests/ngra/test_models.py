@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from ngra import Graph
-from ngra.models import MODELS, GATConv, GCNConv, GINConv, SAGEConv, build_model, prepare
+from ngra.models import (
+    MODELS,
+    GATConv,
+    GCNConv,
+    GINConv,
+    SAGEConv,
+    build_model,
+    defaults_table,
+    hyper_parameters,
+    prepare,
+)
 
 N, F_IN, C = 30, 6, 3
 
@@ -25,7 +37,8 @@ def test_zoo_forward_backward(name):
         # prepare() adds no edges for these models, so edge types line up with the graph
         assert not MODELS[name].self_loops
     pg, edata = prepare(name, g, et, types)
-    model = build_model(name, F_IN, C, hidden=8, heads=2, num_edge_types=types)
+    model = build_model(name, F_IN, C, hidden=8, heads=2 if name == "gat" else None,
+                        num_edge_types=types)
     x = torch.randn(N, F_IN)
     out = model(pg, x, edata)
     assert out.shape == (N, C) and torch.isfinite(out).all()
@@ -158,3 +171,35 @@ def test_elu_double_backward_stays_out_of_place():
 
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(_elu, (x,))
+
+
+def test_build_model_checks_hyper_parameters():
+    gat = build_model("gat", 5, 3, hidden=6, heads=3)
+    assert gat.layers[0].heads == 3 and gat.layers[0].f_out == 6
+    gin = build_model("gin", 5, 3, hidden=12)
+    assert gin.layers[0].mlp[0].out_features == 12  # the hidden width reaches the layers
+    for kwargs, message in [(dict(hidden=0), "hidden must be a positive integer; got 0"),
+                            (dict(hidden=-4), "hidden must be a positive integer"),
+                            (dict(dropout=1.5), r"dropout must be a probability in \[0, 1\)"),
+                            (dict(num_layers=0), "num_layers must be an integer >= 1")]:
+        with pytest.raises(ValueError, match=message):
+            build_model("sage", 5, 3, **kwargs)
+    with pytest.raises(ValueError, match="heads must be a positive integer; got 0"):
+        build_model("gat", 5, 3, heads=0)
+    with pytest.raises(ValueError, match="gcn has no heads setting"):
+        build_model("gcn", 5, 3, heads=2)
+    with pytest.raises(TypeError, match=r"unknown hyper-parameter\(s\) \['width'\]"):
+        hyper_parameters("gcn", width=3)
+
+
+def test_every_default_is_valid_and_has_a_source():
+    for name, spec in MODELS.items():
+        hp = hyper_parameters(name)  # checks the table's own values
+        assert hp["hidden"] and hp["lr"] and hp["weight_decay"] and hp["dropout"], name
+        assert (hp["heads"] is not None) == (name == "gat")
+        assert all(h is None or h.source.strip() for h in hp.values())
+
+
+def test_readme_shows_the_defaults_table():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert defaults_table() in readme

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
 from ngra.cli import main
+from ngra.models import MODELS
 from ngra.train import TrainConfig, train
 
 
@@ -82,3 +84,55 @@ def test_budget_too_small_is_a_clear_error(capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "budget" in err and "smallest" in err.lower()
+
+
+TINY = "sbm:nodes=60,blocks=2,feat=4"
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_hyper_parameter_flag_applies_to_every_model(name):
+    given = dict(hidden=12, lr=0.02, weight_decay=0.0, dropout=0.1,
+                 heads=3 if name == "gat" else None)
+    cfg = TrainConfig(model=name, **given)
+    resolved = cfg.resolved()
+    assert {k: resolved[k] for k in given} == given
+    assert all(h is None or h.source == "given" for h in cfg.hyper_parameters().values())
+    defaults = TrainConfig(model=name).hyper_parameters()
+    assert defaults["hidden"].value == MODELS[name].defaults.hidden.value
+    assert defaults["hidden"].source == MODELS[name].defaults.hidden.source != "given"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "gcn", "--heads", "4"], r"gcn has no heads setting .*--heads.* its settings are "
+                                         r"hidden, lr, weight_decay, dropout"),
+    (["--model", "gcn", "--hidden", "0"], r"hidden must be a positive integer; got 0"),
+    (["--model", "gat", "--heads", "-2"], r"heads must be a positive integer; got -2"),
+    (["--model", "sage", "--dropout", "1"], r"dropout must be a probability in \[0, 1\)"),
+    (["--model", "gin", "--lr", "0"], r"lr must be a positive number; got 0.0"),
+    (["--model", "rgcn", "--weight-decay=-1e-4"], r"weight_decay must be a number >= 0"),
+])
+def test_hyper_parameters_a_model_cannot_use_are_errors(capsys, argv, message):
+    assert main(["train", "--dataset", TINY, "--epochs", "1", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+
+
+def test_explain_refuses_them_too(capsys):
+    assert main(["explain", "--model", "ggcn", "--dataset", TINY, "--heads", "2"]) == 2
+    assert "ggcn has no heads setting" in capsys.readouterr().err
+
+
+def test_run_prints_its_hyper_parameters_first_and_records_their_sources(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["train", "--model", "gcn", "--dataset", TINY, "--epochs", "1", "--lr", "0.02",
+                 "--no-progress", "--out", str(out)]) == 0
+    first, given, source = capsys.readouterr().out.splitlines()[:3]
+    assert first == (f"ngra train gcn on {TINY}: hidden=16 lr=0.02 weight_decay=0.0005 "
+                     "dropout=0.5 num_layers=2 epochs=1 seed=0")
+    assert given == "  given: lr"
+    assert source.startswith("  model default: hidden, dropout from Kipf & Welling 2017")
+    s = json.loads(out.read_text())
+    assert s["config"]["heads"] is None and s["config_sources"]["lr"] == "given"
+    assert "heads" not in s["config_sources"]
+    assert s["config_sources"]["hidden"] == MODELS["gcn"].defaults.hidden.source
+    assert s["dataset_summary"]["reciprocity"] == s["reciprocity"] == 1.0  # SBM is symmetric

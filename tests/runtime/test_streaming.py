@@ -42,7 +42,8 @@ def _setup(name: str, seed: int):
     et = torch.randint(0, types, (g.num_edges,)) if types > 1 else None
     pg, ed = prepare(name, g, et, types)
     torch.manual_seed(seed)
-    model = build_model(name, 5, 3, hidden=8, heads=2, num_edge_types=types).double()
+    model = build_model(name, 5, 3, hidden=8, heads=2 if name == "gat" else None,
+                        num_edge_types=types).double()
     return pg, _double(ed), model
 
 
