@@ -124,7 +124,7 @@ def _ngra_step(name, ds, dev, budget=None):
     graph, edata = prepare(name, ds.graph)
     torch.manual_seed(0)
     net = build_model(name, ds.num_features, ds.num_classes, hidden=16 if name == "gat" else 64,
-                      heads=4)
+                      heads=4 if name == "gat" else None)
     x, y, mask = ds.x, ds.y, ds.train_mask
     if budget is None:
         graph, edata, x, y, mask, net = move_to(dev, graph, edata, x, y, mask, net)
