@@ -9,9 +9,20 @@ The pipeline the compiler and runtime use::
     for p in range(grid.num_dst_parts):             # forward: columns, accumulator resident
         for tile in grid.column(p): ...
 
+    book = build_book(graph, 4, "metis")            # multi-device: owners, ranges, halos
+
 See :mod:`ngra.partition.tiling` for the tile index conventions.
 """
 
+from ngra.partition.book import (
+    BOOK_METHODS,
+    BookError,
+    PartitionBook,
+    build_book,
+    check_book,
+    load_book,
+    save_book,
+)
 from ngra.partition.budget import (
     GridChoice,
     TileCost,
@@ -42,6 +53,14 @@ from ngra.partition.reorder import (
 from ngra.partition.tiling import Summary, Tile, TileGrid, TileStats, default_bounds, tile_graph
 
 __all__ = [
+    # book
+    "BOOK_METHODS",
+    "BookError",
+    "PartitionBook",
+    "build_book",
+    "check_book",
+    "load_book",
+    "save_book",
     # reorder
     "REORDER_METHODS",
     "Reordering",
