@@ -7,7 +7,7 @@ numba, ``gpu``: torch on CUDA). ``rowdot`` is dense: plain torch on any device.
 """
 
 from ngra.kernels.attention_aggregate import Recompute, attention_aggregate, keep_value
-from ngra.kernels.dropout import dropout
+from ngra.kernels.dropout import dropout, dropout_rows
 from ngra.kernels.dropout_linear import DropoutMasks, dropout_linear, dropout_masks
 from ngra.kernels.edge_softmax import edge_softmax
 from ngra.kernels.gsddmm import gsddmm
@@ -34,6 +34,7 @@ __all__ = [
     "backward_only",
     "current_backend",
     "dropout",
+    "dropout_rows",
     "dropout_linear",
     "dropout_masks",
     "edge_softmax",

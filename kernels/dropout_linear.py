@@ -26,7 +26,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ngra.kernels._checks import check_feat
-from ngra.kernels.dropout import check_p, draw_seeds
+from ngra.kernels.dropout import check_p, draw_seeds, row_base
 from ngra.kernels.registry import current_backend, lookup, use_backend
 
 __all__ = ["DropoutMasks", "dropout_linear", "dropout_masks"]
@@ -163,6 +163,7 @@ class _DropoutLinear(torch.autograd.Function):
             scale = replay.scale
         ctx.scale = scale
         x = x.contiguous()
+        base = row_base(x) if replay is None else None  # dropout_rows: by global row ids
         with use_backend(ctx.backend):
             kern = lookup("dropout_mask" if replay is None else "dropout_apply", x.device)
         outs = [torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
@@ -172,7 +173,9 @@ class _DropoutLinear(torch.autograd.Function):
         ctx.masks = []
         for i, (r0, r1) in enumerate(blocks):
             d = buf[:r1 - r0]  # the block's first flat index offsets the seed: same mask
-            if replay is None:
+            if replay is None and base is not None:
+                ctx.masks.append(kern(x[r0:r1], s1, s2, thr, scale, d, base[r0:r1]))
+            elif replay is None:
                 ctx.masks.append(kern(x[r0:r1], (s1 + r0 * x.shape[1]) & _M32, s2, thr,
                                       scale, d))
             else:

@@ -47,15 +47,45 @@ def _dropout_fwd(x, out, s1, s2, thr, scale, b0, b1):
     _dropout_range(x[i0:i1], out[i0:i1], (s1 + i0) & 0xFFFFFFFF, s2, thr, scale)
 
 
+@njit(cache=True, nogil=True)
+def _dropout_rows(x, out, keep, base, s1, s2, thr, scale, r0, r1):
+    # row r's elements draw from base[r] + column; ``keep`` (uint8, one per element, or
+    # empty) records the draws for packing
+    for r in range(r0, r1):
+        s = (s1 + base[r]) & 0xFFFFFFFF
+        xr, outr = x[r], out[r]
+        for c in range(xr.shape[0]):
+            k = _keep(c, s, s2, thr)
+            outr[c] = xr[c] * scale if k else 0
+            if keep.shape[0]:
+                keep[r, c] = k
+
+
+def _rows_fwd(x: torch.Tensor, out: torch.Tensor, base: torch.Tensor, s1: int, s2: int,
+              thr: int, scale: float, keep: np.ndarray | None = None) -> None:
+    n = x.shape[0]
+    if x.numel() == 0:
+        return
+    x2, out2 = as_numpy(x.reshape(n, -1)), as_numpy(out.view(n, -1))
+    k = keep if keep is not None else np.empty((0, 0), dtype=np.uint8)
+    run_rows(_dropout_rows, np.zeros(n + 1, dtype=np.int64), x2, out2, k,
+             as_numpy(base), s1, s2, thr, x2.dtype.type(scale),
+             row_bytes=max(1, x2.shape[1] * x2.itemsize))
+
+
 def _blocks(n: int) -> np.ndarray:
     """An edge-free ``indptr`` over ``ceil(n / BLOCK)`` blocks: :func:`run_rows` splits it evenly."""
     return np.zeros((n + BLOCK - 1) // BLOCK + 1, dtype=np.int64)
 
 
 @register("dropout", "cpu")
-def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float):
+def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float,
+            base: torch.Tensor | None = None):
     """See :func:`ngra.kernels.ref.dropout.dropout` (same contract and mask)."""
     out = torch.empty_like(x)
+    if base is not None:
+        _rows_fwd(x, out, base, s1, s2, thr, scale)
+        return out
     flat = as_numpy(x.view(-1))
     ip = _blocks(flat.shape[0])
     run_rows(_dropout_fwd, ip, flat, as_numpy(out.view(-1)), s1, s2, thr,
@@ -112,8 +142,14 @@ def _apply_bits(x, out, bits, scale, b0, b1):
 
 
 @register("dropout_mask", "cpu")
-def dropout_mask(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float, out: torch.Tensor):
+def dropout_mask(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float, out: torch.Tensor,
+                 base: torch.Tensor | None = None):
     """See :func:`ngra.kernels.ref.dropout.dropout_mask`; the mask is packed, 1 bit per element."""
+    if base is not None:
+        # per-element flags, then packed: rows of threads would share bytes of the bits
+        keep = np.empty((x.shape[0], x.numel() // max(x.shape[0], 1)), dtype=np.uint8)
+        _rows_fwd(x, out, base, s1, s2, thr, scale, keep)
+        return np.packbits(keep.reshape(-1), bitorder="little")
     flat = as_numpy(x.view(-1))
     bits = np.empty((flat.shape[0] + 7) // 8, dtype=np.uint8)
     run_rows(_dropout_bits, _blocks(bits.shape[0]), flat, as_numpy(out.view(-1)), bits,

@@ -8,17 +8,17 @@ from ngra.kernels.registry import register
 
 
 @register("dropout", "gpu")
-def dropout(x, s1, s2, thr, scale):
+def dropout(x, s1, s2, thr, scale, base=None):
     """See :func:`ngra.kernels.ref.dropout.dropout` (same contract and mask)."""
     require_cuda(x)
-    return _ref.dropout(x, s1, s2, thr, scale)
+    return _ref.dropout(x, s1, s2, thr, scale, base)
 
 
 @register("dropout_mask", "gpu")
-def dropout_mask(x, s1, s2, thr, scale, out):
+def dropout_mask(x, s1, s2, thr, scale, out, base=None):
     """See :func:`ngra.kernels.ref.dropout.dropout_mask`."""
     require_cuda(x)
-    return _ref.dropout_mask(x, s1, s2, thr, scale, out)
+    return _ref.dropout_mask(x, s1, s2, thr, scale, out, base)
 
 
 @register("dropout_apply", "gpu")

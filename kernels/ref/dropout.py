@@ -37,26 +37,36 @@ def mask_hash(idx: torch.Tensor, s1: int, s2: int) -> torch.Tensor:
     return _mix32(_mix32((idx + s1) & M32) ^ s2)
 
 
-def keep_mask(x: torch.Tensor, s1: int, s2: int, thr: int) -> torch.Tensor:
-    """Bool ``[x.shape]``: the elements of ``x`` (flat order) whose draw is ``>= thr``."""
-    idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
+def keep_mask(x: torch.Tensor, s1: int, s2: int, thr: int,
+              base: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool ``[x.shape]``: the elements of ``x`` whose draw is ``>= thr``. Element ``i``
+    (flat order) draws from index ``i``; with ``base`` (``[R]``, one per row), element
+    ``c`` of row ``r`` draws from ``base[r] + c``."""
+    if base is None:
+        idx = torch.arange(x.numel(), device=x.device, dtype=torch.int64)
+    else:
+        row = x.numel() // x.shape[0] if x.shape[0] else 0
+        idx = (base.view(-1, 1) + torch.arange(row, device=x.device, dtype=torch.int64)).view(-1)
     return (mask_hash(idx, s1, s2) >= thr).view(x.shape)
 
 
 @register("dropout", "ref")
-def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float):
-    """``x * mask * scale`` for a contiguous ``x``, ``mask`` the elements whose draw is ``>= thr``.
+def dropout(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float,
+            base: torch.Tensor | None = None):
+    """``x * mask * scale`` for a contiguous ``x``, ``mask`` the elements whose draw is ``>= thr``
+    (by flat position, or from ``base``: see :func:`keep_mask`).
 
     Backward is this function applied to the gradient with the same seeds.
     """
-    return x * keep_mask(x, s1, s2, thr) * scale
+    return x * keep_mask(x, s1, s2, thr, base) * scale
 
 
 @register("dropout_mask", "ref")
-def dropout_mask(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float, out: torch.Tensor):
+def dropout_mask(x: torch.Tensor, s1: int, s2: int, thr: int, scale: float, out: torch.Tensor,
+                 base: torch.Tensor | None = None):
     """:func:`dropout` of a contiguous ``x`` into ``out``, returning the mask for
     :func:`dropout_apply` (here a bool tensor; backends choose their own form)."""
-    mask = keep_mask(x, s1, s2, thr)
+    mask = keep_mask(x, s1, s2, thr, base)
     dropout_apply(x, mask, scale, out)
     return mask
 
