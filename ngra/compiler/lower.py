@@ -404,7 +404,7 @@ class CompiledPlan:
             # the kernel's lse is not differentiable; chunked training differentiates
             # tiles with tile_grads, so only a lone partial tile under autograd gets here
             lse = _segment_lse(tile, s_src, s_dst, m.slope)
-        lse = lse.reshape((nd,) + m.heads)
+        lse = lse.reshape((nd,) + m.heads).to(out.dtype)  # the kernel keeps it in float64
         return torch.where(lse > -math.inf, lse, torch.zeros_like(lse)), ss, o
 
     def tile_grads(self, staged: Any, final: Any, grad: torch.Tensor) -> list | None:

@@ -28,6 +28,7 @@ import signal
 import socket
 import tempfile
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -122,7 +123,8 @@ def _worker(fn: Callable[..., Any], backend: str | None, timeout_s: float, threa
     except BaseException as exc:
         rank = int(os.environ.get("RANK", "-1"))
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        report = {"rank": rank, "error": text, "time": time.time()}
+        report = {"rank": rank, "error": text, "time": time.time(),
+                  "traceback": traceback.format_exc()}
         with contextlib.suppress(OSError):
             Path(reports, f"rank{rank}.json").write_text(json.dumps(report))
         raise
@@ -157,8 +159,10 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
             results = elastic_launch(config, _worker)(fn, backend, timeout_s, threads, device,
                                                       reports, args)
         except ChildFailedError as exc:
-            raise DistributedError(
-                describe_failures(exc.failures, nprocs, _read_reports(reports))) from None
+            found = _read_reports(reports)
+            for rank in sorted(found):
+                log.info("rank %d failed:\n%s", rank, found[rank].get("traceback", ""))
+            raise DistributedError(describe_failures(exc.failures, nprocs, found)) from None
     return [results[r] for r in sorted(results)]
 
 

@@ -20,6 +20,7 @@ from ngra.compiler.driver import compile_layer
 from ngra.graph import Graph
 from ngra.kernels.dropout import check_p
 from ngra.runtime.budget import current_budget, forced_grid, grid_for
+from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, plan_parameters, staging_summary
 from ngra.runtime.stream import propagate, run_streamed
 from ngra.runtime.tiles import Grid, whole_graph_grid
@@ -34,7 +35,9 @@ def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: fl
 
     ``dropout`` is the layer's input dropout, applied while ``layer.training``.
     Inside ``with ngra.memory_budget(...)`` the graph is tiled into the smallest
-    grid whose tiles fit the budget and propagation streams tile by tile.
+    grid whose tiles fit the budget and propagation streams tile by tile. On a
+    :class:`~ngra.runtime.partitioned.Partitioned` graph (multi-device training) ``x``
+    holds the owned rows and the graph brings in what its in-edges read.
     """
     check_p(dropout)
     _check_vertex_data(layer, graph, x)
@@ -64,6 +67,11 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
         x = _dropout_vertex(x, dropout)
     with probes.stage("pre") as s:
         terms = s.outputs(plan.pre(s.inputs(x), dropout) if fused else plan.pre(s.inputs(x)))
+    if isinstance(graph, Partitioned):
+        acc = graph.propagate(plan, terms, edata)
+        del terms
+        with probes.stage("post") as s:
+            return s.outputs(plan.post(s.inputs(x), acc, graph))
     if grid is None:
         grid = choose_runtime_grid(plan, graph, terms, edata)
     if grid.num_tiles > 1 and torch.is_grad_enabled():
@@ -120,7 +128,7 @@ def _permute_edges(graph: Graph, t: Any, name: str) -> torch.Tensor:
 
 def _check_vertex_data(layer: Any, graph: Any, x: Any) -> None:
     who = type(layer).__name__
-    if not isinstance(graph, Graph):
+    if not isinstance(graph, (Graph, Partitioned)):
         raise TypeError(f"{who}: graph must be an ngra.Graph; got {type(graph).__name__}. "
                         "Build one with ngra.Graph.from_edge_index(edge_index).")
     items = x.items() if isinstance(x, Mapping) else [("x", x)]

@@ -50,7 +50,7 @@ from ngra.runtime.tiles import Grid, TileView
 
 __all__ = ["GATHER_FRACTION", "Rows", "Staged", "Stager", "choose_device", "choose_mode",
            "compute_device", "flatten", "forced_mode", "local_view", "plan_parameters",
-           "staging_mode", "staging_summary", "to_device", "unflatten"]
+           "read_slots", "staging_mode", "staging_summary", "to_device", "unflatten"]
 
 # Gather a tile's source rows when it touches fewer than this fraction of its span.
 # A span moves every row of [s_lo, s_hi) as one contiguous stream; a gather moves only
@@ -449,6 +449,16 @@ def unflatten(spec: Any, leaves: list[Any], keep: Any = None) -> Any:
     if spec == "t":
         return leaves[0]
     return {k: v for i, (k, v) in enumerate(zip(spec, leaves)) if keep is None or i in keep}
+
+
+def read_slots(plan: Any, spec: Any, n: int) -> tuple[frozenset[int], frozenset[int]]:
+    """``(source slots, destination slots)``: which of the ``n`` flattened term leaves
+    (:func:`flatten`'s ``spec``) ``plan``'s edge stage reads on each side (all, when the
+    plan does not say)."""
+    reads = getattr(plan, "edge_reads", None)
+    src_keys, dst_keys = reads() if reads is not None else (None, None)
+    keys = spec if isinstance(spec, tuple) else None
+    return _slots(keys, src_keys, n), _slots(keys, dst_keys, n)
 
 
 def _slots(keys: tuple | None, wanted: Any, n: int) -> frozenset[int]:

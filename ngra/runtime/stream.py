@@ -51,7 +51,8 @@ from ngra.runtime.staging import (
 )
 from ngra.runtime.tiles import Grid
 
-__all__ = ["propagate", "run_streamed", "prefetched", "stager_for", "StreamedPropagation"]
+__all__ = ["propagate", "run_streamed", "prefetched", "stager_for", "StreamedPropagation",
+           "tile_gradients"]
 
 
 def prefetched(makers: Iterable[Callable[[], Any]], depth: int = 1) -> Iterator[Any]:
@@ -196,14 +197,9 @@ class StreamedPropagation(torch.autograd.Function):
         edata = unflatten(c.e_spec, inputs[c.nt: c.nt + c.ne])
         stager = stager_for(c.plan, terms, edata, leaves=True, **ctx.staging)
         final = {lo: (hi, st) for lo, hi, st in ctx.final}
-        acc = c.plan.accumulator
         in_deg = c.graph.in_degrees()
         rng_now = torch.get_rng_state()
-        direct = getattr(c.plan, "tile_grads", None)
-        # A compiled plan feeds its kernels' outputs to a linear accumulator unchanged:
-        # the recomputation needs their autograd graph, not their values.
-        linear = getattr(c.plan, "kind", "") == "compiled" and c.plan.accumulator.linear
-        skip = kernels.backward_only if linear else contextlib.nullcontext
+        linear = _linear(c.plan)
 
         def add_rows(slot: int, rows: Any, g: torch.Tensor) -> None:
             if grads[slot] is None:
@@ -213,32 +209,60 @@ class StreamedPropagation(torch.autograd.Function):
         for row in c.grid.rows:  # backward walks source rows
             for st in staged(stager, [t for t in row if t.num_edges]):
                 lo, hi = st.view.dst_lo, st.view.dst_hi
-                pairs = None if direct is None else direct(st, final[lo][1], grad_out[lo:hi])
-                if pairs is not None:  # the plan differentiates the tile without recomputing
-                    slots = {id(x): (slot, rows) for slot, x, rows in st.leaves}
-                    for x, g in pairs:
-                        if id(x) in slots:
-                            add_rows(*slots[id(x)], g)
-                    continue
-                torch.set_rng_state(ctx.rng[st.view.key])
-                with torch.enable_grad(), skip():
-                    part = stager.to_host(st.run(c.plan))
-                    contrib = acc.contribution(part, final[lo][1], in_deg[lo:hi])
-                if not contrib.requires_grad:
-                    continue
-                leaves = [x for _, x, _ in st.leaves]
-                gs = torch.autograd.grad(contrib, leaves + params, grad_out[lo:hi],
-                                         allow_unused=True)
-                for (slot, _, rows), g in zip(st.leaves, gs):
-                    if g is not None:
-                        add_rows(slot, rows, g)
-                for k, g in enumerate(gs[len(leaves):]):
+                leaf_grads, param_grads = tile_gradients(
+                    c.plan, st, final[lo][1], grad_out[lo:hi], in_deg[lo:hi], params, linear,
+                    ctx.rng[st.view.key], stager.to_host)
+                for (slot, _, rows), g in leaf_grads:
+                    add_rows(slot, rows, g)
+                for k, g in enumerate(param_grads):
                     slot = len(saved) + k
                     if g is not None:
                         grads[slot] = g if grads[slot] is None else grads[slot].add_(g)
             malloc_trim()
         torch.set_rng_state(rng_now)
         return (None, *grads)
+
+
+def _linear(plan: Any) -> bool:
+    """A compiled plan feeds its kernels' outputs to a linear accumulator unchanged: a
+    recomputation needs their autograd graph, not their values."""
+    return getattr(plan, "kind", "") == "compiled" and plan.accumulator.linear
+
+
+def tile_gradients(plan: Any, st: Staged, final: Any, grad: torch.Tensor,
+                   in_deg: torch.Tensor, params: list[torch.Tensor], linear: bool,
+                   rng_state: torch.Tensor | None = None,
+                   to_host: Callable[[Any], Any] = lambda x: x) -> tuple[list, list]:
+    """Gradients of one staged tile's share of the accumulator.
+
+    ``st.leaves`` holds ``(slot, leaf, rows)`` entries: the staged rows that want
+    gradients, as fresh leaves. ``final`` is the accumulator's
+    :meth:`~ngra.runtime.gather.Accumulator.final_stats` for the tile's destinations and
+    ``grad`` the output gradient of those rows. A plan with a direct rule
+    (``plan.tile_grads``) differentiates the tile without recomputing it; otherwise the
+    tile's edge stage runs again under autograd (with the RNG state it first ran with,
+    and, for a ``linear`` plan, its kernels' forward skipped).
+
+    Returns:
+        ``([(entry, gradient), ...], [gradient or None per parameter])``.
+    """
+    direct = getattr(plan, "tile_grads", None)
+    pairs = None if direct is None else direct(st, final, grad)
+    if pairs is not None:
+        entries = {id(e[1]): e for e in st.leaves}
+        return [(entries[id(x)], g) for x, g in pairs if id(x) in entries], [None] * len(params)
+    if rng_state is not None:
+        torch.set_rng_state(rng_state)
+    skip = kernels.backward_only if linear else contextlib.nullcontext
+    with torch.enable_grad(), skip():
+        part = to_host(st.run(plan))
+        contrib = plan.accumulator.contribution(part, final, in_deg)
+    if not contrib.requires_grad:
+        return [], [None] * len(params)
+    leaves = [x for _, x, _ in st.leaves]
+    gs = torch.autograd.grad(contrib, leaves + list(params), grad, allow_unused=True)
+    return ([(e, g) for e, g in zip(st.leaves, gs) if g is not None],
+            list(gs[len(leaves):]))
 
 
 # ------------------------------------------------------------- helpers

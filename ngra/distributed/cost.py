@@ -1,0 +1,125 @@
+"""Choosing halo exchange or ring streaming for a layer, from the partition and the link.
+
+Every rank decides from the same figures, so every rank makes the same choice without
+talking: the partition's global statistics (:class:`PartitionStats`, from the book: rows
+each rank owns, sends and receives in a halo exchange, and the in-edges of each rank's
+tile from each owner) and the calibrated :class:`~ngra.distributed.link.LinkModel`.
+
+For a layer whose edge stage reads ``b`` bytes a source row (the plan's terms after
+hoisting, not the raw input), with ``t(e) = e * b / gather_bytes`` the time to read ``e``
+edges' source rows (the sparse stages' bound):
+
+* halo: ``2 * max_r all_to_all(max(sent_r, received_r) * b)`` (forward and the reverse
+  in backward; not overlapped) ``+ max_r 3 t(E_r)`` (forward and backward compute);
+* ring: the ``K`` steps of the ring, each as slow as its slowest rank, each rank's step
+  ``max(t(E_rj), p2p(rows_j * b))`` in forward (transfer overlapped with compute) and
+  ``max(2 t(E_rj), 2 p2p(rows_j * b))`` in backward (chunk and gradient both travel).
+
+The cheaper prediction wins; ``--exchange halo|ring`` overrides it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ngra.distributed.link import LinkModel
+
+__all__ = ["ExchangeChoice", "PartitionStats", "STRATEGIES", "choose_exchange"]
+
+STRATEGIES = ("auto", "halo", "ring")
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    """What every rank knows of the whole partition (``K`` ranks).
+
+    Attributes:
+        rows: ``[K]`` owned rows (chunk size) per rank.
+        sent, received: ``[K]`` rows each rank sends / receives in a halo exchange.
+        edges: ``[K, K]`` in-edges of rank ``r`` whose source rank ``j`` owns.
+    """
+
+    rows: tuple[int, ...]
+    sent: tuple[int, ...]
+    received: tuple[int, ...]
+    edges: tuple[tuple[int, ...], ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.rows)
+
+    @classmethod
+    def from_tensor(cls, rows: torch.Tensor, sent: torch.Tensor, received: torch.Tensor,
+                    edges: torch.Tensor) -> PartitionStats:
+        return cls(tuple(rows.tolist()), tuple(sent.tolist()), tuple(received.tolist()),
+                   tuple(tuple(r) for r in edges.tolist()))
+
+
+@dataclass(frozen=True)
+class ExchangeChoice:
+    """The strategy of one layer and the prediction behind it."""
+
+    strategy: str
+    forced: bool
+    row_bytes: int
+    halo_s: float
+    ring_s: float
+    halo_bytes: int  # sent by the busiest rank in forward
+    ring_bytes: int
+
+    def describe(self) -> str:
+        why = "forced (--exchange)" if self.forced else "cost model"
+        return (f"{self.strategy} ({why}): predicted halo {self.halo_s * 1e3:.2f} ms vs ring "
+                f"{self.ring_s * 1e3:.2f} ms a step; forward bytes of the busiest rank: halo "
+                f"{self.halo_bytes:,}, ring {self.ring_bytes:,} (backward about the same for "
+                f"halo, twice for ring)")
+
+    def as_dict(self) -> dict:
+        return {"strategy": self.strategy, "forced": self.forced, "row_bytes": self.row_bytes,
+                "predicted_halo_s": self.halo_s, "predicted_ring_s": self.ring_s,
+                "halo_bytes": self.halo_bytes, "ring_bytes": self.ring_bytes}
+
+
+def predict(stats: PartitionStats, row_bytes: int, link: LinkModel) -> tuple[float, float]:
+    """``(halo_s, ring_s)``: predicted seconds of one layer's forward and backward."""
+    k = stats.world_size
+    per_edge = row_bytes / link.gather_bytes
+
+    def compute(e: int) -> float:
+        return e * per_edge
+
+    halo_comm = max(link.all_to_all(max(s, r) * row_bytes)
+                    for s, r in zip(stats.sent, stats.received))
+    halo = 2 * halo_comm + max(3 * compute(sum(row)) for row in stats.edges)
+    ring = 0.0
+    for s in range(k):
+        fwd = bwd = 0.0
+        for r in range(k):
+            j = (r - s) % k
+            c, m = compute(stats.edges[r][j]), link.p2p(stats.rows[j] * row_bytes)
+            fwd, bwd = max(fwd, c, m), max(bwd, 2 * c, 2 * m)
+        ring += fwd + bwd
+    return halo, ring
+
+
+def choose_exchange(stats: PartitionStats, row_bytes: int, link: LinkModel | None,
+                    strategy: str = "auto") -> ExchangeChoice:
+    """The exchange of a layer reading ``row_bytes`` per source row (see the module docs)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"exchange must be one of {STRATEGIES}; got {strategy!r}.")
+    k = stats.world_size
+    halo_bytes = max(stats.sent) * row_bytes if k > 1 else 0
+    ring_bytes = max(sum(stats.rows) - stats.rows[(r + 1) % k] for r in range(k)) * row_bytes \
+        if k > 1 else 0
+    if link is None or k < 2:
+        halo_s = ring_s = 0.0
+    else:
+        halo_s, ring_s = predict(stats, row_bytes, link)
+    if strategy == "auto":
+        pick = "ring" if ring_s < halo_s else "halo"
+    else:
+        pick = strategy
+    return ExchangeChoice(pick, strategy != "auto", row_bytes, halo_s, ring_s, halo_bytes,
+                          ring_bytes)

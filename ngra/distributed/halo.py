@@ -1,0 +1,159 @@
+"""Halo exchange: one ``all_to_all`` of exactly the rows each rank reads, and its reverse.
+
+Rank ``r`` owns ``D`` rows and reads ``H`` halo rows owned by other ranks (see
+:mod:`ngra.partition.book`). Forward packs the owned rows each peer reads (``send_idx``,
+grouped by peer) of every exchanged term into one ``[S, W]`` buffer (``W``: the terms'
+widths side by side), and one ``all_to_all_single`` with per-peer split sizes returns the
+``[H, W]`` halo block; each term comes out as ``[D + H, ...]``: owned rows, then halo rows.
+Backward is the same exchange reversed: the halo rows' gradients go back to their owners,
+which add them into the owned rows they came from (``index_add_``).
+
+Terms of different dtypes travel in one exchange per dtype; terms that are not floating
+point travel without a backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["HaloPlan", "Traffic", "exchange_rows"]
+
+
+@dataclass
+class Traffic:
+    """Bytes this rank handed to the network, by kind (``halo``, ``ring``, ``allreduce``)."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+
+    def add(self, kind: str, nbytes: int) -> None:
+        self.sent[kind] = self.sent.get(kind, 0) + int(nbytes)
+
+    def take(self) -> dict[str, int]:
+        """The counts so far, and start again from zero."""
+        out, self.sent = self.sent, {}
+        return out
+
+
+@dataclass
+class HaloPlan:
+    """Who sends which rows to whom (one rank's side; see the module docstring).
+
+    Attributes:
+        num_own: ``D``. num_halo: ``H``.
+        send_idx: ``[S]`` int64 owned rows to send, grouped by receiving rank.
+        send_counts, recv_counts: ``[K]`` rows sent to / received from each rank.
+        group: the process group of the exchange. traffic: where bytes are counted.
+    """
+
+    num_own: int
+    num_halo: int
+    send_idx: torch.Tensor
+    send_counts: list[int]
+    recv_counts: list[int]
+    group: Any = None
+    traffic: Traffic = field(default_factory=Traffic)
+
+    @property
+    def num_send(self) -> int:
+        return int(self.send_idx.numel())
+
+    def to(self, device: torch.device) -> HaloPlan:
+        if self.send_idx.device == device:
+            return self
+        return HaloPlan(self.num_own, self.num_halo, self.send_idx.to(device), self.send_counts,
+                        self.recv_counts, self.group, self.traffic)
+
+
+def _width(t: torch.Tensor) -> int:
+    return math.prod(t.shape[1:])
+
+
+def _pack(rows: list[torch.Tensor], idx: torch.Tensor | None, n: int) -> torch.Tensor:
+    """``[n, W]``: each tensor's rows ``idx`` (all rows when ``None``) side by side."""
+    widths = [_width(t) for t in rows]
+    if len(rows) == 1:
+        flat = rows[0].reshape(rows[0].shape[0], widths[0])
+        return (flat if idx is None else flat.index_select(0, idx)).contiguous()
+    out = rows[0].new_empty(n, sum(widths))
+    off = 0
+    for t, w in zip(rows, widths):
+        flat = t.reshape(t.shape[0], w)
+        out[:, off:off + w] = flat if idx is None else flat.index_select(0, idx)
+        off += w
+    return out
+
+
+def _all_to_all(plan: HaloPlan, send: torch.Tensor, out_rows: int, out_counts: list[int],
+                in_counts: list[int]) -> torch.Tensor:
+    recv = send.new_empty((out_rows, send.shape[1]))
+    dist.all_to_all_single(recv, send, output_split_sizes=out_counts,
+                           input_split_sizes=in_counts, group=plan.group)
+    plan.traffic.add("halo", send.numel() * send.element_size())
+    return recv
+
+
+def _exchange(plan: HaloPlan, own: list[torch.Tensor]) -> list[torch.Tensor]:
+    send = _pack(own, plan.send_idx, plan.num_send)
+    recv = _all_to_all(plan, send, plan.num_halo, plan.recv_counts, plan.send_counts)
+    outs, off = [], 0
+    for t in own:
+        w = _width(t)
+        halo = recv[:, off:off + w].reshape((plan.num_halo,) + tuple(t.shape[1:]))
+        outs.append(torch.cat([t, halo]))
+        off += w
+    return outs
+
+
+class _HaloExchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, plan: HaloPlan, *own: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.plan = plan
+        ctx.like = [(t.shape, t.dtype) for t in own]
+        return tuple(_exchange(plan, list(own)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        plan, d = ctx.plan, ctx.plan.num_own
+        device = next((g.device for g in grads if g is not None), plan.send_idx.device)
+        full = [g if g is not None else torch.zeros((d + plan.num_halo,) + tuple(s[1:]),
+                                                    dtype=dt, device=device)
+                for g, (s, dt) in zip(grads, ctx.like)]
+        g_halo = _pack([g[d:] for g in full], None, plan.num_halo)
+        g_send = _all_to_all(plan, g_halo, plan.num_send, plan.send_counts, plan.recv_counts)
+        outs, off = [], 0
+        for g in full:
+            w = _width(g)
+            own = g[:d].clone()
+            own.reshape(d, w).index_add_(0, plan.send_idx, g_send[:, off:off + w])
+            outs.append(own)
+            off += w
+        return (None, *outs)
+
+
+def exchange_rows(plan: HaloPlan, own: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each ``[D, ...]`` tensor of ``own`` as ``[D + H, ...]``: owned rows, then halo rows.
+
+    Differentiable in the floating-point tensors (backward: the reverse exchange). Every
+    rank of the group must call it with the same number of tensors of the same dtypes
+    and trailing shapes.
+    """
+    plan = plan.to(own[0].device) if own else plan
+    out: list[torch.Tensor | None] = [None] * len(own)
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(own):
+        groups.setdefault((t.dtype, t.is_floating_point()), []).append(i)
+    for (_, floating), idx in groups.items():
+        ts = [own[i].contiguous() for i in idx]
+        if floating and torch.is_grad_enabled() and any(t.requires_grad for t in ts):
+            res = _HaloExchange.apply(plan, *ts)
+        else:
+            with torch.no_grad():
+                res = _exchange(plan, ts)
+        for i, r in zip(idx, res):
+            out[i] = r
+    return out  # type: ignore[return-value]

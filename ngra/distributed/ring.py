@@ -1,0 +1,258 @@
+"""Ring streaming (NGra's chain streaming): source chunks passed rank to rank.
+
+Rank ``r`` walks ``K`` steps. At step ``s`` it holds the source chunk of rank
+``j = (r - s) mod K`` (every owned row of ``j``, of each term the edge stage reads on the
+source side) and runs the edge stage of its tile ``j``: its owned destinations x the
+sources owned by ``j`` (:class:`RingPlan`), merging the partial into its accumulator
+(the same partial / combine / finalize as a tile column). Meanwhile the chunk it holds
+is already on its way to rank ``r + 1`` and the next one is arriving from ``r - 1``
+(async send/recv), so the transfer overlaps the tile's compute.
+
+Backward (:class:`RingPropagation`) walks the ring again: the chunks travel as in
+forward, and each chunk's gradient travels with it. The rank holding chunk ``j`` adds
+its tile's source gradient to what the previous holders accumulated and passes the sum
+on; after ``K`` hops the sum is back at ``j``. Destination, edge-data and parameter
+gradients stay local. Each tile is differentiated as in chunked streaming
+(:func:`ngra.runtime.stream.tile_gradients`: a direct rule for softmax, else a
+recomputation), so no edge-level tensor outlives its tile.
+
+Bytes a rank sends per layer: forward ``(K - 1)`` chunks; backward ``K - 1`` chunks
+and ``K`` chunk gradients. More than a halo exchange moves when the halo is small, but
+overlapped with compute; the cost model (:mod:`ngra.distributed.cost`) chooses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ngra import kernels
+from ngra.distributed.halo import Traffic
+from ngra.runtime.staging import Staged, flatten, plan_parameters, read_slots, unflatten
+from ngra.runtime.stream import _linear, tile_gradients
+from ngra.runtime.tiles import TileView
+
+__all__ = ["RingPlan", "build_ring", "ring_propagate"]
+
+_GRAD_TAG = 1 << 10
+
+
+@dataclass
+class RingPlan:
+    """One rank's side of the ring.
+
+    Attributes:
+        rank, world_size: this rank and ``K``. group: the process group.
+        chunk_rows: ``[K]`` owned rows of each rank (the size of its chunk).
+        views: ``[K]`` tile ``j``: owned destinations x sources owned by ``j``, source ids
+            local to ``j``'s chunk, ``edge_ids`` the tile's positions in the local CSC.
+        traffic: where sent bytes are counted.
+    """
+
+    rank: int
+    world_size: int
+    group: Any
+    chunk_rows: list[int]
+    views: list[TileView]
+    traffic: Traffic
+
+
+def build_ring(rank: int, world_size: int, num_own: int, indptr: torch.Tensor,
+               indices: torch.Tensor, halo: torch.Tensor, bounds: torch.Tensor, group: Any,
+               traffic: Traffic) -> RingPlan:
+    """The ring tiles of a rank from its local CSC (``indptr [D + 1]`` over the owned
+    destinations, ``indices`` local source rows: owned ``< D``, then halo rows), its halo
+    (new ids) and the ranks' destination ranges ``bounds [K + 1]`` (new ids)."""
+    bounds = bounds.to(torch.int64)
+    src = indices.to(torch.int64)
+    d = num_own
+    lo = int(bounds[rank])
+    is_halo = src >= d
+    gid = torch.where(is_halo, halo[(src - d).clamp(min=0)] if halo.numel() else src, src + lo)
+    owner = torch.searchsorted(bounds, gid, right=True) - 1
+    chunk_local = gid - bounds[owner]
+    dst = torch.repeat_interleave(torch.arange(d), indptr[1:] - indptr[:-1])
+    views = []
+    for j in range(world_size):
+        pos = (owner == j).nonzero().flatten()
+        counts = torch.bincount(dst[pos], minlength=d)
+        ip = torch.zeros(d + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=ip[1:])
+        sidx = chunk_local[pos].contiguous()
+        rows = int(bounds[j + 1] - bounds[j])
+        views.append(TileView(0, d, ip, sidx, pos, kernels.transpose_csc(ip, sidx, rows),
+                              key=(0, j)))
+    chunk_rows = (bounds[1:] - bounds[:-1]).tolist()
+    return RingPlan(rank, world_size, group, chunk_rows, views, traffic)
+
+
+def _shift(ring: RingPlan, tensors: dict[int, torch.Tensor], rows: int,
+           tag: int = 0) -> tuple[dict[int, torch.Tensor], list[Any]]:
+    """Send ``tensors`` to the next rank and receive same-shaped ones of ``rows`` rows
+    from the previous rank (async; wait on the returned requests)."""
+    k, r = ring.world_size, ring.rank
+    nxt, prev = (r + 1) % k, (r - 1) % k
+    out, reqs = {}, []
+    for i in sorted(tensors):
+        t = tensors[i].contiguous()
+        buf = t.new_empty((rows,) + tuple(t.shape[1:]))
+        reqs.append(dist.isend(t, nxt, group=ring.group, tag=tag + i))
+        reqs.append(dist.irecv(buf, prev, group=ring.group, tag=tag + i))
+        ring.traffic.add("ring", t.numel() * t.element_size())
+        out[i] = buf
+    return out, reqs
+
+
+def _wait(reqs: list[Any]) -> None:
+    for q in reqs:
+        q.wait()
+
+
+class _Context:
+    __slots__ = ("ring", "plan", "in_deg", "t_spec", "nt", "e_spec", "ne", "np", "src", "dst")
+
+    def __init__(self, ring, plan, in_deg, t_spec, nt, e_spec, ne, np_, src, dst):
+        self.ring, self.plan, self.in_deg = ring, plan, in_deg
+        self.t_spec, self.nt, self.e_spec, self.ne, self.np = t_spec, nt, e_spec, ne, np_
+        self.src, self.dst = src, dst
+
+
+def _walk(c: _Context, t_leaves: list, e_leaves: list, keep: bool) -> tuple[Any, Any, dict]:
+    """The forward ring: returns the accumulator, its final state and the RNG state
+    before each tile (for recomputation)."""
+    ring, plan, acc = c.ring, c.plan, c.plan.accumulator
+    k, r = ring.world_size, ring.rank
+    dst = unflatten(c.t_spec, [t_leaves[i] if i in c.dst else None for i in range(c.nt)],
+                    keep=c.dst)
+    cur = {i: t_leaves[i] for i in c.src}
+    state, rng = None, {}
+    for s in range(k):
+        j = (r - s) % k
+        reqs: list[Any] = []
+        if s < k - 1:
+            nxt, reqs = _shift(ring, cur, ring.chunk_rows[(j - 1) % k])
+        view = ring.views[j]
+        src = unflatten(c.t_spec, [cur.get(i) for i in range(c.nt)], keep=c.src)
+        edata = unflatten(c.e_spec, [e.index_select(0, view.edge_ids) for e in e_leaves])
+        if keep:
+            rng[j] = torch.get_rng_state()
+        state = acc.combine(state, plan.edge(view, src, dst, edata))
+        _wait(reqs)
+        if s < k - 1:
+            cur = nxt
+    out = acc.finalize(state, c.in_deg)
+    return out, state, rng
+
+
+class RingPropagation(torch.autograd.Function):
+    """The ring walk; backward walks it again with each chunk's gradient travelling along."""
+
+    @staticmethod
+    def forward(ctx: Any, c: _Context, *leaves: torch.Tensor) -> torch.Tensor:
+        t_leaves = list(leaves[: c.nt])
+        e_leaves = list(leaves[c.nt: c.nt + c.ne])
+        with torch.no_grad():
+            out, state, rng = _walk(c, t_leaves, e_leaves, keep=True)
+        if not isinstance(out, torch.Tensor):
+            raise NotImplementedError(
+                "ring streaming supports tensor-valued accumulators; this layer's apply_edge "
+                f"returns {type(out).__name__}. Use the halo exchange (--exchange halo).")
+        ctx.c, ctx.rng = c, rng
+        ctx.final = c.plan.accumulator.final_stats(state, out)
+        ctx.save_for_backward(*leaves[: c.nt + c.ne])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        c: _Context = ctx.c
+        ring, plan = c.ring, c.plan
+        k, r = ring.world_size, ring.rank
+        saved = ctx.saved_tensors
+        t_vals, e_vals = list(saved[: c.nt]), list(saved[c.nt:])
+        params = [p for p in plan_parameters(plan) if p.requires_grad][: c.np]
+        grads: list[torch.Tensor | None] = [None] * (len(saved) + len(params))
+        wants = {i for i in c.src if saved[i].requires_grad}  # chunk slots with a gradient
+        linear = _linear(plan)
+        rng_now = torch.get_rng_state()
+        cur = {i: t_vals[i] for i in c.src}
+        g_reqs: list[Any] = []
+        g_in: dict[int, torch.Tensor] = {}
+        for s in range(k):
+            j = (r - s) % k
+            v_reqs: list[Any] = []
+            if s < k - 1:
+                nxt, v_reqs = _shift(ring, cur, ring.chunk_rows[(j - 1) % k])
+            view = ring.views[j]
+            st = Staged(view, "ring")
+            src = [None] * c.nt
+            for i in c.src:
+                src[i] = cur[i].detach().requires_grad_(i in wants)
+                if i in wants:
+                    st.leaves.append((("src", i), src[i], None))
+            dst = [None] * c.nt
+            for i in c.dst:
+                dst[i] = t_vals[i].detach().requires_grad_(t_vals[i].requires_grad)
+                if dst[i].requires_grad:
+                    st.leaves.append((("dst", i), dst[i], None))
+            edata = []
+            for i, e in enumerate(e_vals):
+                rows = e.index_select(0, view.edge_ids).requires_grad_(e.requires_grad)
+                if e.requires_grad:
+                    st.leaves.append((("edata", i), rows, None))
+                edata.append(rows)
+            st.src = unflatten(c.t_spec, src, keep=c.src)
+            st.dst = unflatten(c.t_spec, dst, keep=c.dst)
+            st.edata = unflatten(c.e_spec, edata)
+            leaf_grads, param_grads = tile_gradients(plan, st, ctx.final, grad_out, c.in_deg,
+                                                     params, linear, ctx.rng[j])
+            mine: dict[int, torch.Tensor] = {}
+            for ((kind, i), _, _), g in leaf_grads:
+                if kind == "src":
+                    mine[i] = g
+                elif kind == "dst":
+                    grads[i] = g if grads[i] is None else grads[i].add_(g)
+                else:
+                    slot = c.nt + i
+                    if grads[slot] is None:
+                        grads[slot] = torch.zeros_like(e_vals[i])
+                    grads[slot].index_add_(0, view.edge_ids, g)
+            for n, g in enumerate(param_grads):
+                slot = len(saved) + n
+                if g is not None:
+                    grads[slot] = g if grads[slot] is None else grads[slot].add_(g)
+            if wants:
+                _wait(g_reqs)
+                total = {}
+                for i in wants:
+                    g = mine.get(i)
+                    if g is None:
+                        g = torch.zeros_like(cur[i])
+                    total[i] = g if i not in g_in else g_in[i].add_(g)
+                g_in, g_reqs = _shift(ring, total, ring.chunk_rows[(j - 1) % k], _GRAD_TAG)
+            _wait(v_reqs)
+            if s < k - 1:
+                cur = nxt
+        _wait(g_reqs)  # the last hop brings each rank its own chunk's whole gradient
+        for i in wants:
+            grads[i] = g_in[i] if grads[i] is None else grads[i].add_(g_in[i])
+        torch.set_rng_state(rng_now)
+        return (None, *grads)
+
+
+def ring_propagate(ring: RingPlan, plan: Any, terms: Any, edata: Any,
+                   in_deg: torch.Tensor) -> Any:
+    """The accumulator ``[D, ...]`` of ``plan`` over this rank's in-edges, streaming the
+    source chunks around the ring (differentiable; see the module docstring)."""
+    t_leaves, t_spec = flatten(terms)
+    e_leaves, e_spec = flatten(edata)
+    src, dst = read_slots(plan, t_spec, len(t_leaves))
+    params = [p for p in plan_parameters(plan) if p.requires_grad]
+    c = _Context(ring, plan, in_deg, t_spec, len(t_leaves), e_spec, len(e_leaves),
+                 len(params), src, dst)
+    if torch.is_grad_enabled() and (params or any(t.requires_grad for t in t_leaves + e_leaves)):
+        return RingPropagation.apply(c, *t_leaves, *e_leaves, *params)
+    with torch.no_grad():
+        return _walk(c, t_leaves, e_leaves, keep=False)[0]

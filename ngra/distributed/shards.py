@@ -1,0 +1,202 @@
+"""Per-rank shards: the rows, in-edges and exchange lists one rank trains on.
+
+Built once per dataset, model graph preparation and partition book by the process that
+launches the ranks (or rank 0 under ``torchrun``), from the whole dataset, and written
+beside the book; each rank then reads only its own shard, so no rank holds the whole
+graph or feature matrix. A shard holds, for rank ``r`` owning ``D`` vertices with ``H``
+halo rows:
+
+* the local CSC over ``D + H`` rows (owned rows then halo rows; see
+  :class:`~ngra.distributed.graph.DistGraph`), its edge weights and the model's edge
+  data in local CSC order, and each local edge's id in the prepared graph's edge order;
+* the owned rows of the features, labels and split masks, with their original vertex
+  ids (dropout masks are drawn by these ids: the same masks on any number of ranks);
+* the halo exchange lists (rows to send to each rank, rows received from each);
+
+and ``meta.json`` the figures every rank shares: the partition's statistics for the
+cost model, the dataset's sizes, and stamps (book and data fingerprints, the model's
+graph preparation) so that a shard of another dataset, book or preparation is rebuilt,
+never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ngra.distributed.cost import PartitionStats
+from ngra.distributed.halo import HaloPlan
+from ngra.graph import Graph
+from ngra.partition import PartitionBook, permute_graph
+
+__all__ = ["Shard", "build_shards", "data_fingerprint", "load_shard", "prep_key",
+           "shards_current"]
+
+log = logging.getLogger(__name__)
+
+SHARD_VERSION = 1
+
+
+def prep_key(model: str) -> str:
+    """What the model's graph preparation depends on (its edge data and self-loops)."""
+    from ngra.models import MODELS
+
+    spec = MODELS[model]
+    return f"{spec.edge_data}{'+self_loops' if spec.self_loops else ''}"
+
+
+def data_fingerprint(ds: Any) -> str:
+    """A hash of the dataset's vertex data, labels, splits and edge types."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in (ds.x, ds.y, ds.train_mask, ds.val_mask, ds.test_mask, ds.edge_type):
+        if t is None:
+            h.update(b"-")
+            continue
+        t = t.contiguous()
+        h.update(f"{t.dtype}{list(t.shape)}".encode())
+        flat = t.view(-1)
+        step = 1 << 24
+        for i in range(0, flat.numel(), step):
+            h.update(flat[i:i + step].numpy().tobytes())
+    return h.hexdigest()
+
+
+def _stamp(ds: Any, model: str, book: PartitionBook) -> dict[str, Any]:
+    return {"version": SHARD_VERSION, "parts": book.num_parts, "book": book.fingerprint,
+            "method": book.method, "data": data_fingerprint(ds), "prep": prep_key(model)}
+
+
+def shards_current(folder: Path, ds: Any, model: str, book: PartitionBook) -> bool:
+    """Whether ``folder`` holds shards of exactly this dataset, model preparation and book."""
+    try:
+        meta = json.loads((Path(folder) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("stamp") != _stamp(ds, model, book):
+        return False
+    return all((Path(folder) / f"rank{r}.pt").is_file() for r in range(book.num_parts))
+
+
+def build_shards(ds: Any, model: str, book: PartitionBook, folder: str | os.PathLike[str],
+                 progress: bool = False) -> Path:
+    """Write every rank's shard of ``ds`` prepared for zoo ``model`` under ``book``."""
+    from ngra.models import prepare
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
+    rg = permute_graph(graph, book.reordering)
+    ip = rg.indptr.to(torch.int64)
+    order = book.reordering.order
+    k = book.num_parts
+    rows = (book.bounds[1:] - book.bounds[:-1])
+    sent = torch.zeros(k, dtype=torch.int64)
+    received = torch.zeros(k, dtype=torch.int64)
+    edges = torch.zeros(k, k, dtype=torch.int64)
+    new_owner = torch.repeat_interleave(torch.arange(k), rows)
+    for r in tqdm(range(k), desc="shards", disable=not progress):
+        lo, hi = book.owned(r)
+        e0, e1 = int(ip[lo]), int(ip[hi])
+        src = rg.indices[e0:e1].to(torch.int64)
+        halo = book.halo_of(r)
+        local_src = book.to_local(r, src)
+        if local_src.numel() and int(local_src.min()) < 0:
+            raise AssertionError(f"rank {r}: the model's graph reads a source outside the "
+                                 "book's halo (the book is not this graph's)")
+        d, h = hi - lo, halo.numel()
+        indptr = torch.cat([ip[lo:hi + 1] - e0, torch.full((h,), e1 - e0, dtype=torch.int64)])
+        gids = rg.perm[e0:e1].to(torch.int64)
+        send = [book.send_rows(r, p) for p in range(k)]
+        recv = book.recv_counts(r)
+        sent[r], received[r] = sum(s.numel() for s in send), sum(recv)
+        edges[r] = torch.bincount(new_owner[src], minlength=k)
+        rows_orig = order[lo:hi]
+        shard = {
+            "indptr": indptr, "indices": local_src, "edge_ids": gids,
+            "edge_weight": None if rg.edge_weight is None else rg.edge_weight[e0:e1],
+            "edge_data": _take_edges(edge_data, gids),
+            "halo": halo, "send_idx": torch.cat(send), "send_counts": [s.numel() for s in send],
+            "recv_counts": recv, "row_ids": rows_orig, "x": ds.x[rows_orig],
+            "y": ds.y[rows_orig], "train_mask": ds.train_mask[rows_orig],
+            "val_mask": ds.val_mask[rows_orig], "test_mask": ds.test_mask[rows_orig],
+            "num_own": d,
+        }
+        _save(shard, folder / f"rank{r}.pt")
+    meta = {
+        "stamp": _stamp(ds, model, book), "spec": ds.info.get("spec"),
+        "bounds": book.bounds.tolist(),
+        "stats": {"rows": rows.tolist(), "sent": sent.tolist(), "received": received.tolist(),
+                  "edges": edges.tolist()},
+        "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+        "num_features": int(ds.x.shape[1]), "num_classes": int(ds.num_classes),
+        "num_edge_types": int(ds.num_edge_types),
+        "split_sizes": {k_: int(m.sum()) for k_, m in (("train", ds.train_mask),
+                                                         ("val", ds.val_mask),
+                                                         ("test", ds.test_mask))},
+        "figures": book.figures(),
+    }
+    tmp = folder / f".meta.json.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp, folder / "meta.json")
+    return folder
+
+
+def _take_edges(edge_data: Any, ids: torch.Tensor) -> Any:
+    if edge_data is None:
+        return None
+    if isinstance(edge_data, dict):
+        return {k: v.index_select(0, ids) for k, v in edge_data.items()}
+    return edge_data.index_select(0, ids)
+
+
+def _save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+@dataclass
+class Shard:
+    """What one rank trains on (see the module docstring)."""
+
+    graph: Any  # DistGraph
+    x: torch.Tensor
+    y: torch.Tensor
+    masks: dict[str, torch.Tensor]
+    edge_data: Any
+    row_ids: torch.Tensor
+    meta: dict[str, Any]
+
+
+def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, group: Any = None,
+               exchange: str = "auto", link: Any = None) -> Shard:
+    """Rank ``rank``'s shard from ``folder`` as a :class:`Shard` with its ``DistGraph``."""
+    from ngra.distributed.graph import DistGraph
+
+    folder = Path(folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    if meta["stamp"]["parts"] != world_size:
+        raise ValueError(f"the shards in {folder} are for {meta['stamp']['parts']} ranks, "
+                         f"not {world_size}.")
+    s = torch.load(folder / f"rank{rank}.pt", weights_only=True)
+    d, h = int(s["num_own"]), int(s["halo"].numel())
+    e = int(s["indices"].numel())
+    local = Graph(s["indptr"], s["indices"], torch.arange(e, dtype=torch.int64), d + h,
+                  s["edge_weight"])
+    halo = HaloPlan(d, h, s["send_idx"], list(s["send_counts"]), list(s["recv_counts"]))
+    st = meta["stats"]
+    stats = PartitionStats.from_tensor(torch.tensor(st["rows"]), torch.tensor(st["sent"]),
+                                       torch.tensor(st["received"]), torch.tensor(st["edges"]))
+    graph = DistGraph(local, d, s["halo"], torch.tensor(meta["bounds"]), halo, stats,
+                      rank=rank, world_size=world_size, group=group, exchange=exchange,
+                      link=link)
+    masks = {"train": s["train_mask"], "val": s["val_mask"], "test": s["test_mask"]}
+    return Shard(graph, s["x"], s["y"], masks, s["edge_data"], s["row_ids"], meta)
