@@ -1,5 +1,5 @@
-"""The ``ngra`` command line: ``ngra train``, ``ngra explain``, ``ngra characterize``,
-``ngra info``.
+"""The ``ngra`` command line: ``ngra train``, ``ngra partition``, ``ngra explain``,
+``ngra characterize``, ``ngra info``.
 
 Every ``train`` flag maps to one :class:`ngra.train.TrainConfig` field; the
 resolved configuration is logged and written into the JSON summary.
@@ -49,6 +49,36 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu",
                    help="cpu, cuda or cuda:N: on a GPU, train device-resident when it fits, "
                         "else stream tiles to it (default: cpu)")
+    d = p.add_argument_group("several processes (gloo on the CPU, NCCL with one GPU a rank)")
+    d.add_argument("--nprocs", type=int, default=1,
+                   help="train on this many processes, the graph partitioned between them "
+                        "(default: 1; under torchrun, its process count)")
+    d.add_argument("--exchange", default="auto", choices=["auto", "halo", "ring"],
+                   help="how remote source rows arrive: halo all_to_all, ring streaming, or "
+                        "the cost model's pick per layer (default: auto)")
+    d.add_argument("--partition", default=None, metavar="DIR",
+                   help="a partition book from `ngra partition` (default: partition on the "
+                        "fly, cached beside the dataset cache)")
+    d.add_argument("--partition-method", default="metis", choices=["metis", "range"],
+                   help="how an on-the-fly partition is made (default: metis)")
+    d.add_argument("--dist-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="a collective waiting longer than this fails the run (default: 300)")
+
+
+def _add_partition(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("partition", help="partition a dataset's graph for several processes",
+                       description="Write a partition book (owner of every vertex, each "
+                                   "rank's destination range, in-edges and exact halo) and "
+                                   "its figures (edge cut, halo rows, balance).")
+    p.add_argument("--dataset", required=True, help="dataset spec, as for `ngra train`")
+    p.add_argument("--parts", type=int, required=True, help="number of processes (ranks)")
+    p.add_argument("--method", default="metis", choices=["metis", "range"],
+                   help="metis: few cut edges; range: contiguous original ids (default: metis)")
+    p.add_argument("--out", required=True, metavar="DIR", help="write the book here")
+    p.add_argument("--seed", type=int, default=0, help="METIS seed (default: 0)")
+    p.add_argument("--reorder", default="none", choices=["none", "degree", "rcm", "metis"],
+                   help="relabel vertices first, as `ngra train --reorder` (default: none)")
+    p.add_argument("--data-root", default=None, help="dataset folder")
 
 
 def _add_explain(sub: argparse._SubParsersAction) -> None:
@@ -91,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
+    _add_partition(sub)
     _add_explain(sub)
     _add_characterize(sub)
     sub.add_parser("info", help="versions and available kernel backends")
@@ -108,6 +139,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
           f"epoch_time={summary['epoch_time_s'] * 1e3:.1f} ms peak_rss={summary['peak_rss_mb']:.0f} MB")
     if cfg.out:
         print(f"summary written to {cfg.out}")
+    return 0
+
+
+def _cmd_partition(args: argparse.Namespace) -> int:
+    from ngra.datasets import load
+    from ngra.partition import build_book, save_book
+    from ngra.train import reorder_dataset
+
+    if args.parts < 1:
+        raise ValueError(f"--parts must be >= 1; got {args.parts}.")
+    ds = load(args.dataset, root=args.data_root)
+    if args.reorder != "none":
+        ds = reorder_dataset(ds, args.reorder, seed=args.seed)
+    book = build_book(ds.graph, args.parts, args.method, args.seed,
+                      spec=ds.info.get("spec", args.dataset))
+    save_book(book, args.out)
+    print(book.describe())
+    print(f"partition book written to {args.out} (book.pt; figures in book.json)")
     return 0
 
 
@@ -171,10 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    handlers = {"train": _cmd_train, "explain": _cmd_explain, "info": _cmd_info,
-                "characterize": _cmd_characterize}
+    handlers = {"train": _cmd_train, "partition": _cmd_partition, "explain": _cmd_explain,
+                "info": _cmd_info, "characterize": _cmd_characterize}
+    from ngra.distributed.launch import DistributedError
+
     try:
         return handlers[args.command](args)
+    except DistributedError as exc:
+        print(f"ngra {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"ngra {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,12 @@ with ``test_acc``, ``val_acc``, ``epochs``, ``epoch_time_s`` (median),
 Checkpoints are written atomically (temp file + rename) every
 ``checkpoint_every`` epochs; ``resume=True`` restores model, optimizer, best
 state and every RNG, so a resumed run is bit-identical to an uninterrupted one.
+
+With ``nprocs > 1`` (or inside ranks started by ``torchrun``) the same loop runs on
+every rank of a partitioned graph (:mod:`ngra.distributed.trainer`): the loop sees a
+:class:`Session` (the data and model it trains, how a loss and accuracies are
+reduced, whether it writes files), one process's or one rank's. A checkpoint holds
+the same state either way, so a run resumes on any number of processes.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from ngra.runtime.budget import memory_budget
 from ngra.runtime.placement import (Placement, move_to, placed, plan_placement, resident_bytes,
                                     resolve_device)
 
-__all__ = ["TrainConfig", "train", "evaluate", "reorder_dataset", "grid_report", "describe_run"]
+__all__ = ["TrainConfig", "Session", "train", "fit", "check_config", "evaluate",
+           "reorder_dataset", "grid_report", "describe_run"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +80,11 @@ class TrainConfig:
     memory_budget: str | None = None
     reorder: str = "none"
     device: str = "cpu"
+    nprocs: int = 1
+    exchange: str = "auto"
+    partition: str | None = None
+    partition_method: str = "metis"
+    dist_timeout: float = 300.0
     extra: dict = field(default_factory=dict)
 
     def hyper_parameters(self) -> dict[str, Any]:
@@ -198,18 +210,94 @@ def evaluate(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any
             for k, m in masks.items()}
 
 
+class Session:
+    """What the training loop runs on: one process's whole dataset and model.
+
+    :class:`ngra.distributed.trainer.RankSession` is one rank's share of a partitioned
+    run: its loss and accuracies are reduced over the ranks, and only rank 0 writes.
+
+    Attributes:
+        model: the model (evaluation, checkpoints); net: what a training step calls
+            (the model, or its DistributedDataParallel wrapper).
+        graph, x, edge_data, y, masks: the data (``masks``: ``train``/``val``/``test``).
+        budget: ``--memory-budget`` (every forward runs under it), or ``None``.
+        is_main: this process writes files, shows progress and echoes.
+    """
+
+    is_main = True
+
+    def __init__(self, model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
+                 y: torch.Tensor, masks: dict[str, torch.Tensor], budget: str | None,
+                 num_nodes: int, num_edges: int, device: torch.device | None = None,
+                 placement: Placement | None = None, info: dict[str, Any] | None = None) -> None:
+        self.model = self.net = model
+        self.graph, self.x, self.edge_data, self.y, self.masks = graph, x, edge_data, y, masks
+        self.budget, self.num_nodes, self.num_edges = budget, num_nodes, num_edges
+        self.device = device if device is not None else torch.device("cpu")
+        self.placement = placement
+        self.info = dict(info or {})  # dataset figures for the summary
+
+    def context(self) -> Any:
+        """Around every forward: the placement on a GPU, else the memory budget."""
+        if self.device.type == "cuda" and self.placement is not None:
+            return placed(self.placement)
+        return memory_budget(self.budget) if self.budget else contextlib.nullcontext()
+
+    def loss(self, out: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """``(loss to differentiate, the loss's value)`` of the training rows."""
+        m = self.masks["train"]
+        loss = F.cross_entropy(out[m], self.y[m])
+        return loss, float(loss.detach())
+
+    def evaluate(self) -> dict[str, float]:
+        with self.context():
+            return evaluate(self.model, self.graph, self.x, self.edge_data, self.y, self.masks)
+
+    def explain(self) -> str:
+        from ngra.runtime.explain import explain
+
+        streamed = self.placement is not None and not self.placement.resident
+        with self.context():
+            plans = explain(self.model, self.graph, self.x, self.edge_data)
+            if self.budget or streamed:
+                plans += "\n" + grid_report(self.model, self.graph, self.x, self.edge_data)
+        if self.placement is not None:
+            plans += f"\nplacement: {self.placement.describe()}"
+        return plans
+
+    def extra(self, times: list[float]) -> dict[str, Any]:
+        """More fields for the JSON summary."""
+        out: dict[str, Any] = {"device": str(self.device), **self.info}
+        if self.placement is not None:
+            out["placement"] = self.placement.describe()
+        if self.device.type == "cuda":
+            out["peak_device_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return out
+
+    def step_done(self) -> None:
+        """After each training step (the GPU session waits for the device; the
+        distributed one counts its traffic)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
 def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train per ``cfg``; returns the JSON summary (also written to ``cfg.out``).
 
     With ``cfg.explain`` the compiled plan of every layer is put in the summary
     (``"explain"``) and handed to ``echo`` (default: logged at INFO) before training.
+    With ``cfg.nprocs > 1`` the run is spread over that many processes
+    (:func:`ngra.distributed.trainer.train_distributed`).
     """
     from ngra.datasets import load
 
-    if cfg.model not in MODELS:
-        raise ValueError(f"unknown model {cfg.model!r}; choose one of {sorted(MODELS)}.")
-    if cfg.epochs < 1:
-        raise ValueError(f"epochs must be >= 1; got {cfg.epochs}.")
+    check_config(cfg)
+    from ngra.distributed.launch import in_worker
+
+    if cfg.nprocs > 1 or in_worker():
+        from ngra.distributed.trainer import train_distributed
+
+        return train_distributed(cfg, echo)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
@@ -226,30 +314,52 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
                         heads=resolved["heads"], num_layers=cfg.num_layers,
                         num_edge_types=ds.num_edge_types, dropout=resolved["dropout"])
     masks = {"train": ds.train_mask, "val": ds.val_mask, "test": ds.test_mask}
-    x, y = ds.x, ds.y
-    placement = _placement(device, cfg, graph, x, model, [y, edge_data, *masks.values()])
+    placement = _placement(device, cfg, graph, ds.x, model,
+                           [ds.y, edge_data, *masks.values()])
     log.info("placement: %s", placement.describe())
+    x, y = ds.x, ds.y
     if device.type == "cuda" and placement.resident:
         graph, x, y, edge_data, model = move_to(device, graph, x, y, edge_data, model)
         masks = dict(zip(masks, move_to(device, *masks.values())))
+    session = Session(model, graph, x, edge_data, y, masks, cfg.memory_budget,
+                      ds.graph.num_nodes, ds.graph.num_edges, device, placement,
+                      {"reciprocity": ds.reciprocity, "dataset_summary": ds.summary()})
+    return fit(cfg, session, echo)
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Refuse a configuration that cannot run, before any data is loaded."""
+    from ngra.distributed.cost import STRATEGIES
+    from ngra.partition import BOOK_METHODS
+
+    if cfg.model not in MODELS:
+        raise ValueError(f"unknown model {cfg.model!r}; choose one of {sorted(MODELS)}.")
+    if cfg.epochs < 1:
+        raise ValueError(f"epochs must be >= 1; got {cfg.epochs}.")
+    if isinstance(cfg.nprocs, bool) or not isinstance(cfg.nprocs, int) or cfg.nprocs < 1:
+        raise ValueError(f"--nprocs must be an int >= 1 (processes to train on); "
+                         f"got {cfg.nprocs!r}.")
+    if cfg.exchange not in STRATEGIES:
+        raise ValueError(f"--exchange must be one of {STRATEGIES}; got {cfg.exchange!r}.")
+    if cfg.partition_method not in BOOK_METHODS:
+        raise ValueError(f"--partition-method must be one of {BOOK_METHODS}; "
+                         f"got {cfg.partition_method!r}.")
+    if not cfg.dist_timeout > 0:
+        raise ValueError(f"--dist-timeout must be > 0 seconds; got {cfg.dist_timeout}.")
+
+
+def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None
+        ) -> dict[str, Any]:
+    """The training loop over ``s``: epochs, model selection, checkpoints, the summary."""
+    resolved = cfg.resolved()
+    model = s.model
     opt = torch.optim.Adam(model.parameters(), lr=resolved["lr"],
                            weight_decay=resolved["weight_decay"])
-
-    def budget_ctx() -> Any:
-        if device.type == "cuda":
-            return placed(placement)
-        return memory_budget(cfg.memory_budget) if cfg.memory_budget else contextlib.nullcontext()
-
     plans = None
     if cfg.explain:
-        from ngra.runtime.explain import explain
-
-        with budget_ctx():
-            plans = explain(model, graph, x, edge_data)
-            if cfg.memory_budget or not placement.resident:
-                plans += "\n" + grid_report(model, graph, x, edge_data)
-            plans += f"\nplacement: {placement.describe()}"
-        (echo or log.info)(plans)
+        plans = s.explain()
+        if s.is_main:
+            (echo or log.info)(plans)
 
     start, best, times, history = 0, {"val": -1.0, "test": float("nan"), "epoch": -1, "state": None}, [], []
     ckpt_path = Path(cfg.checkpoint) / CKPT_NAME if cfg.checkpoint else None
@@ -267,27 +377,26 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
         log.info("resumed from %s at epoch %d", ckpt_path, start)
 
     bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.model}/{cfg.dataset}",
-               disable=not cfg.progress, initial=start, total=cfg.epochs)
+               disable=not (cfg.progress and s.is_main), initial=start, total=cfg.epochs)
     for epoch in bar:
         t0 = time.perf_counter()
         model.train()
         opt.zero_grad()
-        with budget_ctx():
-            out = model(graph, x, edge_data)
-            loss = F.cross_entropy(out[masks["train"]], y[masks["train"]])
+        with s.context():
+            out = s.net(s.graph, s.x, s.edge_data)
+            loss, loss_value = s.loss(out)
             loss.backward()
         opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        s.step_done()
         times.append(time.perf_counter() - t0)
-        with budget_ctx():
-            acc = evaluate(model, graph, x, edge_data, y, masks)
-        history.append({"epoch": epoch + 1, "loss": float(loss.detach()), **acc})
+        acc = s.evaluate()
+        history.append({"epoch": epoch + 1, "loss": loss_value, **acc})
         if acc["val"] > best["val"]:
             best = {"val": acc["val"], "test": acc["test"], "epoch": epoch + 1,
                     "state": {k: v.clone() for k, v in model.state_dict().items()}}
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", val=f"{acc['val']:.3f}", best=f"{best['val']:.3f}")
-        if ckpt_path and ((epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs):
+        bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{acc['val']:.3f}", best=f"{best['val']:.3f}")
+        if ckpt_path and s.is_main and ((epoch + 1) % cfg.checkpoint_every == 0
+                                        or epoch + 1 == cfg.epochs):
             _save_atomic({"config": resolved, "epoch": epoch + 1, "model": model.state_dict(),
                           "optimizer": opt.state_dict(), "best": best, "times": times,
                           "history": history, "rng": _rng_state()}, ckpt_path)
@@ -302,21 +411,16 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
         "final_loss": history[-1]["loss"] if history else float("nan"),
         "epoch_time_s": statistics.median(times) if times else float("nan"),
         "peak_rss_mb": _peak_rss_mb(),
-        "device": str(device),
-        "placement": placement.describe(),
-        "num_nodes": ds.graph.num_nodes,
-        "num_edges": ds.graph.num_edges,
-        "reciprocity": ds.reciprocity,
-        "dataset_summary": ds.summary(),
+        "num_nodes": s.num_nodes,
+        "num_edges": s.num_edges,
         "config": resolved,
         "config_sources": {k: h.source for k, h in cfg.hyper_parameters().items() if h},
         "history": history,
     }
-    if device.type == "cuda":
-        summary["peak_device_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    summary.update(s.extra(times))
     if plans is not None:
         summary["explain"] = plans
-    if cfg.out:
+    if cfg.out and s.is_main:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

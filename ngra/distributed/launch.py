@@ -48,7 +48,8 @@ DEFAULT_TIMEOUT_S = 300.0
 _PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "broken pipe",
                 "connection refused", "socket closed", "recvbytes", "sendbytes",
                 "read error", "write error", "timed out", "timeout", "got signal")
-_ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
+_ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher",
+                    "torch.multiprocessing")
 
 
 class DistributedError(RuntimeError):

@@ -74,7 +74,18 @@ def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) 
     plan = compile_layer(layer, graph, x, edata)
     head = (f"{type(layer).__name__} (gather={layer.gather}) on {graph!r}; "
             f"x {_shape_text(x)}; edge data {_shape_text(edata)}")
-    return [head] + plan.describe() + _grid_lines(plan, graph, x, edata)
+    return [head] + plan.describe() + _exchange_lines(plan, graph, x) + \
+        _grid_lines(plan, graph, x, edata)
+
+
+def _exchange_lines(plan: Any, graph: Any, x: Any) -> list[str]:
+    """Where a partitioned graph's exchange sits in the plan, and what it moves."""
+    from ngra.runtime.partitioned import Partitioned
+
+    if not isinstance(graph, Partitioned):
+        return []
+    with torch.no_grad():
+        return graph.explain_lines(plan, plan.pre(x))
 
 
 def _grid_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:

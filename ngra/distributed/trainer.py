@@ -1,0 +1,289 @@
+"""Multi-process full-graph training: partition, shard, launch, and one loop per rank.
+
+``ngra train --nprocs K`` (:func:`train_distributed` in the launching process):
+
+1. loads the dataset, checks that ``K`` ranks can share it, and takes a partition book:
+   ``--partition DIR`` (made by ``ngra partition``; refused if it belongs to another
+   graph or is stale), else the one cached beside the dataset cache (built on the fly,
+   ``--partition-method metis|range``, rebuilt when stale);
+2. writes each rank's shard of the model's prepared graph (:mod:`ngra.distributed.shards`,
+   cached beside the book), so that no rank loads the whole dataset;
+3. starts ``K`` ranks (:func:`ngra.distributed.launch`: gloo on the CPU, NCCL with one GPU
+   a rank) which each run :func:`run_rank` and return rank 0's summary.
+
+``torchrun --nproc_per_node K -m ngra train ...`` starts the ranks itself; rank 0 then
+does steps 1-2 while the others wait.
+
+On a rank, :class:`RankSession` gives ``ngra.train.fit`` the rank's share: the model in
+``DistributedDataParallel`` (gradients all-reduced in buckets while backward runs), the
+training loss as each rank's sum over its rows divided by the global count (so the
+gradients equal one process's), accuracies from correct counts summed over the ranks,
+and every forward inside :func:`ngra.kernels.dropout_rows` with the rows' original ids
+(the same dropout masks as one process, on any number of ranks). Only rank 0 writes files
+and shows progress. The summary adds ``world_size``, each layer's exchange, bytes sent a
+training step per rank (counted at the sends), the partition's figures and each rank's
+peak memory and step time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ngra.distributed.launch import DistributedError, init_process_group, launch
+from ngra.memstat import peak_rss_bytes
+
+__all__ = ["RankSession", "partition_for", "prepare_shards", "run_rank", "train_distributed"]
+
+log = logging.getLogger(__name__)
+
+#: The METIS seed of on-the-fly books (independent of --seed, so one book serves all runs).
+BOOK_SEED = 0
+
+
+def train_distributed(cfg: Any, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``ngra train`` over ``cfg.nprocs`` ranks (or, inside ``torchrun``, as one of them)."""
+    from ngra.distributed.launch import in_worker
+
+    if in_worker():
+        return _torchrun_rank(cfg, echo)
+    folder = prepare_shards(cfg)
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.nprocs)
+    results = launch(_rank_main, cfg.nprocs, cfg, str(folder), timeout_s=cfg.dist_timeout,
+                     threads=threads, device=_device(cfg))
+    summary = results[0]
+    if echo is not None and cfg.explain and "explain" in summary:
+        echo(summary["explain"])
+    return summary
+
+
+def _device(cfg: Any) -> str:
+    return "cuda" if str(getattr(cfg, "device", "cpu")).startswith("cuda") else "cpu"
+
+
+def _rank_main(cfg: Any, folder: str) -> dict[str, Any] | None:
+    summary = run_rank(cfg, Path(folder))
+    return summary if dist.get_rank() == 0 else None
+
+
+def _torchrun_rank(cfg: Any, echo: Callable[[str], None] | None) -> dict[str, Any]:
+    init_process_group(timeout_s=cfg.dist_timeout, device=_device(cfg))
+    rank, k = dist.get_rank(), dist.get_world_size()
+    if cfg.nprocs not in (1, k):
+        raise ValueError(f"--nprocs {cfg.nprocs} disagrees with torchrun's {k} processes; "
+                         "leave --nprocs out under torchrun.")
+    cfg.nprocs = k
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            box[0] = str(prepare_shards(cfg))
+        except Exception as exc:  # every rank must hear of it, not wait for a timeout
+            box[0] = exc
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        raise box[0]
+    try:
+        summary = run_rank(cfg, Path(box[0]))
+    finally:
+        dist.destroy_process_group()
+    if rank == 0 and echo is not None and cfg.explain and "explain" in summary:
+        echo(summary["explain"])
+    return summary
+
+
+# ---------------------------------------------------------------- partition and shards
+def partition_for(cfg: Any, ds: Any) -> tuple[Any, Path]:
+    """``(book, folder)`` for this run: ``--partition DIR`` checked against the dataset, or
+    the cached book of the dataset, ``--nprocs`` and ``--partition-method`` (rebuilt when
+    missing, damaged or stale)."""
+    from ngra.datasets.cache import cache_key, cache_root
+    from ngra.datasets.base import data_root
+    from ngra.partition import BookError, build_book, check_book, load_book, save_book
+
+    spec = ds.info.get("spec", cfg.dataset)
+    if cfg.partition:
+        folder = Path(cfg.partition)
+        book = load_book(folder)
+        check_book(book, ds.graph, spec, where=f"the partition book in {folder}")
+        if book.num_parts != cfg.nprocs:
+            raise ValueError(f"the partition book in {folder} has {book.num_parts} parts; "
+                             f"--nprocs is {cfg.nprocs}. Make one with `ngra partition "
+                             f"--dataset {cfg.dataset} --parts {cfg.nprocs}`.")
+        return book, folder
+    name = (f"{cache_key(spec)}-{cfg.reorder}-{cfg.partition_method}-k{cfg.nprocs}"
+            f"-s{BOOK_SEED}")
+    folder = cache_root(data_root(cfg.data_root)) / "partitions" / name
+    try:
+        book = load_book(folder)
+        check_book(book, ds.graph, spec)
+        return book, folder
+    except FileNotFoundError:
+        pass
+    except BookError as exc:
+        log.info("rebuilding the cached partition book: %s", exc)
+    book = build_book(ds.graph, cfg.nprocs, cfg.partition_method, BOOK_SEED, spec=spec)
+    save_book(book, folder)
+    log.info("partition book cached in %s:\n%s", folder, book.describe())
+    return book, folder
+
+
+def prepare_shards(cfg: Any) -> Path:
+    """Load and check the dataset, take the partition book, and make sure every rank's
+    shard for ``cfg.model`` is written; returns the shards' folder."""
+    from ngra.datasets import load
+    from ngra.datasets.base import writable
+    from ngra.distributed.shards import build_shards, prep_key, shards_current
+    from ngra.train import reorder_dataset
+
+    ds = load(cfg.dataset, root=cfg.data_root)
+    if cfg.nprocs > ds.graph.num_nodes:
+        raise ValueError(f"--nprocs {cfg.nprocs} is more processes than {cfg.dataset} has "
+                         f"vertices ({ds.graph.num_nodes}); use at most {ds.graph.num_nodes}.")
+    if cfg.reorder != "none":
+        ds = reorder_dataset(ds, cfg.reorder, seed=cfg.seed)
+    book, folder = partition_for(cfg, ds)
+    shards = folder / "shards" / prep_key(cfg.model)
+    if not writable(folder):
+        from ngra.datasets.cache import cache_root
+        from ngra.datasets.base import data_root
+
+        shards = (cache_root(data_root(cfg.data_root)) / "partitions" / "shards"
+                  / f"{book.fingerprint[:16]}-{cfg.nprocs}-{prep_key(cfg.model)}")
+    if not shards_current(shards, ds, cfg.model, book):
+        if shards.exists():
+            shutil.rmtree(shards)
+        build_shards(ds, cfg.model, book, shards, progress=cfg.progress)
+    return shards
+
+
+# ---------------------------------------------------------------- one rank
+class RankSession:
+    """One rank's share of the training loop (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, shard: Any, budget: str | None) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.model, self.shard, self.budget = model, shard, budget
+        self.graph, self.x, self.edge_data = shard.graph, shard.x, shard.edge_data
+        self.y, self.masks = shard.y, shard.masks
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.is_main = self.rank == 0
+        meta = shard.meta
+        self.num_nodes, self.num_edges = meta["num_nodes"], meta["num_edges"]
+        self.sizes = meta["split_sizes"]
+        self.net = DistributedDataParallel(model)
+        traffic = shard.graph.traffic
+
+        def counted(state, bucket):  # noqa: ANN001 - DDP checks the annotations it finds
+            buf = bucket.buffer()
+            traffic.add("allreduce", buf.numel() * buf.element_size())
+            return allreduce_hook(None, bucket)
+
+        self.net.register_comm_hook(None, counted)
+        self.steps: list[dict[str, int]] = []
+
+    def context(self) -> Any:
+        from ngra.kernels import dropout_rows
+        from ngra.runtime.budget import memory_budget
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(dropout_rows(self.shard.row_ids))
+        if self.budget:
+            stack.enter_context(memory_budget(self.budget))
+        return stack
+
+    def _sum(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().clone()
+        dist.all_reduce(t)
+        return t
+
+    def loss(self, out: torch.Tensor) -> tuple[torch.Tensor, float]:
+        m = self.masks["train"]
+        n = max(self.sizes["train"], 1)
+        local = F.cross_entropy(out[m], self.y[m], reduction="sum")
+        # DDP averages the ranks' gradients: scale so that the sum is one process's mean
+        return local * (self.world / n), float(self._sum(local)) / n
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        with self.context():
+            pred = self.model(self.graph, self.x, self.edge_data).argmax(-1)
+        names = list(self.masks)
+        correct = torch.tensor([float((pred[self.masks[k]] == self.y[self.masks[k]]).sum())
+                                for k in names], dtype=torch.float64)
+        correct = self._sum(correct)
+        return {k: float(c) / self.sizes[k] if self.sizes[k] else float("nan")
+                for k, c in zip(names, correct.tolist())}
+
+    def explain(self) -> str:
+        from ngra.runtime.explain import explain
+
+        with self.context():
+            return explain(self.model, self.graph, self.x, self.edge_data)
+
+    def step_done(self) -> None:
+        self.steps.append(self.graph.traffic.take())
+
+    def extra(self, times: list[float]) -> dict[str, Any]:
+        step = self.steps[-1] if self.steps else {}
+        mine = {"bytes": {**step, "total": sum(step.values())},
+                "peak_rss_mb": peak_rss_bytes() / 2**20,
+                "epoch_time_s": statistics.median(times) if times else float("nan")}
+        everyone: list[Any] = [None] * self.world
+        dist.all_gather_object(everyone, mine)
+        link = self.graph.link
+        return {
+            "world_size": self.world,
+            "exchange": self.graph.choices(),
+            "bytes_sent_per_epoch": {"per_rank": [e["bytes"] for e in everyone],
+                                     "total": sum(e["bytes"]["total"] for e in everyone),
+                                     "note": "one training step (forward, backward, gradient "
+                                             "all-reduce), counted at the sends"},
+            "partition": self.shard.meta["figures"],
+            "peak_rss_mb_per_rank": [e["peak_rss_mb"] for e in everyone],
+            "peak_rss_mb": max(e["peak_rss_mb"] for e in everyone),
+            "epoch_time_s_per_rank": [e["epoch_time_s"] for e in everyone],
+            "link": link.describe() if link is not None else None,
+        }
+
+
+def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
+    """Train on this rank's shard (the default group initialized); returns the summary."""
+    from ngra.distributed.link import link_model
+    from ngra.distributed.shards import load_shard
+    from ngra.models import build_model
+    from ngra.train import _seed_all, fit
+
+    rank, k = dist.get_rank(), dist.get_world_size()
+    device = _device(cfg)
+    group = dist.new_group(list(range(k)))  # the exchange's own group, apart from DDP's
+    link = link_model(device=device) if cfg.exchange == "auto" else None
+    shard = load_shard(folder, rank, k, group=group, exchange=cfg.exchange, link=link)
+    resolved = cfg.resolved()
+    meta = shard.meta
+    _seed_all(cfg.seed)
+    model = build_model(cfg.model, meta["num_features"], meta["num_classes"],
+                        hidden=resolved["hidden"], heads=resolved["heads"],
+                        num_layers=cfg.num_layers, num_edge_types=meta["num_edge_types"],
+                        dropout=resolved["dropout"])
+    session = RankSession(model, shard, cfg.memory_budget)
+    try:
+        return fit(cfg, session)
+    except DistributedError:
+        raise
+    except Exception as exc:
+        log.error("rank %d of %d: %s: %s", rank, k, type(exc).__name__, exc)
+        raise
