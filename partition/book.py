@@ -238,13 +238,15 @@ def check_book(book: PartitionBook, graph: Graph, spec: str | None = None,
            "--partition to partition on the fly")
     ours = f"{book.spec or 'a graph'} ({book.num_nodes:,} vertices, {book.num_edges:,} edges)"
     theirs = f"{spec or 'this graph'} ({graph.num_nodes:,} vertices, {graph.num_edges:,} edges)"
+    same_spec = spec is not None and book.spec == spec
     if spec is not None and book.spec is not None and book.spec != spec:
         raise BookError(f"{where} was built for {ours}, not for {theirs}; {fix}.")
-    if (book.num_nodes, book.num_edges) != (graph.num_nodes, graph.num_edges):
+    if not same_spec and (book.num_nodes, book.num_edges) != (graph.num_nodes, graph.num_edges):
         raise BookError(f"{where} was built for {ours}, not for {theirs}; {fix}.")
     if book.fingerprint != graph_fingerprint(graph):
         raise BookError(f"{where} is stale: it was built for an earlier version of {theirs} "
-                        f"(structure fingerprint {book.fingerprint[:12]}..., the graph's is "
+                        f"({book.num_nodes:,} vertices, {book.num_edges:,} edges, structure "
+                        f"fingerprint {book.fingerprint[:12]}..., the graph's is "
                         f"{graph_fingerprint(graph)[:12]}...); {fix}.")
 
 

@@ -124,7 +124,7 @@ def _worker(fn: Callable[..., Any], backend: str | None, timeout_s: float, threa
     except BaseException as exc:
         rank = int(os.environ.get("RANK", "-1"))
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        report = {"rank": rank, "error": text, "time": time.time(),
+        report = {"rank": rank, "error": text, "time": time.time(), "pid": os.getpid(),
                   "traceback": traceback.format_exc()}
         with contextlib.suppress(OSError):
             Path(reports, f"rank{rank}.json").write_text(json.dumps(report))
@@ -190,12 +190,15 @@ def describe_failures(failures: dict[int, Any], world_size: int,
     causes: dict[int, tuple[str, str, float]] = {}
     for rank, f in failures.items():
         kind, text = _cause(f)
+        pid = getattr(f, "pid", None)
+        text = f"(pid {pid}) {text}" if pid else text
         causes[rank] = (kind, text, float(getattr(f, "timestamp", 0) or 0))
     for rank, rep in reports.items():
         text = str(rep.get("error", ""))
         kind = "peer" if _is_peer(text) else "error"
         if rank not in causes or causes[rank][0] in ("exit", "peer"):
-            causes[rank] = (kind, f"failed: {text}", float(rep.get("time", 0)))
+            pid = f"(pid {rep['pid']}) " if rep.get("pid") else ""
+            causes[rank] = (kind, f"{pid}failed: {text}", float(rep.get("time", 0)))
     if not causes:
         return f"a rank of {world_size} failed without a report."
     order = {"signal": 0, "error": 1, "exit": 2, "peer": 3}

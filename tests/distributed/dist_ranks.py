@@ -16,11 +16,14 @@ def rank_and_sum(scale: int) -> tuple[int, int, float]:
     return dist.get_rank(), dist.get_world_size(), float(t) * scale
 
 
-def fail_on(rank: int, how: str) -> None:
+def fail_on(rank: int, how: str, stamp: str) -> None:
+    """Rank ``rank`` fails at step 5 (raises or kills itself), writing the time to ``stamp``."""
     t = torch.ones(4)
     for step in range(400):
         dist.all_reduce(t)
         if step == 5 and dist.get_rank() == rank:
+            with open(stamp, "w") as f:
+                f.write(str(time.time()))
             if how == "raise":
                 raise ValueError(f"injected failure on rank {rank}")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -56,3 +59,91 @@ def model_step(folder: str, model: str, exchange: str, seed: int) -> dict:
     dist.all_reduce(total)
     return {"ids": sh.row_ids, "out": out.detach(), "loss": float(total), "grads": grads,
             "choices": sh.graph.choices(), "traffic": dict(sh.graph.traffic.sent)}
+
+
+def train_configs(jobs: list) -> list:
+    """``run_rank`` for each ``(cfg, shard folder)``; rank 0's summaries (with each
+    rank's explain text of the first job)."""
+    from pathlib import Path
+
+    from ngra.distributed.trainer import run_rank
+
+    out = []
+    for cfg, folder in jobs:
+        summary = run_rank(cfg, Path(folder))
+        out.append(summary)
+    return out if dist.get_rank() == 0 else None
+
+
+class UserLayer(__import__("ngra").SagaLayer):
+    """A layer that is not in the zoo: max of a gated pair, read on both sides."""
+
+    gather = "max"
+
+    def __init__(self, f_in: int, f_out: int) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(f_in, f_out)
+        self.b = torch.nn.Linear(f_in, f_out)
+
+    def apply_edge(self, edge):
+        return torch.relu(self.a(edge.src) + self.b(edge.dst))
+
+    def apply_vertex(self, vertex, acc):
+        return acc
+
+
+class UserNet(torch.nn.Module):
+    def __init__(self, f_in: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.l1, self.l2 = UserLayer(f_in, hidden), UserLayer(hidden, classes)
+
+    def forward(self, graph, x, edge_data=None):
+        from ngra.kernels import dropout
+
+        h = self.l1(graph, dropout(x, 0.5, self.training))
+        return self.l2(graph, dropout(h, 0.5, self.training))
+
+
+def user_steps(graph, x, y, mask, steps: int, seed: int, reduce=None, n_train=None,
+               row_ids=None, fail_at: int | None = None, classes: int = 7) -> list[float]:
+    """Adam steps of UserNet; on ranks, the loss is summed over ranks (``reduce``)."""
+    import torch.nn.functional as F
+
+    from ngra.kernels import dropout_rows
+
+    torch.manual_seed(seed)
+    net = UserNet(x.shape[1], 16, classes)
+    model = net
+    if reduce is not None:
+        model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+    losses = []
+    for step in range(steps):
+        if fail_at is not None and step == fail_at and dist.get_rank() == 1:
+            raise RuntimeError(f"a user error on rank 1 at step {step}")
+        opt.zero_grad()
+        with dropout_rows(row_ids):
+            out = model(graph, x)
+        if reduce is None:
+            loss = F.cross_entropy(out[mask], y[mask])
+            value = float(loss)
+        else:
+            local = F.cross_entropy(out[mask], y[mask], reduction="sum")
+            loss = local * dist.get_world_size() / n_train
+            t = local.detach().clone()
+            reduce(t)
+            value = float(t) / n_train
+        loss.backward()
+        opt.step()
+        losses.append(value)
+    return losses
+
+
+def user_model_on_ranks(folder: str, exchange: str, steps: int, seed: int,
+                        fail_at: int | None = None) -> list[float]:
+    from ngra.distributed.shards import load_shard
+
+    r, k = dist.get_rank(), dist.get_world_size()
+    sh = load_shard(folder, r, k, group=dist.new_group(list(range(k))), exchange=exchange)
+    return user_steps(sh.graph, sh.x, sh.y, sh.masks["train"], steps, seed, dist.all_reduce,
+                      sh.meta["split_sizes"]["train"], sh.row_ids, fail_at)
