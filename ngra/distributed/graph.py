@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ngra.compiler.ir import format_key
 from ngra.distributed.cost import ExchangeChoice, PartitionStats, choose_exchange
 from ngra.distributed.halo import HaloPlan, Traffic, exchange_rows
 from ngra.distributed.link import LinkModel
@@ -88,6 +89,17 @@ class DistGraph(Partitioned):
     def in_degrees(self) -> torch.Tensor:
         return self.local.in_degrees()[: self.num_nodes]
 
+    def to(self, device: torch.device | str) -> DistGraph:
+        """This share with its arrays on ``device`` (NCCL: one GPU a rank)."""
+        device = torch.device(device)
+        if self.local.indptr.device == device:
+            return self
+        g = DistGraph(self.local.to(device), self.num_nodes, self.halo_ids, self.bounds,
+                      self.halo.to(device), self.stats, rank=self.rank,
+                      world_size=self.world_size, group=self.group, exchange=self.exchange,
+                      link=self.link, traffic=self.traffic)
+        return g
+
     def __repr__(self) -> str:
         return (f"DistGraph(rank {self.rank} of {self.world_size}: {self.num_nodes} owned + "
                 f"{self.num_halo} halo vertices, {self.num_edges} in-edges)")
@@ -97,9 +109,10 @@ class DistGraph(Partitioned):
     def ring(self) -> RingPlan:
         if self._ring is None:
             ip = self.local.indptr[: self.num_nodes + 1].to(torch.int64)
-            self._ring = build_ring(self.rank, self.world_size, self.num_nodes, ip,
-                                    self.local.indices, self.halo_ids, self.bounds,
-                                    self.group, self.traffic)
+            device = self.local.indptr.device
+            self._ring = build_ring(self.rank, self.world_size, self.num_nodes, ip.cpu(),
+                                    self.local.indices.cpu(), self.halo_ids, self.bounds,
+                                    self.group, self.traffic).to(device)
         return self._ring
 
     def choice(self, plan: Any, terms: Any) -> ExchangeChoice:
@@ -160,7 +173,7 @@ class DistGraph(Partitioned):
         leaves, spec = flatten(terms)
         src, _ = read_slots(plan, spec, len(leaves))
         keys = spec if isinstance(spec, tuple) else ("x",)
-        moved = ", ".join(f"{keys[i]!s} {list(leaves[i].shape[1:])} "
+        moved = ", ".join(f"{format_key(keys[i])} {list(leaves[i].shape[1:])} "
                           f"{str(leaves[i].dtype).replace('torch.', '')}" for i in sorted(src))
         k, r = self.world_size, self.rank
         if choice.strategy == "halo":

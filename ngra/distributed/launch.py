@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -120,7 +121,7 @@ def _worker(fn: Callable[..., Any], backend: str | None, timeout_s: float, threa
         torch.set_num_threads(threads)
     try:
         init_process_group(backend, timeout_s, device)
-        return fn(*args)
+        result = fn(*args)
     except BaseException as exc:
         rank = int(os.environ.get("RANK", "-1"))
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
@@ -128,10 +129,14 @@ def _worker(fn: Callable[..., Any], backend: str | None, timeout_s: float, threa
                   "traceback": traceback.format_exc()}
         with contextlib.suppress(OSError):
             Path(reports, f"rank{rank}.json").write_text(json.dumps(report))
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        # Leave now: tearing the process group down (or the interpreter's own shutdown)
+        # can block on a peer still waiting in a collective.
+        sys.stderr.write(f"ngra: rank {rank}: {text}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return result
 
 
 def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None = None,

@@ -59,6 +59,17 @@ class RingPlan:
     views: list[TileView]
     traffic: Traffic
 
+    def to(self, device: torch.device) -> RingPlan:
+        """The tiles' index arrays on ``device``."""
+        def move(v: TileView) -> TileView:
+            rev = None if v.rev is None else tuple(t.to(device) for t in v.rev)
+            return TileView(v.dst_lo, v.dst_hi, v.indptr.to(device), v.src_idx.to(device),
+                            v.edge_ids.to(device), rev, v.key, v.whole)
+
+        views = self.views if device.type == "cpu" else [move(v) for v in self.views]
+        return RingPlan(self.rank, self.world_size, self.group, self.chunk_rows, views,
+                        self.traffic)
+
 
 def build_ring(rank: int, world_size: int, num_own: int, indptr: torch.Tensor,
                indices: torch.Tensor, halo: torch.Tensor, bounds: torch.Tensor, group: Any,

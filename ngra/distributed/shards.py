@@ -175,6 +175,18 @@ class Shard:
     row_ids: torch.Tensor
     meta: dict[str, Any]
 
+    def to(self, device: torch.device | str) -> Shard:
+        """The shard's graph and data on ``device`` (``row_ids`` too: dropout reads them)."""
+        device = torch.device(device)
+
+        def move(v: Any) -> Any:
+            if isinstance(v, dict):
+                return {k: t.to(device) for k, t in v.items()}
+            return None if v is None else v.to(device)
+
+        return Shard(self.graph.to(device), move(self.x), move(self.y), move(self.masks),
+                     move(self.edge_data), move(self.row_ids), self.meta)
+
 
 def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, group: Any = None,
                exchange: str = "auto", link: Any = None) -> Shard:

@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ngra.distributed.launch import DistributedError, init_process_group, launch
+from ngra.distributed.launch import init_process_group, launch
 from ngra.memstat import peak_rss_bytes
 
 __all__ = ["RankSession", "partition_for", "prepare_shards", "run_rank", "train_distributed"]
@@ -95,8 +96,13 @@ def _torchrun_rank(cfg: Any, echo: Callable[[str], None] | None) -> dict[str, An
         raise box[0]
     try:
         summary = run_rank(cfg, Path(box[0]))
-    finally:
-        dist.destroy_process_group()
+    except BaseException as exc:
+        # name this rank and leave at once: a teardown can block on peers in a collective
+        sys.stderr.write(f"ngra train: rank {rank} of {k}: error: {type(exc).__name__}: "
+                         f"{exc}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    dist.destroy_process_group()
     if rank == 0 and echo is not None and cfg.explain and "explain" in summary:
         echo(summary["explain"])
     return summary
@@ -230,9 +236,13 @@ class RankSession:
 
     def explain(self) -> str:
         from ngra.runtime.explain import explain
+        from ngra.train import grid_report
 
         with self.context():
-            return explain(self.model, self.graph, self.x, self.edge_data)
+            plans = explain(self.model, self.graph, self.x, self.edge_data)
+            if self.budget:
+                plans += "\n" + grid_report(self.model, self.graph, self.x, self.edge_data)
+        return plans
 
     def step_done(self) -> None:
         self.steps.append(self.graph.traffic.take())
@@ -270,8 +280,10 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
     rank, k = dist.get_rank(), dist.get_world_size()
     device = _device(cfg)
     group = dist.new_group(list(range(k)))  # the exchange's own group, apart from DDP's
-    link = link_model(device=device) if cfg.exchange == "auto" else None
+    link = link_model(device=device)  # forced strategies still report both predictions
     shard = load_shard(folder, rank, k, group=group, exchange=cfg.exchange, link=link)
+    if device == "cuda":  # NCCL: this rank's GPU (launch set it from LOCAL_RANK)
+        shard = shard.to(torch.device("cuda", torch.cuda.current_device()))
     resolved = cfg.resolved()
     meta = shard.meta
     _seed_all(cfg.seed)
@@ -279,11 +291,6 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
                         hidden=resolved["hidden"], heads=resolved["heads"],
                         num_layers=cfg.num_layers, num_edge_types=meta["num_edge_types"],
                         dropout=resolved["dropout"])
+    model = model.to(shard.x.device)
     session = RankSession(model, shard, cfg.memory_budget)
-    try:
-        return fit(cfg, session)
-    except DistributedError:
-        raise
-    except Exception as exc:
-        log.error("rank %d of %d: %s: %s", rank, k, type(exc).__name__, exc)
-        raise
+    return fit(cfg, session)

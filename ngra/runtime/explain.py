@@ -18,6 +18,7 @@ from torch import nn
 from ngra.compiler.driver import compile_layer
 from ngra.runtime.budget import current_budget, forced_grid
 from ngra.runtime.executor import _check_vertex_data, choose_runtime_grid, edge_data_csc
+from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, staging_summary
 
 __all__ = ["explain", "explain_lines"]
@@ -80,8 +81,6 @@ def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) 
 
 def _exchange_lines(plan: Any, graph: Any, x: Any) -> list[str]:
     """Where a partitioned graph's exchange sits in the plan, and what it moves."""
-    from ngra.runtime.partitioned import Partitioned
-
     if not isinstance(graph, Partitioned):
         return []
     with torch.no_grad():
@@ -90,6 +89,8 @@ def _exchange_lines(plan: Any, graph: Any, x: Any) -> list[str]:
 
 def _grid_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:
     """The grid and its staging, when a memory budget or a forced grid shape is active."""
+    if isinstance(graph, Partitioned):  # its local grid shows in grid_report, from a run
+        return []
     if current_budget() is None and forced_grid(graph) is None:
         return []
     with torch.no_grad():

@@ -60,6 +60,10 @@ def test_ranks_train_as_one_process(data, single, k):
             for exchange in ("halo", "ring"):
                 jobs.append((dataclasses.replace(base, exchange=exchange), folder))
                 keys.append((model, method, exchange))
+    # the memory budget holds within each rank: its local graph streams in tiles
+    jobs.append((dataclasses.replace(jobs[0][0], memory_budget="4MB", explain=True),
+                 jobs[0][1]))
+    keys.append(("gcn", "metis", "halo"))
     jobs.append((dataclasses.replace(jobs[0][0], exchange="auto", explain=True), jobs[0][1]))
     keys.append(("gcn", "metis", "auto"))
     out = launch(dist_ranks.train_configs, k, jobs, threads=1)[0]
@@ -80,6 +84,7 @@ def test_ranks_train_as_one_process(data, single, k):
         assert all(b["allreduce"] > 0 for b in sent)
         assert len(summary["peak_rss_mb_per_rank"]) == k
         assert summary["partition"]["parts"] == k
+    assert "chunked streaming" in out[-2]["explain"] and "1 x 1 grid" not in out[-2]["explain"]
     auto = out[-1]
     assert not any(lay["forced"] for lay in auto["exchange"])
     assert all(lay["predicted_halo_s"] > 0 and lay["predicted_ring_s"] > 0
