@@ -49,6 +49,8 @@ DEFAULT_TIMEOUT_S = 300.0
 _PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "broken pipe",
                 "connection refused", "socket closed", "recvbytes", "sendbytes",
                 "read error", "write error", "timed out", "timeout", "got signal")
+#: Seconds a rank that saw a peer's failure waits before exiting (the launcher polls 2/s).
+_PEER_GRACE_S = 2.0
 _ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher",
                     "torch.multiprocessing")
 
@@ -129,10 +131,15 @@ def _worker(fn: Callable[..., Any], backend: str | None, timeout_s: float, threa
                   "traceback": traceback.format_exc()}
         with contextlib.suppress(OSError):
             Path(reports, f"rank{rank}.json").write_text(json.dumps(report))
+        if _is_peer(text):
+            # a peer failed first: give the launcher a moment to see that failure (a
+            # signal death leaves no report) before this one
+            time.sleep(_PEER_GRACE_S)
+        else:
+            sys.stderr.write(f"ngra: rank {rank}: {text}\n")
+            sys.stderr.flush()
         # Leave now: tearing the process group down (or the interpreter's own shutdown)
         # can block on a peer still waiting in a collective.
-        sys.stderr.write(f"ngra: rank {rank}: {text}\n")
-        sys.stderr.flush()
         os._exit(1)
     if dist.is_initialized():
         dist.destroy_process_group()
