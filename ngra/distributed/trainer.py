@@ -14,7 +14,7 @@
 ``torchrun --nproc_per_node K -m ngra train ...`` starts the ranks itself; rank 0 then
 does steps 1-2 while the others wait.
 
-On a rank, :class:`RankSession` gives ``ngra.train.fit`` the rank's share: the model in
+On a rank, :class:`RankSession` gives ``ngra.fit.fit`` the rank's share: the model in
 ``DistributedDataParallel`` (gradients all-reduced in buckets while backward runs), the
 training loss as each rank's sum over its rows divided by the global count (so the
 gradients equal one process's), accuracies from correct counts summed over the ranks,
@@ -150,7 +150,7 @@ def prepare_shards(cfg: Any) -> Path:
     from ngra.datasets import load
     from ngra.datasets.base import writable
     from ngra.distributed.shards import build_shards, prep_key, shards_current
-    from ngra.train import reorder_dataset
+    from ngra.fit import reorder_dataset
 
     ds = load(cfg.dataset, root=cfg.data_root)
     if cfg.nprocs > ds.graph.num_nodes:
@@ -236,7 +236,7 @@ class RankSession:
 
     def explain(self) -> str:
         from ngra.runtime.explain import explain
-        from ngra.train import grid_report
+        from ngra.fit import grid_report
 
         with self.context():
             plans = explain(self.model, self.graph, self.x, self.edge_data)
@@ -275,7 +275,7 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
     from ngra.distributed.link import link_model
     from ngra.distributed.shards import load_shard
     from ngra.models import build_model
-    from ngra.train import _seed_all, fit
+    from ngra.fit import _seed_all, fit
 
     rank, k = dist.get_rank(), dist.get_world_size()
     device = _device(cfg)
