@@ -14,6 +14,7 @@ generators (:func:`rmat`, :func:`sbm`); interop with PyG and DGL
 
 from .base import (
     DATA_ENV,
+    DamagedFileError,
     DatasetError,
     DatasetNotFoundError,
     NodeDataset,
@@ -32,6 +33,7 @@ from .synthetic import rmat, sbm, structural_labels
 __all__ = [
     "CACHE_ENV",
     "DATA_ENV",
+    "DamagedFileError",
     "DatasetError",
     "DatasetNotFoundError",
     "DatasetSpec",
