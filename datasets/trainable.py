@@ -21,6 +21,7 @@ __all__ = ["check_trainable"]
 
 log = logging.getLogger(__name__)
 
+_MAX_SPARSE_CLASSES = 1000  # more classes than labelled vertices beyond this: ids, not classes
 _BLOCK = 1 << 24  # elements per finiteness scan block (16 MB of mask)
 _SPLITS = (("train", "train_mask"), ("validation", "val_mask"), ("test", "test_mask"))
 
@@ -46,6 +47,12 @@ def check_trainable(ds: NodeDataset, name: str | None = None) -> None:
     if num_labelled == 0:
         raise DatasetError(f"{name} has 0 labelled vertices (every label is -1).")
     classes = torch.unique(ds.y[labelled])
+    if ds.num_classes > max(_MAX_SPARSE_CLASSES, num_labelled):
+        raise DatasetError(
+            f"{name} declares {ds.num_classes:,} classes for {num_labelled:,} labelled vertices "
+            f"({classes.numel()} labels occur); the model would need {ds.num_classes:,} outputs. "
+            "Renumber the labels densely (0..C-1)."
+        )
     if classes.numel() < 2:
         raise DatasetError(
             f"{name} has 1 class among its {num_labelled} labelled vertices (label "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import statistics
 import time
@@ -187,6 +188,12 @@ def check_run_files(cfg: TrainConfig) -> None:
         raise ValueError(f"--checkpoint {cfg.checkpoint} is a file; it must name a folder.")
     if cfg.out and Path(cfg.out).is_dir():
         raise ValueError(f"--out {cfg.out} is a folder; it must name the JSON file to write.")
+    for folder in (Path(cfg.out).parent if cfg.out else None, cfg.checkpoint):
+        if folder is None:
+            continue
+        Path(folder).mkdir(parents=True, exist_ok=True)  # raises a clear OSError if it cannot
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(f"cannot write to {folder} (--out / --checkpoint).")
 
 
 @torch.no_grad()

@@ -36,6 +36,8 @@ def test_a_trainable_dataset_passes() -> None:
     ({"y": torch.tensor([1, 1, 0, 1, 0, 1])}, "train split of toy holds 1 class (label 1)"),
     ({"test_mask": torch.zeros(6, dtype=torch.bool)}, "test split of toy has 0 vertices"),
     ({"x": torch.zeros(6, 0)}, "toy has 0 feature columns"),
+    ({"y": torch.tensor([0, 5000, 0, 1, 0, 1]), "num_classes": 5001},
+     "toy declares 5,001 classes for 6 labelled vertices (3 labels occur)"),
     ({"x": torch.tensor([[0.0, 1, 2]] * 5 + [[0, float("inf"), 0]])},
      "1 features (x) of toy are not finite (nan or inf), the first at vertex 5, column 1 (inf)"),
 ])
