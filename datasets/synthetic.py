@@ -338,7 +338,7 @@ def _check_rmat_params(scale: int, a: float, b: float, c: float) -> None:
     if not 1 <= scale <= 31:
         raise DatasetError(f"rmat scale must be in [1, 31] (2**scale nodes); got {scale}.")
     d = 1.0 - a - b - c
-    if min(a, b, c) < 0 or d < -1e-9:
+    if not np.isfinite(d) or min(a, b, c) < 0 or d < -1e-9:
         raise DatasetError(
             f"rmat probabilities must be >= 0 with a + b + c <= 1 (d = 1 - a - b - c); "
             f"got a={a}, b={b}, c={c}, d={d:.4g}."
