@@ -251,8 +251,14 @@ def _locate(
     return found
 
 
-class _RawUnpickler(pickle.Unpickler):
-    """Unpickles only what the Planetoid files contain (no arbitrary code on load)."""
+class _RawUnpickler(pickle._Unpickler):
+    """Unpickles only what the Planetoid files contain (no arbitrary code on load).
+
+    The pure-Python unpickler, not the C one: the C one sizes its memo table by the
+    largest memo index, so a damaged BINPUT index makes it zero gigabytes (the OOM
+    killer, not an error); here the memo is a dict. The files are small, so the
+    speed is the same.
+    """
 
     _ALLOWED: ClassVar[frozenset[tuple[str, str]]] = frozenset(
         {
@@ -308,7 +314,7 @@ def _read(path: Path, ext: str, name: str):
         with open(path, "rb") as f, warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # old pickles name scipy.sparse.csr
             return _RawUnpickler(f, encoding="latin1").load()
-    except OSError:
+    except (OSError, MemoryError):
         raise
     except Exception as err:  # a damaged pickle fails in any of a dozen ways
         what = "one integer per line expected" if ext == "test.index" else "not a readable pickle"

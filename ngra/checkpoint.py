@@ -89,6 +89,8 @@ def load_checkpoint(path: str | os.PathLike[str], required: Iterable[str] = ()) 
         if bad is not None:
             raise ValueError(f"checksum mismatch in its member {bad}")
         state = torch.load(path, map_location="cpu", weights_only=False)
+    except MemoryError:
+        raise
     except Exception as err:  # zipfile, torch and pickle fail in many ways on damaged bytes
         raise CheckpointError(path, f"checkpoint {path} is damaged ({_reason(err)}).") from None
     missing = [k for k in required if not isinstance(state, dict) or k not in state]
