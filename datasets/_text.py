@@ -127,7 +127,9 @@ def _parse_chunk(chunk: bytes, dtype: type, path: Path, first_line: int, fix: st
                 f"{path}, line {first_line + i}: cannot parse {_show(text)} as {kind}; the "
                 f"file is damaged or not in the expected format. {fix}",
             ) from None
-    raise DamagedFileError(path, f"{path}: cannot parse its numbers (near line {first_line}). {fix}")
+    raise DamagedFileError(
+        path, f"{path}: cannot parse its numbers (near line {first_line}). {fix}"
+    )
 
 
 def _check_columns(chunk: bytes, columns: int, path: Path, first_line: int, fix: str) -> None:

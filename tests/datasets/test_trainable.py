@@ -58,8 +58,8 @@ def test_non_finite_edge_weights() -> None:
 
 def test_no_vertices() -> None:
     empty = Graph.from_edge_index(torch.empty(2, 0, dtype=torch.int64), num_nodes=0)
+    none = torch.zeros(0, dtype=torch.bool)
     ds = make(graph=empty, x=torch.zeros(0, 3), y=torch.zeros(0, dtype=torch.int64),
-              train_mask=torch.zeros(0, dtype=torch.bool), val_mask=torch.zeros(0, dtype=torch.bool),
-              test_mask=torch.zeros(0, dtype=torch.bool))
+              train_mask=none, val_mask=none, test_mask=none)
     with pytest.raises(DatasetError, match="toy has 0 vertices"):
         check_trainable(ds, "toy")
