@@ -29,7 +29,7 @@ test: $(VENV)/.test
 	NGRA_DATA=$(DATA) $(PY) -m pytest -q -m "not slow"
 
 test-all: $(VENV)/.test
-	NGRA_DATA=$(DATA) $(PY) -m pytest -q
+	NGRA_DATA=$(DATA) NGRA_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -10,10 +10,12 @@ Loaders: Planetoid raw files (:func:`load_planetoid`), OGB node-property folders
 (:func:`load_ogb`), edge lists (:func:`load_edgelist`, :func:`load_twitter`),
 generators (:func:`rmat`, :func:`sbm`); interop with PyG and DGL
 (:func:`to_pyg`, :func:`from_pyg`, :func:`to_dgl`, :func:`from_dgl`).
+:func:`check_trainable` says whether training on a dataset can mean anything.
 """
 
 from .base import (
     DATA_ENV,
+    DamagedFileError,
     DatasetError,
     DatasetNotFoundError,
     NodeDataset,
@@ -28,10 +30,12 @@ from .ogb import load_ogb
 from .planetoid import load_planetoid
 from .spec import DatasetSpec, available, describe, load, parse_spec
 from .synthetic import rmat, sbm, structural_labels
+from .trainable import check_trainable
 
 __all__ = [
     "CACHE_ENV",
     "DATA_ENV",
+    "DamagedFileError",
     "DatasetError",
     "DatasetNotFoundError",
     "DatasetSpec",
@@ -39,6 +43,7 @@ __all__ = [
     "NodeDataset",
     "SpecError",
     "available",
+    "check_trainable",
     "data_root",
     "describe",
     "from_dgl",

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ngra.errors import DamagedFileError, DatasetError, DatasetNotFoundError, SpecError
 from ngra.graph import Graph
 
 from .direction import add_missing_reverses, reciprocity
@@ -26,6 +27,7 @@ from .direction import add_missing_reverses, reciprocity
 __all__ = [
     "DATA_ENV",
     "DEFAULT_DATA_ROOT",
+    "DamagedFileError",
     "DatasetError",
     "DatasetNotFoundError",
     "NodeDataset",
@@ -38,18 +40,6 @@ __all__ = [
 DATA_ENV = "NGRA_DATA"
 #: Data root used when neither an explicit root nor ``NGRA_DATA`` is given.
 DEFAULT_DATA_ROOT = Path("~/.ngra/data")
-
-
-class DatasetError(ValueError):
-    """A dataset could not be built from what was given (bad file contents, bad arguments)."""
-
-
-class SpecError(DatasetError):
-    """A dataset spec string (``"rmat:scale=18,seed=0"``) could not be parsed."""
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """Raw files a loader needs are missing (and could not be downloaded)."""
 
 
 def data_root(root: str | os.PathLike[str] | None = None) -> Path:

@@ -12,15 +12,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ngra.errors import DownloadError
+
 __all__ = ["DownloadError", "fetch", "sha256_of"]
 
 log = logging.getLogger(__name__)
 
 _TIMEOUT_S = 30
-
-
-class DownloadError(OSError):
-    """A file could not be downloaded, or its checksum did not match."""
 
 
 def sha256_of(path: str | os.PathLike[str]) -> str:

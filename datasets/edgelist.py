@@ -27,8 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ngra.graph import MAX_NODES
+
 from ._text import parse_numbers, read_text, strip_comments
 from .base import (
+    DamagedFileError,
     DatasetError,
     DatasetNotFoundError,
     NodeDataset,
@@ -84,22 +87,33 @@ def read_edgelist(path: str | Path, progress: bool | None = None) -> EdgeList:
     if not path.is_file():
         raise DatasetNotFoundError(f"edge list {path} does not exist.")
     data = strip_comments(read_text(path))
+    lead = len(data) - len(data.lstrip(b"\r\n"))
+    first_line = 1 + data.count(b"\n", 0, lead)  # the first non-blank line's number
+    data = data[lead:]
     first_nl = data.find(b"\n")
     first = data if first_nl < 0 else data[:first_nl]
     header = _LG_HEADER.match(first.rstrip(b"\r"))
     if header:
         n, e, kind = int(header.group(1)), int(header.group(2)), header.group(3)
+        if n > MAX_NODES:
+            raise DamagedFileError(
+                path, f"{path}: the LG header declares {n:,} vertices (a graph holds at most "
+                f"{MAX_NODES:,}); the header is probably damaged."
+            )
         body = b"" if first_nl < 0 else data[first_nl + 1 :]
-        values = parse_numbers(body, path, progress)
+        values = parse_numbers(body, path, progress, columns=2, first_line=first_line + 1)
         if values.size != 2 * e:
-            raise DatasetError(
-                f"{path}: LG header declares {e} edges but the file holds {values.size / 2:g} "
-                "'a,b' lines (only single-graph LG files are supported)."
+            raise DamagedFileError(
+                path,
+                f"{path}: the LG header declares {e} edges but the file holds {values.size // 2} "
+                "'a,b' lines: the file is cut short or damaged (only single-graph LG files "
+                "are supported).",
             )
         pairs = values.reshape(-1, 2) - 1
         if e and (pairs.min() < 0 or pairs.max() >= n):
             raise DatasetError(
-                f"{path}: LG vertex ids must be in [1, {n}] (the header's N); got [{pairs.min() + 1}, {pairs.max() + 1}]."
+                f"{path}: LG vertex ids must be in [1, {n}] (the header's N); "
+                f"got [{pairs.min() + 1}, {pairs.max() + 1}]."
             )
         return EdgeList(pairs[:, 0].copy(), pairs[:, 1].copy(), n, "lg", kind == b"d")
 
@@ -110,15 +124,13 @@ def read_edgelist(path: str | Path, progress: bool | None = None) -> EdgeList:
         return EdgeList(empty, empty.copy(), 0, "snap", None)
     if ncols < 2:
         raise DatasetError(
-            f"{path}: expected 'src dst' per line; the first line is {first[:80]!r}."
+            f"{path}, line {first_line}: expected 'src dst' per line; got {first[:80]!r}."
         )
     if ncols > 2:
         log.info("%s: %d columns; using the first two as (src, dst)", path, ncols)
-    values = parse_numbers(data, path, progress, as_float=ncols > 2)
-    if values.size % ncols:
-        raise DatasetError(
-            f"{path}: every line must have {ncols} columns like the first; the counts do not add up."
-        )
+    values = parse_numbers(
+        data, path, progress, as_float=ncols > 2, columns=ncols, first_line=first_line
+    )
     table = values.reshape(-1, ncols)[:, :2]
     if ncols > 2:  # parsed as float because of extra (weight) columns
         if table.size and (

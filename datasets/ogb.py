@@ -25,7 +25,6 @@ the edges stay as listed and a graph with (almost) no reciprocal edges is report
 from __future__ import annotations
 
 import csv
-import gzip
 import logging
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import numpy as np
 import torch
 
 from ._text import parse_numbers, read_text
-from .base import DatasetError, DatasetNotFoundError, NodeDataset, csc_graph
+from .base import DamagedFileError, DatasetError, DatasetNotFoundError, NodeDataset, csc_graph
 from .direction import check_direction
 
 __all__ = ["load_ogb", "ogb_source_files"]
@@ -43,6 +42,8 @@ log = logging.getLogger(__name__)
 #: ``add_inverse_edge`` of OGB's node-property datasets (``ogb/nodeproppred/master.csv``),
 #: for folders without a master.csv of their own.
 OGB_ADD_INVERSE_EDGE = {"ogbn-arxiv": False, "ogbn-products": True, "ogbn-proteins": True}
+
+_FIX = "Download or unpack the OGB dataset again (the ogb package's raw layout)."
 
 
 def load_ogb(
@@ -74,33 +75,27 @@ def load_ogb(
     if not folder.is_dir():
         raise DatasetNotFoundError(f"OGB folder {folder} does not exist.")
     raw = folder / "raw"
-    edges = _read_numbers(_need(raw, "edge", folder), progress, ints=True)
-    if edges.size % 2:
-        raise DatasetError(f"{raw / 'edge.csv.gz'}: expected 'src,dst' lines.")
+    edges = _read_numbers(_need(raw, "edge", folder), progress, ints=True, columns=2)
     edges = edges.reshape(-1, 2)
 
     feat_file = _need(raw, "node-feat", folder)
-    width = _first_line_width(feat_file)
-    feats = _read_numbers(feat_file, progress, ints=False).astype(np.float32, copy=False)
-    if width == 0 or feats.size % width:
-        raise DatasetError(f"{feat_file}: every line must hold {width} comma-separated features.")
-    x = feats.reshape(-1, width)
+    feat_text = read_text(feat_file, _FIX)
+    width = _first_line_width(feat_text)
+    if width == 0:
+        raise DamagedFileError(feat_file, f"{feat_file}: the first line holds no features. {_FIX}")
+    feats = parse_numbers(feat_text, feat_file, progress, as_float=True, columns=width, fix=_FIX)
+    del feat_text
+    x = feats.astype(np.float32, copy=False).reshape(-1, width)
 
     label_file = _need(raw, "node-label", folder)
-    if _first_line_width(label_file) != 1:
-        raise DatasetError(
-            f"{label_file}: {_first_line_width(label_file)} label columns; NodeDataset holds one class "
-            "label per node (multi-task datasets such as ogbn-proteins are not supported)."
-        )
     labels = _read_labels(label_file)
-
     num_nodes = x.shape[0]
     count_file = _find(raw, "num-node-list")
     if count_file is not None:
         counts = _read_numbers(count_file, None, ints=True)
-        if counts.size != 1:
+        if counts.size != 1 or counts[0] < 0:
             raise DatasetError(
-                f"{count_file}: expected one graph (one node count); got {counts.size}."
+                f"{count_file}: expected one graph (one node count >= 0); got {counts.tolist()}."
             )
         num_nodes = int(counts[0])
     if x.shape[0] != num_nodes or labels.size != num_nodes:
@@ -123,7 +118,7 @@ def load_ogb(
     split_dir = _split_dir(folder, split)
     masks = []
     for part in ("train", "valid", "test"):
-        idx = _read_numbers(_need(split_dir, part, folder), None, ints=True)
+        idx = _read_numbers(_need(split_dir, part, folder), None, ints=True, columns=1)
         if idx.size and (idx.min() < 0 or idx.max() >= num_nodes):
             raise DatasetError(f"{split_dir / part}: node ids must be in [0, {num_nodes}).")
         m = torch.zeros(num_nodes, dtype=torch.bool)
@@ -226,37 +221,41 @@ def _split_dir(folder: Path, split: str | None) -> Path:
     return base / types[0]
 
 
-def _read_numbers(path: Path, progress: bool | None, ints: bool) -> np.ndarray:
-    return parse_numbers(read_text(path), path, progress, as_float=not ints)
+def _read_numbers(
+    path: Path, progress: bool | None, ints: bool, columns: int | None = None
+) -> np.ndarray:
+    return parse_numbers(
+        read_text(path, _FIX), path, progress, as_float=not ints, columns=columns, fix=_FIX
+    )
 
 
-def _first_line_width(path: Path) -> int:
-    with gzip.open(path, "rb") if _read_magic(path) else open(path, "rb") as f:
-        line = f.readline().strip()
+def _first_line_width(text: bytes) -> int:
+    line = text[: text.find(b"\n")] if b"\n" in text else text
+    line = line.strip()
     return len(line.split(b",")) if line else 0
 
 
-def _read_magic(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
 def _read_labels(path: Path) -> np.ndarray:
-    text = read_text(path)
+    text = read_text(path, _FIX)
+    width = _first_line_width(text)
+    if width > 1:
+        raise DatasetError(
+            f"{path}: {width} label columns; NodeDataset holds one class label per node "
+            "(multi-task datasets such as ogbn-proteins are not supported)."
+        )
     if text.startswith((b"\n", b"\r\n")) or b"\n\n" in text or b"\n\r\n" in text:
         # Empty lines are unlabeled nodes; numpy's parser would skip them silently.
         lines = text.splitlines()
         text = b"\n".join(ln if ln.strip() else b"nan" for ln in lines)
-    num_lines = text.count(b"\n") + (0 if text.endswith(b"\n") or not text else 1)
-    vals = parse_numbers(text, path, None, as_float=True)
-    if vals.size != num_lines:
-        raise DatasetError(
-            f"{path}: expected one label per line ({num_lines} lines, {vals.size} values)."
-        )
+    vals = parse_numbers(text, path, None, as_float=True, columns=1, fix=_FIX)
     ok = ~np.isnan(vals)
     known = vals[ok]
-    if known.size and ((known < 0).any() or not np.array_equal(known, np.floor(known))):
-        raise DatasetError(f"{path}: labels must be non-negative integers (or nan for unlabeled).")
+    if known.size and (
+        (known < 0).any() or (known >= 2**31).any() or not np.array_equal(known, np.floor(known))
+    ):
+        raise DatasetError(
+            f"{path}: labels must be integers in [0, 2**31) (or nan for unlabeled)."
+        )
     out = np.full(vals.size, -1, dtype=np.int64)
     out[ok] = known.astype(np.int64)
     return out

@@ -11,6 +11,11 @@ removed (Cora: 10,556 directed edges; CiteSeer: 9,104).
 Files are looked up in ``<root>/planetoid/`` and then ``<root>/``; missing ones are
 downloaded into ``<root>/planetoid/`` from the Planetoid repository when
 ``download=True`` and checked against the sha256 recorded here.
+
+A damaged file raises :class:`~ngra.errors.DamagedFileError` naming it and the fix:
+one that does not unpickle, whose objects have the wrong types or shapes, or --
+since a flipped bit in a value still parses -- whose sha256 differs from the
+published file's.
 """
 
 from __future__ import annotations
@@ -24,8 +29,17 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .base import DatasetNotFoundError, NodeDataset, csc_graph, data_root, rng_for, writable
-from .download import DownloadError, fetch
+from .base import (
+    DamagedFileError,
+    DatasetError,
+    DatasetNotFoundError,
+    NodeDataset,
+    csc_graph,
+    data_root,
+    rng_for,
+    writable,
+)
+from .download import DownloadError, fetch, sha256_of
 
 __all__ = ["PLANETOID_NAMES", "load_planetoid", "planetoid_url"]
 
@@ -111,13 +125,14 @@ def load_planetoid(
     """
     key = name.lower()
     if key not in PLANETOID_NAMES:
-        raise ValueError(
+        raise DatasetError(
             f"unknown Planetoid dataset {name!r}; expected one of {sorted(PLANETOID_NAMES)}."
         )
     root_path = data_root(root)
     exts = [e for e in _EXTS if not (allow_missing_features and e in _FEATURE_EXTS)]
     paths = _locate(key, root_path, exts, download, allow_missing_features, progress)
-    raw = {ext: _read(paths[ext], ext) for ext in exts}
+    raw = {ext: _read(paths[ext], ext, key) for ext in exts}
+    _check_raw(key, raw, paths)
 
     ally, ty = raw["ally"], raw["ty"]
     n_all = ally.shape[0]
@@ -154,13 +169,18 @@ def load_planetoid(
     num_classes = ally.shape[1]
 
     graph_dict = raw["graph"]
-    keys = np.fromiter(graph_dict.keys(), dtype=np.int64, count=len(graph_dict))
-    lens = np.fromiter((len(v) for v in graph_dict.values()), dtype=np.int64, count=len(graph_dict))
-    src = np.repeat(keys, lens)
-    dst = np.fromiter(
-        (u for v in graph_dict.values() for u in v), dtype=np.int64, count=int(lens.sum())
-    )
-    graph = csc_graph(src, dst, num_nodes, symmetric=True, remove_self_loops=True, dedup=True)
+    try:
+        keys = np.fromiter(graph_dict.keys(), dtype=np.int64, count=len(graph_dict))
+        lens = np.fromiter(
+            (len(v) for v in graph_dict.values()), dtype=np.int64, count=len(graph_dict)
+        )
+        src = np.repeat(keys, lens)
+        dst = np.fromiter(
+            (u for v in graph_dict.values() for u in v), dtype=np.int64, count=int(lens.sum())
+        )
+        graph = csc_graph(src, dst, num_nodes, symmetric=True, remove_self_loops=True, dedup=True)
+    except (ValueError, TypeError, OverflowError) as err:  # DatasetError: ids out of range
+        raise _damaged(paths["graph"], key, f"bad adjacency lists ({err})") from None
 
     n_train = raw["y"].shape[0]
     masks = []
@@ -231,8 +251,14 @@ def _locate(
     return found
 
 
-class _RawUnpickler(pickle.Unpickler):
-    """Unpickles only what the Planetoid files contain (no arbitrary code on load)."""
+class _RawUnpickler(pickle._Unpickler):
+    """Unpickles only what the Planetoid files contain (no arbitrary code on load).
+
+    The pure-Python unpickler, not the C one: the C one sizes its memo table by the
+    largest memo index, so a damaged BINPUT index makes it zero gigabytes (the OOM
+    killer, not an error); here the memo is a dict. The files are small, so the
+    speed is the same.
+    """
 
     _ALLOWED: ClassVar[frozenset[tuple[str, str]]] = frozenset(
         {
@@ -265,9 +291,98 @@ class _RawUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _read(path: Path, ext: str):
-    if ext == "test.index":
-        return np.array(path.read_text().split(), dtype=np.int64)
-    with open(path, "rb") as f, warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # old pickles name scipy.sparse.csr
-        return _RawUnpickler(f, encoding="latin1").load()
+def _damaged(path: Path, name: str, what: str) -> DamagedFileError:
+    """The error for a damaged raw file: what is wrong, whether its checksum matches, the fix."""
+    want = _SHA256.get(path.name)
+    check = ""
+    if want is not None:
+        same = sha256_of(path) == want
+        check = (" Its sha256 matches the published file's." if same else
+                 " Its sha256 differs from the published file's.")
+    return DamagedFileError(
+        path,
+        f"{path} is damaged: {what}.{check} Delete it and load {name!r} again to download a "
+        f"fresh copy (or copy it again from {planetoid_url(name, path.name.split('.', 2)[2])}).",
+    )
+
+
+def _read(path: Path, ext: str, name: str):
+    """One raw file's object; any failure to read it is a :class:`DamagedFileError`."""
+    try:
+        if ext == "test.index":
+            return np.array(path.read_bytes().split(), dtype=np.int64)
+        with open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # old pickles name scipy.sparse.csr
+            return _RawUnpickler(f, encoding="latin1").load()
+    except (OSError, MemoryError):
+        raise
+    except Exception as err:  # a damaged pickle fails in any of a dozen ways
+        what = "one integer per line expected" if ext == "test.index" else "not a readable pickle"
+        reason = str(err).rstrip(".")
+        raise _damaged(path, name, f"{what} ({type(err).__name__}: {reason})") from None
+
+
+def _check_raw(name: str, raw: dict, paths: dict[str, Path]) -> None:
+    """The raw objects have the types and matching shapes the Planetoid files have.
+
+    Sparse feature matrices are converted to CSR (checked) in place.
+    """
+    import scipy.sparse as sp
+
+    width, _ = PLANETOID_NAMES[name]
+    for ext in ("x", "tx", "allx", "y", "ty", "ally"):
+        if ext not in raw:
+            continue
+        obj = raw[ext]
+        if ext in _FEATURE_EXTS:
+            if not sp.issparse(obj) or obj.ndim != 2 or obj.shape[1] != width:
+                raise _damaged(paths[ext], name, f"expected a sparse [rows, {width}] feature "
+                                                 f"matrix; got {_describe(obj)}")
+            try:
+                obj = raw[ext] = sp.csr_matrix(obj)
+                obj.check_format(full_check=True)
+            except Exception as err:  # scipy raises ValueError, IndexError, TypeError, ...
+                raise _damaged(paths[ext], name, f"inconsistent sparse matrix ({err})") from None
+        elif not (isinstance(obj, np.ndarray) and obj.ndim == 2 and obj.dtype.kind in "biuf"
+                  and obj.shape[1] >= 1):
+            raise _damaged(paths[ext], name,
+                           f"expected a one-hot label matrix; got {_describe(obj)}")
+    test_index = raw["test.index"]
+    if test_index.size == 0 or np.unique(test_index).size != test_index.size:
+        raise _damaged(paths["test.index"], name, "expected distinct test vertex ids, one a line")
+    graph = raw["graph"]
+    if not isinstance(graph, dict) or not all(
+        isinstance(v, (list, tuple, set)) for v in graph.values()
+    ):
+        raise _damaged(paths["graph"], name,
+                       f"expected a dict of adjacency lists; got {_describe(graph)}")
+    rows = {ext: raw[ext].shape for ext in raw if ext not in ("graph", "test.index")}
+    n_all = rows["ally"][0]
+    pairs = [("y", "x"), ("ty", "tx"), ("ally", "allx")]
+    mismatch = [(a, b) for a, b in pairs if b in rows and rows[a][0] != rows[b][0]]
+    mismatch += [(a, "y") for a in ("ty", "ally") if rows[a][1] != rows["y"][1]]
+    if rows["ty"][0] != test_index.size:
+        mismatch.append(("ty", "test.index"))
+    if mismatch:
+        a, b = mismatch[0]
+        shape_a, shape_b = list(rows[a]), list(rows.get(b, test_index.shape))
+        if _SHA256.get(paths[a].name) == sha256_of(paths[a]):  # a is intact: b is the damaged one
+            a, b, shape_a, shape_b = b, a, shape_b, shape_a
+        raise _damaged(paths[a], name, f"its shape {shape_a} does not fit "
+                                       f"ind.{name}.{b}'s {shape_b}")
+    if rows["y"][0] + _VAL_SIZE > n_all:
+        raise _damaged(paths["ally"], name, f"{n_all} rows; the public split needs at least "
+                                            f"{rows['y'][0] + _VAL_SIZE}")
+    if int(test_index.min()) != n_all or int(test_index.max()) >= len(graph):
+        raise _damaged(paths["test.index"], name, f"test ids must lie in [{n_all}, {len(graph)}) "
+                                                  "(after the labelled rows, inside the graph)")
+    for path in paths.values():  # a flipped bit in a value parses: only the checksum tells
+        want = _SHA256.get(path.name)
+        if want is not None and sha256_of(path) != want:
+            raise _damaged(path, name, "it reads as a Planetoid file, but its contents are not "
+                                       "the published file's")
+
+
+def _describe(obj: object) -> str:
+    shape = getattr(obj, "shape", None)
+    return type(obj).__name__ + (f" of shape {list(shape)}" if isinstance(shape, tuple) else "")

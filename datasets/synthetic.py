@@ -140,10 +140,7 @@ def rmat(
     Returns:
         A :class:`NodeDataset` named ``"rmat"``.
     """
-    if classes < 1 or feat < 1:
-        raise DatasetError(
-            f"rmat needs classes >= 1 and feat >= 1; got classes={classes}, feat={feat}."
-        )
+    check_label_params("rmat", classes, feat, noise)
     if edge_factor < 0:
         raise DatasetError(f"rmat edge_factor must be >= 0; got {edge_factor}.")
     _check_rmat_params(scale, a, b, c)
@@ -309,6 +306,7 @@ def synthetic_node_data(
     edge_types: int = 1,
 ) -> NodeDataset:
     """Wrap a graph and labels with label-carrying features, a random split and edge types."""
+    check_label_params(name, num_classes, feat, noise)
     x = class_features(y, num_classes, feat, noise, rng_for(seed, "features"))
     masks = random_masks(graph.num_nodes, train, val, rng_for(seed, "split"), labeled=y >= 0)
     edge_type = typed_edges(graph, y, edge_types)
@@ -326,11 +324,21 @@ def synthetic_node_data(
     )
 
 
+def check_label_params(name: str, classes: int, feat: int, noise: float) -> None:
+    """The synthetic labels' and features' settings: ``classes, feat >= 1``, ``noise >= 0``."""
+    if classes < 1 or feat < 1:
+        raise DatasetError(
+            f"{name} needs classes >= 1 and feat >= 1; got classes={classes}, feat={feat}."
+        )
+    if not (np.isfinite(noise) and noise >= 0):
+        raise DatasetError(f"{name}: noise must be a finite number >= 0; got {noise}.")
+
+
 def _check_rmat_params(scale: int, a: float, b: float, c: float) -> None:
     if not 1 <= scale <= 31:
         raise DatasetError(f"rmat scale must be in [1, 31] (2**scale nodes); got {scale}.")
     d = 1.0 - a - b - c
-    if min(a, b, c) < 0 or d < -1e-9:
+    if not np.isfinite(d) or min(a, b, c) < 0 or d < -1e-9:
         raise DatasetError(
             f"rmat probabilities must be >= 0 with a + b + c <= 1 (d = 1 - a - b - c); "
             f"got a={a}, b={b}, c={c}, d={d:.4g}."

@@ -13,7 +13,18 @@ import logging
 import sys
 from dataclasses import fields
 
-__all__ = ["main", "build_parser", "explain_model"]
+__all__ = ["main", "build_parser", "explain_model", "EXIT_BAD_INPUT", "EXIT_DIVERGED",
+           "EXIT_RANK_FAILED"]
+
+#: Exit status when the input cannot work: arguments, dataset, damaged or missing files.
+EXIT_BAD_INPUT = 2
+#: Exit status when training diverged (a non-finite loss, gradient or weight).
+EXIT_DIVERGED = 3
+#: Exit status when a rank of a multi-process run failed otherwise (killed, crashed).
+EXIT_RANK_FAILED = 1
+#: A rank's error of these types is bad input (exit 2), as it would be on one process.
+_BAD_INPUT_TYPES = {"ValueError", "TypeError", "DatasetError", "SpecError", "DamagedFileError",
+                    "CheckpointError", "BookError", "FileNotFoundError", "PermissionError"}
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +48,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="write the JSON summary here")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="save checkpoints in DIR")
     p.add_argument("--checkpoint-every", type=int, default=10)
-    p.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from DIR/checkpoint.pt (DIR/checkpoint.prev.pt if it is damaged)")
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--explain", action="store_true",
@@ -222,16 +234,22 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     handlers = {"train": _cmd_train, "partition": _cmd_partition, "explain": _cmd_explain,
                 "info": _cmd_info, "characterize": _cmd_characterize}
-    from ngra.distributed.launch import DistributedError
+    from ngra.errors import DistributedError, TrainingDivergedError
 
     try:
         return handlers[args.command](args)
     except DistributedError as exc:
         print(f"ngra {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+        if exc.cause == "TrainingDivergedError":
+            return EXIT_DIVERGED
+        return EXIT_BAD_INPUT if exc.cause in _BAD_INPUT_TYPES else EXIT_RANK_FAILED
+    except TrainingDivergedError as exc:
         print(f"ngra {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_DIVERGED
+    except (ValueError, TypeError, OSError) as exc:
+        # bad arguments, unusable or damaged data, missing or unwritable files
+        print(f"ngra {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -7,9 +7,12 @@ one-process session; :mod:`ngra.distributed.trainer` makes one per rank
 (``RankSession``). A checkpoint holds the same state either way, so a run resumes on any
 number of processes.
 
-Checkpoints are written atomically (temp file + rename) every ``checkpoint_every``
-epochs; ``resume=True`` restores model, optimizer, best state and every RNG, so a resumed
-run is bit-identical to an uninterrupted one.
+Checkpoints are written every ``checkpoint_every`` epochs through :mod:`ngra.checkpoint`
+(atomic, the previous one kept, verified on read); ``resume=True`` restores model,
+optimizer, best state and every RNG, so a resumed run is bit-identical to an uninterrupted
+one. Each step is checked for a non-finite loss, output, gradient or weight
+(:func:`check_finite`), which stops the run with a
+:class:`~ngra.errors.TrainingDivergedError` before the optimizer spreads it.
 """
 
 from __future__ import annotations
@@ -17,10 +20,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import random
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -30,18 +31,25 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ngra.checkpoint import load_latest_checkpoint, save_checkpoint
+from ngra.errors import CheckpointError, TrainingDivergedError
 from ngra.memstat import peak_rss_bytes
+from ngra.models import HYPER_PARAMETERS
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.placement import Placement, placed
 
 if TYPE_CHECKING:
     from ngra.train import TrainConfig
 
-__all__ = ["CKPT_NAME", "Session", "evaluate", "fit", "grid_report", "reorder_dataset"]
+__all__ = ["CHECKPOINT_KEYS", "Session", "check_finite", "evaluate", "fit", "grid_report",
+           "reorder_dataset", "resume_from_checkpoint"]
 
 log = logging.getLogger(__name__)
 
-CKPT_NAME = "checkpoint.pt"
+#: What a training checkpoint holds (:func:`resume_from_checkpoint` checks them all).
+CHECKPOINT_KEYS = ("config", "epoch", "model", "optimizer", "best", "times", "history", "rng")
+#: Settings a resumed run must share with its checkpoint: they fix the weights' shapes.
+_RESUME_FIELDS = ("model", "dataset", "hidden", "heads", "num_layers")
 
 
 def _peak_rss_mb() -> float:
@@ -64,16 +72,80 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-def _save_atomic(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ckpt-", suffix=".tmp")
-    os.close(fd)
+def resume_from_checkpoint(directory: str | Path, resolved: dict[str, Any],
+                           model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """Restore ``model``, ``opt`` and every RNG from the newest intact checkpoint in
+    ``directory`` (``checkpoint.prev.pt`` with a warning when the newest is damaged).
+
+    The optimizer continues with this run's learning rate and weight decay (a warning
+    says when they differ from the checkpoint's), so a diverged run can resume with a
+    smaller ``--lr``. Returns the checkpoint (``epoch``, ``best``, ``times``, ``history``).
+
+    Raises:
+        FileNotFoundError: no checkpoint in ``directory``.
+        CheckpointError: every checkpoint there is damaged, or it was written by a run
+            with another model, dataset or layer sizes, or past ``epochs``.
+    """
+    ck, path = load_latest_checkpoint(directory, CHECKPOINT_KEYS)
+    saved = ck["config"] if isinstance(ck["config"], dict) else {}
+    diff = [f"{k}={saved.get(k)!r} there, {resolved[k]!r} here" for k in _RESUME_FIELDS
+            if saved.get(k) != resolved[k]]
+    if diff:
+        raise CheckpointError(path, f"checkpoint {path} was written by another run "
+                                    f"({'; '.join(diff)}). Resume with the same settings, or "
+                                    "give another --checkpoint folder.")
+    if ck["epoch"] > resolved["epochs"]:
+        raise CheckpointError(path, f"checkpoint {path} is at epoch {ck['epoch']}, past the "
+                                    f"{resolved['epochs']} epochs asked for; ask for more.")
     try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        _set_rng_state(ck["rng"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(path, f"checkpoint {path} does not fit this model "
+                                    f"({str(err).splitlines()[0]}).") from None
+    for key in ("lr", "weight_decay"):
+        before = {group[key] for group in opt.param_groups}
+        if before != {resolved[key]}:
+            log.warning("resuming with %s=%g (the checkpoint's run used %s)", key, resolved[key],
+                        ", ".join(f"{v:g}" for v in sorted(before)))
+        for group in opt.param_groups:
+            group[key] = resolved[key]
+    log.info("resumed from %s at epoch %d", path, ck["epoch"])
+    return ck
+
+
+def check_finite(epoch: int, resolved: dict[str, Any], model: torch.nn.Module,
+                 loss: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                 kept: str = "") -> None:
+    """Stop a diverged run: raise :class:`TrainingDivergedError` if ``loss``, the model's
+    outputs ``out``, a gradient or a weight holds nan or inf.
+
+    Call it after ``backward()`` (before the optimizer step, so the weights stay
+    finite) and after the step. ``kept`` says which checkpoint the failed run leaves.
+    """
+    problem = None
+    if loss is not None and not bool(torch.isfinite(loss)):
+        problem = f"the loss is {float(loss.detach())}"
+    elif out is not None and not bool(torch.isfinite(out).all()):
+        problem = "the model's outputs are not finite"
+    else:
+        for name, p in model.named_parameters():
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                problem = f"the gradient of {name} is not finite"
+                break
+            if not bool(torch.isfinite(p).all()):
+                problem = f"weight {name} is not finite after the optimizer step"
+                break
+    if problem is None:
+        return
+    r = resolved
+    flags = ", ".join(f"--{k.replace('_', '-')} {r[k]:g}" for k in HYPER_PARAMETERS
+                      if r.get(k) is not None)
+    raise TrainingDivergedError(epoch, (
+        f"training diverged at epoch {epoch}: {problem}. Hyper-parameters to look at: {flags} "
+        f"(model {r['model']}); a smaller --lr first (e.g. {r['lr'] / 10:g}), then the scale "
+        f"of the dataset's features. {kept}").rstrip())
 
 
 def reorder_dataset(ds: Any, method: str, seed: int = 0) -> Any:
@@ -206,19 +278,12 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None
             (echo or log.info)(plans)
 
     start, best, times, history = 0, {"val": -1.0, "test": float("nan"), "epoch": -1, "state": None}, [], []
-    ckpt_path = Path(cfg.checkpoint) / CKPT_NAME if cfg.checkpoint else None
     if cfg.resume:
-        if ckpt_path is None or not ckpt_path.exists():
-            raise FileNotFoundError(f"--resume needs a checkpoint; none at {ckpt_path}.")
-        ck = torch.load(ckpt_path, weights_only=False)
-        if ck["config"]["model"] != cfg.model or ck["config"]["dataset"] != cfg.dataset:
-            raise ValueError(f"checkpoint at {ckpt_path} is for {ck['config']['model']} on "
-                             f"{ck['config']['dataset']}, not {cfg.model} on {cfg.dataset}.")
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
+        ck = resume_from_checkpoint(cfg.checkpoint, resolved, model, opt)
         start, best, times, history = ck["epoch"], ck["best"], ck["times"], ck["history"]
-        _set_rng_state(ck["rng"])
-        log.info("resumed from %s at epoch %d", ckpt_path, start)
+    kept = (f"The checkpoint in {cfg.checkpoint} (epoch {start}) is kept." if cfg.resume else
+            "No checkpoint was saved before it." if cfg.checkpoint else
+            "No checkpoint is kept (no --checkpoint folder was given).")
 
     bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.model}/{cfg.dataset}",
                disable=not (cfg.progress and s.is_main), initial=start, total=cfg.epochs)
@@ -230,7 +295,9 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None
             out = s.net(s.graph, s.x, s.edge_data)
             loss, loss_value = s.loss(out)
             loss.backward()
+        check_finite(epoch + 1, resolved, model, loss, out.detach(), kept)
         opt.step()
+        check_finite(epoch + 1, resolved, model, kept=kept)
         s.step_done()
         times.append(time.perf_counter() - t0)
         acc = s.evaluate()
@@ -239,11 +306,16 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None
             best = {"val": acc["val"], "test": acc["test"], "epoch": epoch + 1,
                     "state": {k: v.clone() for k, v in model.state_dict().items()}}
         bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{acc['val']:.3f}", best=f"{best['val']:.3f}")
-        if ckpt_path and s.is_main and ((epoch + 1) % cfg.checkpoint_every == 0
-                                        or epoch + 1 == cfg.epochs):
-            _save_atomic({"config": resolved, "epoch": epoch + 1, "model": model.state_dict(),
-                          "optimizer": opt.state_dict(), "best": best, "times": times,
-                          "history": history, "rng": _rng_state()}, ckpt_path)
+        if cfg.checkpoint and ((epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs):
+            path = Path(cfg.checkpoint)
+            if s.is_main:  # ranks hold the same state: one writes it
+                path = save_checkpoint({"config": resolved, "epoch": epoch + 1,
+                                        "model": model.state_dict(),
+                                        "optimizer": opt.state_dict(), "best": best,
+                                        "times": times, "history": history,
+                                        "rng": _rng_state()}, cfg.checkpoint)
+            kept = (f"The last checkpoint, {path} (epoch {epoch + 1}; best val_acc "
+                    f"{best['val']:.4f} at epoch {best['epoch']}), is kept.")
 
     summary = {
         "model": cfg.model,

@@ -18,6 +18,8 @@ import torch
 
 __all__ = ["Graph", "CSR", "segment_ids"]
 
+#: Most vertices a graph may have (its offsets are allocated per vertex up front).
+MAX_NODES = 2**31 - 1
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
@@ -134,6 +136,12 @@ class Graph:
                     f"edge_index refers to vertex {max_id}, but num_nodes={num_nodes} "
                     f"(ids must be < num_nodes; first offending edge {bad}: {ei[:, bad].tolist()})."
                 )
+        if num_nodes > MAX_NODES:
+            raise ValueError(
+                f"a graph holds at most {MAX_NODES:,} vertices; got num_nodes={num_nodes:,} "
+                f"(largest vertex id {max_id:,}). Renumber sparse ids densely first, e.g. "
+                "torch.unique(edge_index, return_inverse=True)."
+            )
         weight = _check_weight(edge_weight, num_edges)
         src, dst = ei[0], ei[1]
         # Stable sort keeps multi-edges in input order: deterministic CSC.

@@ -4,7 +4,10 @@
 epochs (tqdm progress) with :func:`ngra.fit.fit`, keeps the weights with the best
 validation accuracy, and returns (and optionally writes as JSON) a summary with
 ``test_acc``, ``val_acc``, ``epochs``, ``epoch_time_s`` (median), ``peak_rss_mb`` and the
-resolved ``config``. Checkpoints and resuming: see :mod:`ngra.fit`.
+resolved ``config``. Checkpoints, resuming and the divergence check: see :mod:`ngra.fit`.
+Nothing runs on meaningless input: before training the configuration
+(:func:`check_config`, :func:`check_run_files`) and the dataset
+(:func:`ngra.datasets.check_trainable`, :func:`check_predictions_vary`) are checked.
 
 With ``nprocs > 1`` (or inside ranks started by ``torchrun``) the run is spread over
 processes holding a partitioned graph (:mod:`ngra.distributed.trainer`), the same loop
@@ -15,18 +18,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from ngra.fit import Session, _seed_all, evaluate, fit, grid_report, reorder_dataset
+from ngra.errors import DatasetError
+from ngra.fit import (Session, _seed_all, check_finite, evaluate, fit, grid_report,
+                      reorder_dataset, resume_from_checkpoint)
 from ngra.models import HYPER_PARAMETERS, MODELS, build_model, hyper_parameters, prepare
 from ngra.runtime.placement import (Placement, move_to, plan_placement, resident_bytes,
                                     resolve_device)
 
-__all__ = ["TrainConfig", "train", "check_config", "describe_run", "evaluate", "grid_report",
-           "reorder_dataset"]
+__all__ = ["TrainConfig", "train", "check_config", "check_finite", "check_predictions_vary",
+           "check_run_files", "describe_run", "evaluate", "grid_report", "reorder_dataset",
+           "resume_from_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +102,46 @@ def describe_run(cfg: TrainConfig) -> str:
     return "\n".join(lines)
 
 
+def check_run_files(cfg: TrainConfig) -> None:
+    """Fail before training, not after it, on checkpoint and output settings that cannot work."""
+    if cfg.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be >= 1 (epochs); got {cfg.checkpoint_every}.")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ValueError(f"--threads must be >= 1; got {cfg.threads}.")
+    if cfg.resume and not cfg.checkpoint:
+        raise ValueError("--resume needs --checkpoint DIR (the folder the run saved to).")
+    if cfg.checkpoint and Path(cfg.checkpoint).exists() and not Path(cfg.checkpoint).is_dir():
+        raise ValueError(f"--checkpoint {cfg.checkpoint} is a file; it must name a folder.")
+    if cfg.out and Path(cfg.out).is_dir():
+        raise ValueError(f"--out {cfg.out} is a folder; it must name the JSON file to write.")
+    for folder in (Path(cfg.out).parent if cfg.out else None, cfg.checkpoint):
+        if folder is None:
+            continue
+        Path(folder).mkdir(parents=True, exist_ok=True)  # raises a clear OSError if it cannot
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(f"cannot write to {folder} (--out / --checkpoint).")
+
+
+@torch.no_grad()
+def check_predictions_vary(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
+                           model_name: str, dataset: str) -> None:
+    """On a graph with no edges, fail if the model predicts the same for every vertex.
+
+    A model that reads a vertex only through its in-edges (G-GCN) sees nothing there;
+    models that also read the vertex's own features train as MLPs and pass.
+    """
+    if graph.num_edges or graph.num_nodes < 2:
+        return
+    model.eval()
+    out = model(graph, x, edge_data)
+    if bool((out == out[:1]).all()):
+        raise DatasetError(
+            f"{dataset} has no edges, and {model_name} reads a vertex only through its "
+            "in-edges: it would predict the same class for every vertex. Use a model that "
+            "also reads the vertex's own features (gcn, sage, gat, gin), or a graph with edges."
+        )
+
+
 def _placement(device: torch.device, cfg: TrainConfig, graph: Any, x: torch.Tensor,
                model: torch.nn.Module, extra: list[Any]) -> Placement:
     """Where this run trains (see :mod:`ngra.runtime.placement`)."""
@@ -122,11 +170,16 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
     With ``cfg.nprocs > 1`` the run is spread over that many processes
     (:func:`ngra.distributed.trainer.train_distributed`).
     """
-    from ngra.datasets import load
+    from ngra.datasets import check_trainable, load
 
-    check_config(cfg)
     from ngra.distributed.launch import in_worker
 
+    check_config(cfg)
+    check_run_files(cfg)
+    resolved = cfg.resolved()
+    if os.environ.get("RANK", "0") == "0":  # once, not on every torchrun rank
+        log.info("ngra train config: %s", json.dumps(resolved, sort_keys=True))
+        (echo or log.info)(describe_run(cfg))
     if cfg.nprocs > 1 or in_worker():
         from ngra.distributed.trainer import train_distributed
 
@@ -134,11 +187,9 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    resolved = cfg.resolved()
-    log.info("ngra train config: %s", json.dumps(resolved, sort_keys=True))
-    (echo or log.info)(describe_run(cfg))
 
     ds = load(cfg.dataset, root=cfg.data_root)
+    check_trainable(ds, cfg.dataset)
     if cfg.reorder != "none":
         ds = reorder_dataset(ds, cfg.reorder, seed=cfg.seed)
     _seed_all(cfg.seed)
@@ -154,6 +205,7 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
     if device.type == "cuda" and placement.resident:
         graph, x, y, edge_data, model = move_to(device, graph, x, y, edge_data, model)
         masks = dict(zip(masks, move_to(device, *masks.values())))
+    check_predictions_vary(model, graph, x, edge_data, cfg.model, cfg.dataset)
     session = Session(model, graph, x, edge_data, y, masks, cfg.memory_budget,
                       ds.graph.num_nodes, ds.graph.num_edges, device, placement,
                       {"reciprocity": ds.reciprocity, "dataset_summary": ds.summary()})

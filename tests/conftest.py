@@ -15,6 +15,20 @@ REPO = Path(__file__).resolve().parents[1]
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+try:  # the fuzzing battery's profiles (hypothesis is a test extra)
+    from hypothesis import HealthCheck, settings
+except ImportError:  # pragma: no cover - the fuzz tests skip themselves
+    pass
+else:
+    _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    # `make test`: a fixed seed and few examples, so the battery stays fast and repeatable.
+    settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None,
+                              database=None, suppress_health_check=_SLOW_OK)
+    # `make test-all`: many more examples from a fresh seed (printed on failure).
+    settings.register_profile("thorough", max_examples=400, deadline=None, database=None,
+                              print_blob=True, suppress_health_check=_SLOW_OK)
+    settings.load_profile(os.environ.get("NGRA_HYPOTHESIS_PROFILE", "ci"))
+
 
 def data_root() -> Path:
     """``$NGRA_DATA`` or ``<repo>/../shared/data``."""

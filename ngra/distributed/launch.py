@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from ngra.errors import DistributedError
+
 __all__ = ["DistributedError", "launch", "in_worker", "init_process_group", "free_port",
            "describe_failures", "DEFAULT_TIMEOUT_S"]
 
@@ -53,10 +55,6 @@ _PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "broken
 _PEER_GRACE_S = 2.0
 _ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher",
                     "torch.multiprocessing")
-
-
-class DistributedError(RuntimeError):
-    """A multi-process run failed; the message names the failed rank and its cause."""
 
 
 def in_worker() -> bool:
@@ -175,7 +173,8 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str | None 
             found = _read_reports(reports)
             for rank in sorted(found):
                 log.info("rank %d failed:\n%s", rank, found[rank].get("traceback", ""))
-            raise DistributedError(describe_failures(exc.failures, nprocs, found)) from None
+            message = describe_failures(exc.failures, nprocs, found)
+            raise DistributedError(message, cause=_cause_type(found)) from None
     return [results[r] for r in sorted(results)]
 
 
@@ -226,6 +225,13 @@ def describe_failures(failures: dict[int, Any], world_size: int,
         head += (f"; rank{'s' if len(others) > 1 else ''} "
                  f"{', '.join(map(str, others))} then stopped")
     return head + "."
+
+
+def _cause_type(reports: dict[int, dict[str, Any]]) -> str | None:
+    """The exception type of the first rank that failed with an error of its own."""
+    own = sorted((r.get("time", 0), str(r.get("error", ""))) for r in reports.values()
+                 if not _is_peer(str(r.get("error", ""))))
+    return own[0][1].split(":", 1)[0] if own else None
 
 
 def _is_peer(text: str) -> bool:

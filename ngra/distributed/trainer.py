@@ -147,12 +147,13 @@ def partition_for(cfg: Any, ds: Any) -> tuple[Any, Path]:
 def prepare_shards(cfg: Any) -> Path:
     """Load and check the dataset, take the partition book, and make sure every rank's
     shard for ``cfg.model`` is written; returns the shards' folder."""
-    from ngra.datasets import load
+    from ngra.datasets import check_trainable, load
     from ngra.datasets.base import writable
     from ngra.distributed.shards import build_shards, prep_key, shards_current
     from ngra.fit import reorder_dataset
 
     ds = load(cfg.dataset, root=cfg.data_root)
+    check_trainable(ds, cfg.dataset)
     if cfg.nprocs > ds.graph.num_nodes:
         raise ValueError(f"--nprocs {cfg.nprocs} is more processes than {cfg.dataset} has "
                          f"vertices ({ds.graph.num_nodes}); use at most {ds.graph.num_nodes}.")

@@ -42,8 +42,57 @@ def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: fl
     check_p(dropout)
     _check_vertex_data(layer, graph, x)
     edata = edge_data_csc(graph, edge_data, type(layer).__name__)
-    plan = compile_layer(layer, graph, x, edata)
-    return run_plan(plan, graph, None, x, edata, dropout if layer.training else 0.0)
+    try:
+        plan = compile_layer(layer, graph, x, edata)
+        return run_plan(plan, graph, None, x, edata, dropout if layer.training else 0.0)
+    except (RuntimeError, AttributeError, KeyError, TypeError) as err:
+        mismatch = input_mismatch(err, type(layer).__name__, x, edata)
+        if mismatch is None:
+            raise
+        raise mismatch from err
+
+
+# torch's messages when a tensor's shape or dtype does not fit an operation
+_MISMATCH = ("shapes cannot be multiplied", "same dtype", "must match the size",
+             "size mismatch", "expected scalar type", "found dtype", "Expected all tensors")
+
+
+def input_mismatch(err: Exception, who: str, x: Any, edata: Any) -> ValueError | None:
+    """A ``ValueError`` saying which inputs did not fit the layer's UDFs, when ``err`` is
+    how they failed on them (torch's shape/dtype complaint, a missing dict field, absent
+    edge data, a dict used as a tensor); ``None`` for any other failure."""
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    got = f"got vertex data {_describe(x)} and edge data {_describe(edata)}"
+    if isinstance(err, KeyError):
+        fields = [d.keys() for d in (x, edata) if isinstance(d, Mapping)]
+        if not fields or any(err.args[0] in f for f in fields):
+            return None
+        return ValueError(f"{who} reads the data field {err.args[0]!r}, which its inputs lack; "
+                          f"{got}.")
+    if isinstance(err, (AttributeError, TypeError)) and "'NoneType'" in text and edata is None:
+        return ValueError(f"{who} reads edge.data, but the graph has no edge weights and no "
+                          f"edge_data was given ({text}). Pass edge_data [E, ...] or a weighted "
+                          "graph (GCN-style layers: graph.gcn_norm()).")
+    if isinstance(err, (AttributeError, TypeError)) and ("'dict' object" in text
+                                                         or "not dict" in text):
+        return ValueError(f"{who} uses its data as a tensor, but a dict of fields arrived "
+                          f"({text}); {got}.")
+    if isinstance(err, TypeError) and "invalid data type 'str'" in text:
+        return ValueError(f"{who} reads its data by field name, but a tensor arrived ({text}); "
+                          f"{got}. Pass a dict of tensors.")
+    if isinstance(err, RuntimeError) and any(m in text for m in _MISMATCH):
+        return ValueError(f"{who}: the inputs do not fit the layer's weights ({text}); {got}.")
+    return None
+
+
+def _describe(data: Any) -> str:
+    if data is None:
+        return "None"
+    if isinstance(data, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in data.items()) + "}"
+    if isinstance(data, torch.Tensor):
+        return f"{list(data.shape)} {str(data.dtype).replace('torch.', '')}"
+    return type(data).__name__
 
 
 def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,

@@ -95,6 +95,10 @@ def test_rmat_parameter_errors() -> None:
         rmat(scale=0)
     with pytest.raises(DatasetError, match="labels"):
         rmat(scale=4, labels="bogus")
+    with pytest.raises(DatasetError, match="a=nan"):  # once a silently skewed graph
+        rmat(scale=4, a=float("nan"))
+    with pytest.raises(DatasetError, match="noise must be a finite number"):
+        rmat(scale=4, noise=float("inf"))
 
 
 # ----------------------------------------------------------------------------- SBM

@@ -66,6 +66,9 @@ def test_empty_and_isolated():
         (torch.tensor([[0, 1], [1, 0]]), {"edge_weight": torch.tensor([1, 2])}, TypeError, "float"),
         (torch.tensor([[0, 1], [1, 0]]), {"edge_weight": torch.ones(3)}, ValueError, r"shape \[2\]"),
         ("nope", {}, TypeError, "torch.Tensor, numpy array or list"),
+        # a raw 2**40 id once asked the allocator for 8.8 TB of offsets
+        (torch.tensor([[0, 2**40], [1, 0]]), {}, ValueError, "at most 2,147,483,647 vertices"),
+        (torch.tensor([[0, 1], [1, 0]]), {"num_nodes": 2**33}, ValueError, "Renumber"),
     ],
 )
 def test_validation_errors(ei, kw, exc, match):

@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: package, insert it after everything it imports and before everything that imports it.
 #: Units whose folder does not exist (yet) are skipped.
 LAYERS = (
+    "ngra.errors",  # the exception types everything raises; imports nothing of ngra
+    "ngra.checkpoint",  # checkpoint files (torch and ngra.errors only)
     "ngra._compat",
     "ngra.memstat",
     "ngra.probes",

@@ -1,0 +1,175 @@
+"""Training checkpoints that survive crashes and damaged files.
+
+A checkpoint folder holds ``checkpoint.pt`` (the newest) and ``checkpoint.prev.pt``
+(the one before it). :func:`save_checkpoint` writes the new file under a temporary
+name and flushes it to disk, then renames the current ``checkpoint.pt`` to
+``checkpoint.prev.pt`` and the new file to ``checkpoint.pt``: at every moment the
+folder holds at least one complete checkpoint, and a crash mid-write leaves only a
+temporary file behind.
+
+:func:`load_checkpoint` verifies a file before trusting it: a torch checkpoint is a
+zip archive whose members carry CRC-32 checksums, which torch itself does not check
+(a flipped bit in a weight loads silently), so every member's checksum is tested
+first, then the file is unpickled and the keys the caller needs are checked.
+:func:`load_latest_checkpoint` falls back to ``checkpoint.prev.pt`` with a warning
+when the newest is damaged or missing; a damaged newest file is renamed to
+``checkpoint.pt.damaged``, so that the next save keeps the intact one as previous.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ngra.errors import CheckpointError
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "PREVIOUS_NAME",
+    "load_checkpoint",
+    "load_latest_checkpoint",
+    "save_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+#: The newest checkpoint in a checkpoint folder.
+CHECKPOINT_NAME = "checkpoint.pt"
+#: The checkpoint before it, kept until the next save.
+PREVIOUS_NAME = "checkpoint.prev.pt"
+
+
+def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike[str]) -> Path:
+    """Write ``state`` as ``directory/checkpoint.pt``, keeping the previous one as
+    ``checkpoint.prev.pt``. Returns the new file's path."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    path, prev = folder / CHECKPOINT_NAME, folder / PREVIOUS_NAME
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ckpt-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before a rename makes it the checkpoint
+        if path.exists():
+            os.replace(path, prev)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(folder)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike[str], required: Iterable[str] = ()) -> dict[str, Any]:
+    """Read and verify one checkpoint file.
+
+    Args:
+        path: the file.
+        required: keys the checkpoint must hold.
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: the file is damaged (truncated, a checksum mismatch, not a
+            torch checkpoint) or lacks a required key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}.")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+        if bad is not None:
+            raise ValueError(f"checksum mismatch in its member {bad}")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except MemoryError:
+        raise
+    except Exception as err:  # zipfile, torch and pickle fail in many ways on damaged bytes
+        raise CheckpointError(path, f"checkpoint {path} is damaged ({_reason(err)}).") from None
+    missing = [k for k in required if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(
+            path, f"checkpoint {path} is damaged or not an ngra checkpoint: it lacks {missing}."
+        )
+    return state
+
+
+def load_latest_checkpoint(
+    directory: str | os.PathLike[str], required: Iterable[str] = ()
+) -> tuple[dict[str, Any], Path]:
+    """The newest intact checkpoint in ``directory`` and its path.
+
+    ``checkpoint.pt`` is read first; when it is damaged or missing, ``checkpoint.prev.pt``
+    is used with a warning.
+
+    Raises:
+        FileNotFoundError: the folder holds neither file.
+        CheckpointError: every file there is damaged (the message names each and the fix).
+    """
+    folder = Path(directory)
+    required = tuple(required)
+    candidates = [folder / CHECKPOINT_NAME, folder / PREVIOUS_NAME]
+    if not any(p.is_file() for p in candidates):
+        raise FileNotFoundError(
+            f"no checkpoint in {folder} (looked for {CHECKPOINT_NAME} and {PREVIOUS_NAME})."
+        )
+    problems = []
+    for path in candidates:
+        if not path.is_file():
+            problems.append(f"{path.name} is missing")
+            continue
+        try:
+            state = load_checkpoint(path, required)
+        except CheckpointError as err:
+            problems.append(str(err).rstrip("."))
+            continue
+        if problems:
+            aside = _set_aside(candidates[0])
+            log.warning("%s%s; resuming from %s instead", "; ".join(problems),
+                        f" (moved to {aside.name})" if aside else "", path)
+        return state, path
+    raise CheckpointError(
+        candidates[0],
+        f"no intact checkpoint in {folder}: {'; '.join(problems)}. Start over without "
+        "--resume (the next save replaces the damaged files), or restore the folder from a "
+        "backup.",
+    )
+
+
+def _set_aside(path: Path) -> Path | None:
+    """Rename a damaged newest checkpoint so the next save does not demote it over the
+    intact previous one. Returns the new name (``None`` if there was nothing to move)."""
+    if not path.is_file():
+        return None
+    aside = path.with_name(path.name + ".damaged")
+    try:
+        os.replace(path, aside)
+    except OSError:
+        return None
+    return aside
+
+
+def _reason(err: Exception) -> str:
+    text = str(err).split("\n")[0].split(". ")[0]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the renames durable (where the platform allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
