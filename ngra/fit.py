@@ -200,8 +200,7 @@ class Session:
     run: its loss and accuracies are reduced over the ranks, and only rank 0 writes.
 
     Attributes:
-        model: the model (evaluation, checkpoints); net: what a training step calls
-            (the model, or its DistributedDataParallel wrapper).
+        model: the model; net: what a training step calls (the model itself here).
         graph, x, edge_data, y, masks: the data (``masks``: ``train``/``val``/``test``).
         budget: ``--memory-budget`` (every forward runs under it), or ``None``.
         is_main: this process writes files, shows progress and echoes.
@@ -231,6 +230,9 @@ class Session:
         m = self.masks["train"]
         loss = F.cross_entropy(out[m], self.y[m])
         return loss, float(loss.detach())
+
+    def after_backward(self) -> None:
+        """After ``backward()`` (the distributed session sums the gradients over ranks)."""
 
     def evaluate(self) -> dict[str, float]:
         with self.context():
@@ -295,6 +297,7 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None
             out = s.net(s.graph, s.x, s.edge_data)
             loss, loss_value = s.loss(out)
             loss.backward()
+        s.after_backward()
         check_finite(epoch + 1, resolved, model, loss, out.detach(), kept)
         opt.step()
         check_finite(epoch + 1, resolved, model, kept=kept)

@@ -1,11 +1,23 @@
 """ngra.distributed: full-graph training over several processes (torch.distributed).
 
-See :mod:`ngra.distributed.launch` (starting ranks, naming failures) and
-:mod:`ngra.distributed.link` (the calibrated alpha-beta link model).
+``ngra train --nprocs K`` (:mod:`ngra.distributed.trainer`) is the whole path. Its
+pieces, for a user's own model and loop:
+
+* :func:`launch` starts ``K`` ranks (gloo on the CPU, NCCL with one GPU a rank) and names
+  the rank that failed (:class:`DistributedError`);
+* :func:`ngra.partition.build_book` partitions a graph, :func:`build_shards` writes each
+  rank's share of a dataset, and :func:`load_shard` gives a rank its :class:`DistGraph`,
+  rows and labels: any :class:`ngra.SagaLayer` runs on a ``DistGraph`` unchanged;
+* :class:`GradientSync` sums gradients over the ranks while backward runs;
+* :func:`link_model` / :func:`calibrate`: the link's alpha-beta costs, measured once per
+  machine, which choose each layer's exchange (:mod:`ngra.distributed.cost`).
 """
 
+from ngra.distributed.gradsync import GradientSync
+from ngra.distributed.graph import DistGraph
 from ngra.distributed.launch import DistributedError, in_worker, launch
 from ngra.distributed.link import AlphaBeta, LinkModel, calibrate, link_model
+from ngra.distributed.shards import Shard, build_shards, load_shard
 
-__all__ = ["AlphaBeta", "DistributedError", "LinkModel", "calibrate", "in_worker", "launch",
-           "link_model"]
+__all__ = ["AlphaBeta", "DistGraph", "DistributedError", "GradientSync", "LinkModel", "Shard",
+           "build_shards", "calibrate", "in_worker", "launch", "link_model", "load_shard"]

@@ -15,9 +15,9 @@
 does steps 1-2 while the others wait.
 
 On a rank, :class:`RankSession` gives ``ngra.fit.fit`` the rank's share: the model in
-``DistributedDataParallel`` (gradients all-reduced in buckets while backward runs), the
-training loss as each rank's sum over its rows divided by the global count (so the
-gradients equal one process's), accuracies from correct counts summed over the ranks,
+buckets of gradients all-reduced while backward runs (:mod:`ngra.distributed.gradsync`),
+the training loss as each rank's sum over its rows divided by the global count (so the
+summed gradients are one process's), accuracies from correct counts summed over the ranks,
 and every forward inside :func:`ngra.kernels.dropout_rows` with the rows' original ids
 (the same dropout masks as one process, on any number of ranks). Only rank 0 writes files
 and shows progress. The summary adds ``world_size``, each layer's exchange, bytes sent a
@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ngra.distributed.gradsync import GradientSync
 from ngra.distributed.launch import init_process_group, launch
 from ngra.memstat import peak_rss_bytes
 
@@ -179,10 +180,8 @@ class RankSession:
     """One rank's share of the training loop (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, shard: Any, budget: str | None) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-        from torch.nn.parallel import DistributedDataParallel
-
-        self.model, self.shard, self.budget = model, shard, budget
+        self.model = self.net = model
+        self.shard, self.budget = shard, budget
         self.graph, self.x, self.edge_data = shard.graph, shard.x, shard.edge_data
         self.y, self.masks = shard.y, shard.masks
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -190,15 +189,8 @@ class RankSession:
         meta = shard.meta
         self.num_nodes, self.num_edges = meta["num_nodes"], meta["num_edges"]
         self.sizes = meta["split_sizes"]
-        self.net = DistributedDataParallel(model)
-        traffic = shard.graph.traffic
-
-        def counted(state, bucket):  # noqa: ANN001 - DDP checks the annotations it finds
-            buf = bucket.buffer()
-            traffic.add("allreduce", buf.numel() * buf.element_size())
-            return allreduce_hook(None, bucket)
-
-        self.net.register_comm_hook(None, counted)
+        self.sync = GradientSync(model.parameters(), traffic=shard.graph.traffic)
+        self.sync.broadcast_parameters()
         self.steps: list[dict[str, int]] = []
 
     def context(self) -> Any:
@@ -220,8 +212,11 @@ class RankSession:
         m = self.masks["train"]
         n = max(self.sizes["train"], 1)
         local = F.cross_entropy(out[m], self.y[m], reduction="sum")
-        # DDP averages the ranks' gradients: scale so that the sum is one process's mean
-        return local * (self.world / n), float(self._sum(local)) / n
+        # each rank's share of the global mean: the summed gradients are one process's
+        return local / n, float(self._sum(local)) / n
+
+    def after_backward(self) -> None:
+        self.sync.finish()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -280,7 +275,7 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
 
     rank, k = dist.get_rank(), dist.get_world_size()
     device = _device(cfg)
-    group = dist.new_group(list(range(k)))  # the exchange's own group, apart from DDP's
+    group = dist.new_group(list(range(k)))  # the exchange's own group, apart from gradients'
     link = link_model(device=device)  # forced strategies still report both predictions
     shard = load_shard(folder, rank, k, group=group, exchange=cfg.exchange, link=link)
     if device == "cuda":  # NCCL: this rank's GPU (launch set it from LOCAL_RANK)

@@ -113,9 +113,11 @@ def user_steps(graph, x, y, mask, steps: int, seed: int, reduce=None, n_train=No
 
     torch.manual_seed(seed)
     net = UserNet(x.shape[1], 16, classes)
-    model = net
+    model, sync = net, None
     if reduce is not None:
-        model = torch.nn.parallel.DistributedDataParallel(net)
+        from ngra.distributed import GradientSync
+
+        sync = GradientSync(net.parameters())
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
     losses = []
     for step in range(steps):
@@ -129,11 +131,13 @@ def user_steps(graph, x, y, mask, steps: int, seed: int, reduce=None, n_train=No
             value = float(loss)
         else:
             local = F.cross_entropy(out[mask], y[mask], reduction="sum")
-            loss = local * dist.get_world_size() / n_train
+            loss = local / n_train
             t = local.detach().clone()
             reduce(t)
             value = float(t) / n_train
         loss.backward()
+        if sync is not None:
+            sync.finish()
         opt.step()
         losses.append(value)
     return losses
