@@ -128,7 +128,7 @@ def user_steps(graph, x, y, mask, steps: int, seed: int, reduce=None, n_train=No
             out = model(graph, x)
         if reduce is None:
             loss = F.cross_entropy(out[mask], y[mask])
-            value = float(loss)
+            value = float(loss.detach())
         else:
             local = F.cross_entropy(out[mask], y[mask], reduction="sum")
             loss = local / n_train
