@@ -120,7 +120,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="Cora only: a smoke check")
     ap.add_argument("--out", default=str(RESULTS / "distributed"))
     args = ap.parse_args()
-    graphs = QUICK if args.quick else {k: GRAPHS[k] for k in args.graphs.split(",")}
+    graphs = QUICK if args.quick else {k: GRAPHS.get(k, k) for k in args.graphs.split(",")}
     procs = [int(p) for p in args.procs.split(",")]
     rows = []
 
@@ -133,8 +133,23 @@ def main() -> int:
         print(f"{name} {model} procs={k}x{threads} {method} {exchange}: "
               f"{row.get('error') or fmt_seconds(row['epoch_s'])} "
               f"({time.monotonic() - t:.0f} s)", flush=True)
+        write(rows)  # after every case: an interrupted grid keeps what it measured
         return row
 
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(rows):
+        write_csv(rows, out.with_suffix(".csv"))
+        out.with_suffix(".md").write_text(report(rows, args, loads))
+
+    loads = [os.getloadavg()[0]]
+
+    if not args.quick:  # each model's fixed cost per process: the same runs on Cora
+        for model in args.models.split(","):
+            case("cora", "cora", model, 1, 2)
+            for k in procs:
+                case("cora", "cora", model, k, 1, "range", "halo")
     for name, spec in graphs.items():
         for model in args.models.split(","):
             case(name, spec, model, 1, 2)
@@ -143,22 +158,22 @@ def main() -> int:
                 for method in ("metis", "range"):
                     for exchange in ("halo", "ring"):
                         case(name, spec, model, k, 1, method, exchange)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out.with_suffix(".csv"))
-    out.with_suffix(".md").write_text(report(rows, args))
+                        loads.append(os.getloadavg()[0])
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.csv')}")
     return 0
 
 
-def report(rows: list[dict], args: argparse.Namespace) -> str:
+def report(rows: list[dict], args: argparse.Namespace, loads: list[float]) -> str:
     info = machine_info()
     ok = [r for r in rows if "error" not in r]
     base = {(r["graph"], r["model"], r["threads"]): r for r in ok if r["procs"] == 1}
     lines = ["# Multi-process training", "",
              f"Regenerate: `python experiments/distributed_bench.py{' --quick' if args.quick else ''}`"
              f" ({args.epochs} epochs a case, median step).", "",
-             "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), "", "## Cases", ""]
+             "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
+             f"1-minute load average during the grid: {min(loads):.1f} to {max(loads):.1f}"
+             " (above 2 the cores were shared with other work: times are noisy, memory and"
+             " bytes are not).", "", "## Cases", ""]
     shown = []
     for r in rows:
         b2 = base.get((r["graph"], r["model"], 2))
@@ -190,6 +205,21 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
     lines.append(f"* per-rank peak memory at 4 ranks vs one process: worst "
                  f"{fmt_ratio(max(mem)) if mem else '—'}, best {fmt_ratio(min(mem)) if mem else '—'}"
                  " (target <= 0.35x)")
+    # what a process costs before any graph (interpreter, torch, numba's compiled kernels,
+    # gloo): the same model's run on Cora, per process count
+    fixed = {(r["model"], r["procs"]): r["peak_mb"] for r in ok if r["graph"] == "cora"
+             and (r["procs"] == 1 and r["threads"] == 2 or r["procs"] > 1)}
+    data = [((r["peak_mb"] - fixed[(r["model"], 4)])
+             / (base[(r["graph"], r["model"], 2)]["peak_mb"] - fixed[(r["model"], 1)]),
+             r["graph"], r["model"]) for r in ok
+            if r["procs"] == 4 and r["graph"] != "cora" and (r["graph"], r["model"], 2) in base
+            and (r["model"], 4) in fixed and (r["model"], 1) in fixed]
+    if data:
+        lines.append(
+            "* the same above each process's fixed cost (its peak on Cora: "
+            + ", ".join(f"{m} {fixed[(m, 1)]:.0f} MB alone, {fixed[(m, 4)]:.0f} MB a rank"
+                        for m in sorted({d[2] for d in data}))
+            + f"): worst {fmt_ratio(max(data)[0])}, best {fmt_ratio(min(data)[0])}")
     t2 = []
     for (g, m, th), b in base.items():
         if th != 2:

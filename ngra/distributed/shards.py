@@ -42,7 +42,7 @@ __all__ = ["Shard", "build_shards", "data_fingerprint", "load_shard", "prep_key"
 
 log = logging.getLogger(__name__)
 
-SHARD_VERSION = 1
+SHARD_VERSION = 2
 
 
 def prep_key(model: str) -> str:
@@ -157,10 +157,22 @@ def _take_edges(edge_data: Any, ids: torch.Tensor) -> Any:
     return edge_data.index_select(0, ids)
 
 
-def _save(obj: Any, path: Path) -> None:
+def _save(obj: dict[str, Any], path: Path) -> None:
+    """``obj`` to ``path`` atomically, each tensor with only its own elements: a slice of
+    a larger tensor (``perm[e0:e1]``) would otherwise carry its whole storage into the
+    file, and into the rank's memory when loaded."""
+    obj = {k: _own(v) for k, v in obj.items()}
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def _own(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _own(t) for k, t in v.items()}
+    if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() > v.nbytes:
+        return v.clone()
+    return v
 
 
 @dataclass

@@ -201,3 +201,14 @@ def test_torchrun_starts_the_same_training(data, tmp_path):
     assert summary["world_size"] == 2 and len(summary["history"]) == 3
     one = train(_cfg(data, "gcn", epochs=3))
     torch.testing.assert_close(_losses(summary), _losses(one), rtol=1e-4, atol=1e-5)
+
+
+def test_a_shard_holds_only_its_rank_s_rows_and_edges(data):
+    """A slice of the whole graph's arrays saved as is would carry the whole array."""
+    folder = Path(prepare_shards(_cfg(data, "gcn", nprocs=4, partition_method="range")))
+    for r in range(4):
+        shard = torch.load(folder / f"rank{r}.pt", weights_only=True)
+        for key, t in shard.items():
+            if isinstance(t, torch.Tensor):
+                assert t.untyped_storage().nbytes() == t.nbytes, (r, key)
+        assert shard["x"].shape[0] == shard["num_own"] < 2708
