@@ -279,7 +279,10 @@ def measure(group: Any = None, sizes: tuple[int, ...] = SIZES, repeats: int = 5,
     t_mm = _sync_time(lambda: torch.mm(a, b), repeats, dev)
     rows = torch.randn(1 << 16, 64, device=dev)
     idx = torch.randint(0, rows.shape[0], (1 << 18,), device=dev)
-    t_gather = _sync_time(lambda: rows.index_select(0, idx), repeats, dev)
+    got = torch.empty(idx.numel(), 64, device=dev)
+    # into a reused buffer: a fresh 64 MiB result would time the kernel's first touch of
+    # its pages (about 2 GB/s here), not the gather (DESIGN.md, environment facts)
+    t_gather = _sync_time(lambda: torch.index_select(rows, 0, idx, out=got), repeats, dev)
     backend = dist.get_backend(group)
     return LinkModel(str(backend), dev.type, p, socket.gethostname(), ops,
                      gemm_flops=2 * 1024 * 512 * 256 / max(t_mm, 1e-9),
