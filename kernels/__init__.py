@@ -7,7 +7,7 @@ numba, ``gpu``: torch on CUDA). ``rowdot`` is dense: plain torch on any device.
 """
 
 from ngra.kernels.attention_aggregate import Recompute, attention_aggregate, keep_value
-from ngra.kernels.dropout import dropout, dropout_rows
+from ngra.kernels.dropout import EdgeDropout, dropout, dropout_rows
 from ngra.kernels.dropout_linear import DropoutMasks, dropout_linear, dropout_masks
 from ngra.kernels.edge_softmax import edge_softmax
 from ngra.kernels.gsddmm import gsddmm
@@ -28,6 +28,7 @@ from ngra.kernels.transpose import transpose_csc
 
 __all__ = [
     "DropoutMasks",
+    "EdgeDropout",
     "Recompute",
     "attention_aggregate",
     "available",

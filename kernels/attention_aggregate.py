@@ -21,6 +21,10 @@ With a :class:`Recompute` (how to make the value again from its inputs, e.g. GAT
 its gradient over it and differentiates the inputs through it. Between forward and
 backward the layer then holds no ``N x H x D`` tensor, and a second backward works.
 The ``[N, H]`` scores are recomputed in backward in both modes.
+
+Attention dropout (``dropout=``, an :class:`~ngra.kernels.dropout.EdgeDropout`) runs
+inside the same kernels as in :func:`~ngra.kernels.softmax_aggregate`: the keep flags
+are hashed from the edge counters in forward and again in backward, never stored.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from ngra.kernels._checks import (
     sole_owner_uses,
     storage_uses,
 )
+from ngra.kernels.dropout import EdgeDropout, check_edge_dropout
 from ngra.kernels.registry import lookup, thread_setting
 from ngra.kernels.rowdot import check_row_weight
 from ngra.kernels.transpose import reverse_of
@@ -70,6 +75,7 @@ def attention_aggregate(
     negative_slope: float = 0.2,
     rev: Any = None,
     recompute: Recompute | None = None,
+    dropout: EdgeDropout | None = None,
 ) -> torch.Tensor:
     r"""``softmax_aggregate(score_src, score_dst, value)`` with
     ``score_src = rowdot(value, w_src)`` and ``score_dst = rowdot(value, w_dst)``:
@@ -94,6 +100,8 @@ def attention_aggregate(
         recompute: how to make ``value`` again (a :class:`Recompute`): then nothing of
             the value is saved, backward recomputes it and differentiates
             ``recompute.inputs`` through it (``value`` itself gets no gradient).
+        dropout: attention dropout of the normalized weights, as for
+            :func:`~ngra.kernels.softmax_aggregate` (default: ``None``).
 
     Returns:
         ``[N, H, D]`` of value's dtype (0 for a vertex without in-edges).
@@ -118,6 +126,7 @@ def attention_aggregate(
     negative_slope = check_slope(negative_slope)
     if rev is not None:
         rev = check_rev(rev, num, num, indices.numel(), indices.device)
+    dropout = check_edge_dropout(dropout, indices.numel(), indices.device)
     if recompute is None:
         inputs: tuple = ()
     else:
@@ -127,7 +136,7 @@ def attention_aggregate(
         value, inputs = value.detach(), tuple(recompute.inputs)
     return _AttentionAggregate.apply(indptr.to(torch.int64).contiguous(), indices.contiguous(),
                                      value.contiguous(), w_src, w_dst, negative_slope, rev,
-                                     recompute, *inputs)
+                                     recompute, dropout, *inputs)
 
 
 @dataclass(frozen=True)
@@ -148,14 +157,14 @@ class _AttentionAggregate(torch.autograd.Function):
     ``[N, H]`` scores are recomputed in backward."""
 
     @staticmethod
-    def forward(ctx, indptr, indices, value, w_src, w_dst, negative_slope, rev, recompute,
+    def forward(ctx, indptr, indices, value, w_src, w_dst, negative_slope, rev, recompute, drop,
                 *inputs):
         heads, dim = value.shape[1:]
         ws = w_src.expand(heads, dim).contiguous()
         wd = w_dst.expand(heads, dim).contiguous()
         fwd = lookup("softmax_aggregate_fwd", value.device)
         ctx.fold = lookup("softmax_aggregate_bwd_fold", value.device)  # forward's backend
-        out, lse = fwd(indptr, indices, *_scores(value, ws, wd), value, negative_slope)
+        out, lse = fwd(indptr, indices, *_scores(value, ws, wd), value, negative_slope, drop=drop)
         if recompute is None:
             # a detached alias: its own tensor sharing value's memory, so that the memory's
             # use count tells whether anything else (the caller's value, a view) holds it
@@ -166,6 +175,7 @@ class _AttentionAggregate(torch.autograd.Function):
         ctx.recompute = None if recompute is None else (recompute.fn, recompute.rng_state)
         ctx.shape = value.shape
         ctx.negative_slope, ctx.rev, ctx.w_shapes = negative_slope, rev, (w_src.shape, w_dst.shape)
+        ctx.drop = drop
         ctx.reuse = not getattr(_state, "keep", False) and _SOLE_OWNER_USES > 0
         ctx.spent = False
         return out
@@ -189,14 +199,14 @@ class _AttentionAggregate(torch.autograd.Function):
         g_value, g_ws, g_wd = ctx.fold(indptr, indices, rev, value, ws, wd,
                                        *_scores(value.detach(), ws, wd), lse,
                                        grad_out.to(value.dtype).contiguous(),
-                                       ctx.negative_slope, inplace)
+                                       ctx.negative_slope, inplace, drop=ctx.drop)
         if inplace and g_value.data_ptr() == value.data_ptr() and ctx.recompute is None:
             ctx.spent = True
             torch.autograd.graph.increment_version(value)
         need = ctx.needs_input_grad
         grads = [None, None, g_value if need[2] else None,
                  g_ws.sum_to_size(ctx.w_shapes[0]) if need[3] else None,
-                 g_wd.sum_to_size(ctx.w_shapes[1]) if need[4] else None, None, None, None]
+                 g_wd.sum_to_size(ctx.w_shapes[1]) if need[4] else None, None, None, None, None]
         if ctx.recompute is not None:
             wanted = [t for t in leaves if t.requires_grad]
             got = iter(torch.autograd.grad(value, wanted, g_value, allow_unused=True)

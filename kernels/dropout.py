@@ -14,6 +14,12 @@ elements from index ``ids[r] * row_size + column`` instead of its flat position:
 process holding some rows of a larger tensor (multi-device training: ``ids`` are the
 rows' global vertex ids) draws exactly the mask the whole tensor would get, whatever
 rows it holds.
+
+:class:`EdgeDropout` is the same generator for per-(edge, head) weights inside
+:func:`~ngra.kernels.softmax_aggregate` and :func:`~ngra.kernels.attention_aggregate`
+(attention dropout): there the draw's index is the edge's *counter* times ``H`` plus the
+head, so a weight's mask depends on which edge it belongs to, not on where the edge sits
+in a tile or a CSC array (or on which rank holds it).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -28,7 +35,8 @@ from torch.autograd.function import once_differentiable
 from ngra.kernels._checks import check_feat
 from ngra.kernels.registry import current_backend, lookup, thread_setting, use_backend
 
-__all__ = ["dropout", "check_p", "draw_seeds", "dropout_rows", "row_base"]
+__all__ = ["EdgeDropout", "check_attention_p", "check_edge_dropout", "check_p", "draw_seeds",
+           "dropout", "dropout_rows", "row_base"]
 
 _rows = threading.local()
 
@@ -95,6 +103,104 @@ def draw_seeds(p: float) -> tuple[int, int, int, float]:
     """
     s1, s2 = (int(s) for s in torch.randint(0, 2**32, (2,), dtype=torch.int64))
     return s1, s2, min(round(p * 2**32), 2**32), 1.0 / (1.0 - p)
+
+
+def check_attention_p(p: float, who: str = "attention dropout") -> float:
+    """``p`` as a float; ``ValueError`` unless it is a drop probability in ``[0, 1)`` (at
+    ``p = 1`` every weight would be dropped and the rest scaled by infinity)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+        raise ValueError(f"{who} probability must be a number in [0, 1); got {p!r}.")
+    return float(p)
+
+
+@dataclass(frozen=True)
+class EdgeDropout:
+    """Dropout of the normalized attention weights of a softmax aggregation.
+
+    Weight ``(j, h)`` (edge ``j`` of the kernel's CSC edges, head ``h`` of ``H``) is kept
+    when the :func:`dropout` kernels' 32-bit draw of the flat index
+    ``counter[j] * H + h`` with seeds ``(s1, s2)`` is ``>= thr`` (probability ``1 - p``)
+    and is then scaled by ``1 / (1 - p)``: the mask :func:`dropout` would give an
+    ``[E, H]`` tensor whose row ``counter[j]`` holds edge ``j``'s weights. Kernels hash
+    it where they use a weight, in forward and again in backward; no mask is stored.
+
+    ``counter`` is the hook that makes the masks independent of how edges are laid
+    out: the runtime passes each edge's id in the graph's *original* edge order
+    (``Graph.perm``, in CSC order; :func:`ngra.runtime.executor.edge_counter`), restricted
+    to a tile's edges by :meth:`take`, so every tile grid and every CSC order draws the
+    same masks. A distributed runtime passes the global edge ids of a rank's local
+    edges instead, and every rank then draws the masks of one global graph.
+
+    Attributes:
+        p: drop probability in ``(0, 1)``.
+        counter: ``[E]`` int64 counter of each edge, in the kernel's CSC order.
+        s1, s2: the two 32-bit seeds (:func:`draw_seeds`).
+    """
+
+    p: float
+    counter: torch.Tensor
+    s1: int
+    s2: int
+
+    @classmethod
+    def draw(cls, p: float, counter: torch.Tensor) -> EdgeDropout | None:
+        """Seeds from torch's default generator (``None`` when ``p == 0``: no dropout).
+
+        Args:
+            p: drop probability in ``[0, 1)``.
+            counter: ``[E]`` int32/int64 edge counters (e.g. ``Graph.perm``).
+        """
+        p = check_attention_p(p)
+        if not isinstance(counter, torch.Tensor) or counter.dim() != 1 or \
+                counter.dtype not in (torch.int32, torch.int64):
+            got = (f"{counter.dtype} tensor of shape {list(counter.shape)}"
+                   if isinstance(counter, torch.Tensor) else type(counter).__name__)
+            raise TypeError(f"the edge counter must be a 1-D int32/int64 tensor [E]; got {got}.")
+        if p == 0:
+            return None
+        s1, s2, _, _ = draw_seeds(p)
+        return cls(p, counter.long(), s1, s2)
+
+    @property
+    def thr(self) -> int:
+        """The keep threshold of a 32-bit draw."""
+        return min(round(self.p * 2**32), 2**32)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / (1.0 - self.p)
+
+    def take(self, edge_ids: torch.Tensor | None) -> EdgeDropout:
+        """The same dropout on a subset of the edges (``edge_ids``: their positions in
+        :attr:`counter`, e.g. a tile's; ``None``: every edge)."""
+        if edge_ids is None:
+            return self
+        return EdgeDropout(self.p, self.counter.index_select(
+            0, edge_ids.to(self.counter.device).long()), self.s1, self.s2)
+
+    def factors(self, heads: int, dtype: torch.dtype) -> torch.Tensor:
+        """``[E, heads]`` of ``dtype``: ``1 / (1 - p)`` where weight ``(j, h)`` is kept,
+        else 0 (materialized: for the generic executor and tests; kernels hash in place)."""
+        from ngra.kernels.ref.dropout import edge_keep_scale
+
+        return edge_keep_scale(self, heads, dtype)
+
+
+def check_edge_dropout(drop: object, num_edges: int, device: torch.device
+                       ) -> EdgeDropout | None:
+    """``drop`` (an :class:`EdgeDropout` or ``None``), after checking that it holds one
+    counter per edge, on the graph's device."""
+    if drop is None:
+        return None
+    if not isinstance(drop, EdgeDropout):
+        raise TypeError(f"dropout must be an ngra.kernels.EdgeDropout or None; got "
+                        f"{type(drop).__name__}. Make one with EdgeDropout.draw(p, counter).")
+    if drop.counter.numel() != num_edges:
+        raise ValueError(f"dropout.counter must hold one counter per edge ([{num_edges}]); "
+                         f"got {drop.counter.numel()}.")
+    if drop.counter.device != device:
+        raise ValueError(f"dropout.counter is on {drop.counter.device}, the graph on {device}.")
+    return drop
 
 
 class _Dropout(torch.autograd.Function):

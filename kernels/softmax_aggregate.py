@@ -10,6 +10,13 @@ Only ``O(num_dst * H)`` is saved for backward beyond the inputs: the
 per-destination log-sum-exp. The backward recomputes the attention weights, and
 ``g[v] . out[v]`` from them, so the output is not kept either (for GAT one
 ``N x H x D`` tensor less per layer; the output is freed once ApplyVertex has read it).
+
+Attention dropout (``dropout=``, an :class:`~ngra.kernels.dropout.EdgeDropout`) drops
+the normalized weights inside the kernels: forward and backward hash each weight's
+keep flag from its edge's counter (see ``EdgeDropout``: the runtime passes the
+graph's original edge ids, ``Graph.perm``, or a distributed runtime's global edge
+ids), so only the seeds and the counter array (which the graph already holds) are
+kept for backward, never an ``[E, H]`` mask.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from ngra.kernels._checks import (
     check_same_device,
     check_slope,
 )
+from ngra.kernels.dropout import EdgeDropout, check_edge_dropout
 from ngra.kernels.registry import lookup
 from ngra.kernels.transpose import reverse_of
 
@@ -42,6 +50,7 @@ def softmax_aggregate(
     negative_slope: float = 0.2,
     rev: Any = None,
     return_lse: bool = False,
+    dropout: EdgeDropout | None = None,
 ) -> Any:
     r"""Attention-weighted aggregation over each destination's in-edges (GAT).
 
@@ -70,6 +79,12 @@ def softmax_aggregate(
             which caches the last few).
         return_lse: also return the per-destination log-sum-exp of the scores
             (default: ``False``).
+        dropout: attention dropout of the weights ``alpha`` (an
+            :class:`~ngra.kernels.dropout.EdgeDropout` with one counter per edge, in
+            CSC order, on ``indices``' device), applied as PyG's ``GATConv(dropout=p)``
+            does: ``out_v = sum_u alpha_uv k_uv value_u`` with ``k_uv = 1 / (1 - p)``
+            where the weight is kept, else 0; the ``lse`` is the undropped normalizer
+            (default: ``None``, no dropout).
 
     Returns:
         ``[num_dst, H, D]`` tensor of ``value``'s dtype; with ``return_lse``, the pair
@@ -121,9 +136,10 @@ def softmax_aggregate(
     negative_slope = check_slope(negative_slope)
     if rev is not None:
         rev = check_rev(rev, num_src, num_dst, indices.numel(), indices.device)
+    dropout = check_edge_dropout(dropout, indices.numel(), indices.device)
     out, lse = _SoftmaxAggregate.apply(
         indptr.to(torch.int64).contiguous(), indices.contiguous(), score_src.contiguous(),
-        score_dst.contiguous(), value.contiguous(), float(negative_slope), rev,
+        score_dst.contiguous(), value.contiguous(), float(negative_slope), rev, dropout,
     )
     return (out, lse) if return_lse else out
 
@@ -140,6 +156,7 @@ def softmax_aggregate_backward(
     *,
     negative_slope: float = 0.2,
     rev: Any = None,
+    dropout: EdgeDropout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""The gradients of :func:`softmax_aggregate` over these edges, given the normalizer.
 
@@ -155,7 +172,10 @@ def softmax_aggregate_backward(
     so a chunked executor differentiates one tile at a time without recomputing
     its forward. Arguments are as for :func:`softmax_aggregate`, plus ``out``
     ``[num_dst, H, D]``, ``lse`` ``[num_dst, H]`` (any float dtype) and ``grad_out``
-    ``[num_dst, H, D]``.
+    ``[num_dst, H, D]``. With attention ``dropout`` (the forward's, restricted to these
+    edges with :meth:`~ngra.kernels.dropout.EdgeDropout.take`) the kept weights
+    ``alpha k`` replace ``alpha`` in ``d value`` and ``k g_v . value_u`` replaces
+    ``g_v . value_u``; ``out`` is the dropped output.
 
     Returns:
         ``(grad_score_src [num_src, H], grad_score_dst [num_dst, H], grad_value [num_src, H, D])``.
@@ -171,6 +191,7 @@ def softmax_aggregate_backward(
         raise ValueError(f"lse must be [num_dst, H] = {list(want[:2])}; got {list(lse.shape)}.")
     check_same_device(indices, score_src=score_src, score_dst=score_dst, value=value, out=out,
                       lse=lse, grad_out=grad_out)
+    dropout = check_edge_dropout(dropout, indices.numel(), indices.device)
     bwd = lookup("softmax_aggregate_bwd", value.device)
     rev = reverse_of(indptr, indices, num_src,
                      None if rev is None else check_rev(rev, num_src, num_dst, indices.numel(),
@@ -178,19 +199,20 @@ def softmax_aggregate_backward(
     return bwd(indptr.to(torch.int64).contiguous(), indices.contiguous(), rev,
                score_src.contiguous(), score_dst.contiguous(), value.contiguous(),
                out.to(value.dtype).contiguous(), lse, grad_out.to(value.dtype).contiguous(),
-               float(negative_slope))
+               float(negative_slope), drop=dropout)
 
 
 class _SoftmaxAggregate(torch.autograd.Function):
-    """Autograd over validated, contiguous operands; saves ``lse [num_dst, H]``, not ``out``."""
+    """Autograd over validated, contiguous operands; saves ``lse [num_dst, H]``, not ``out``
+    (and of a dropout its seeds and counter array, not a mask)."""
 
     @staticmethod
-    def forward(ctx, indptr, indices, score_src, score_dst, value, negative_slope, rev):
+    def forward(ctx, indptr, indices, score_src, score_dst, value, negative_slope, rev, drop):
         fwd = lookup("softmax_aggregate_fwd", value.device)
         ctx.bwd = lookup("softmax_aggregate_bwd", value.device)  # same backend as forward
-        out, lse = fwd(indptr, indices, score_src, score_dst, value, negative_slope)
+        out, lse = fwd(indptr, indices, score_src, score_dst, value, negative_slope, drop=drop)
         ctx.save_for_backward(indptr, indices, score_src, score_dst, value, lse)
-        ctx.negative_slope, ctx.rev = negative_slope, rev
+        ctx.negative_slope, ctx.rev, ctx.drop = negative_slope, rev, drop
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -201,9 +223,9 @@ class _SoftmaxAggregate(torch.autograd.Function):
         rev = reverse_of(indptr, indices, score_src.shape[0], ctx.rev)
         grads = ctx.bwd(
             indptr, indices, rev, score_src, score_dst, value, None, lse,
-            grad_out.to(value.dtype).contiguous(), ctx.negative_slope,
+            grad_out.to(value.dtype).contiguous(), ctx.negative_slope, drop=ctx.drop,
         )
         g_src, g_dst, g_val = (
             g if need else None for g, need in zip(grads, ctx.needs_input_grad[2:5])
         )
-        return None, None, g_src, g_dst, g_val, None, None
+        return None, None, g_src, g_dst, g_val, None, None, None

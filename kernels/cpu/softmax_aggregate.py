@@ -35,6 +35,15 @@ scattered write and one contiguous read per edge, so it is chosen when a value
 row is at least :data:`EDGE_BUFFER_MIN_ROW_BYTES` long. Nothing ``O(E * H * D)``
 is ever stored.
 
+Attention dropout (an ``EdgeDropout``: ``drop`` true, the edges' counters ``ctr`` in
+CSC order, ``dseed = (s1, s2, thr)`` and ``dscale = 1 / (1 - p)``) multiplies each
+weight by its keep factor (:func:`_kept`, the dropout kernel's hash of
+``counter * H + head``) where the weight is used: in the forward's feature sum (the
+running sum ``s`` stays undropped: it is the normalizer), in pass A's and pass B's
+``dp`` and in pass B's ``d value``. Pass B finds an edge's counter through its CSC
+position ``rev_perm``. Nothing of the mask is stored; off, the arithmetic is
+unchanged.
+
 Scores, running max/sum and alpha are float64; feature accumulators and dot
 products use the input dtype (float32 accumulation vectorizes twice as wide and
 matches DGL/PyG). Kernels follow ``cpu/_util.py``: serial ``nogil`` functions
@@ -49,6 +58,7 @@ import torch
 from numba import njit
 
 from ngra.kernels.cpu._util import as_numpy, dummy, prefetch_row, row_threads, run_rows
+from ngra.kernels.cpu.dropout import _keep
 from ngra.kernels.registry import register
 
 __all__ = ["EDGE_BUFFER_MIN_ROW_BYTES", "softmax_aggregate_bwd", "softmax_aggregate_bwd_fold",
@@ -66,14 +76,23 @@ _CHUNK = 8
 _FASTMATH = {"reassoc", "contract"}
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _kept(c, h, heads, dseed, dscale):  # pragma: no cover
+    """Attention dropout's factor of head ``h`` of the edge with counter ``c``:
+    ``dscale`` where the weight is kept, else 0."""
+    return dscale if _keep(c * heads + h, dseed[0], dseed[1], dseed[2]) else 0.0
+
+
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, v0, v1):  # pragma: no cover
+def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, drop, ctr, dseed, dscale, v0,
+              v1):  # pragma: no cover
     heads = ss.shape[1]
     dim = val.shape[2]
     m = np.empty(heads, np.float64)
     s = np.empty(heads, np.float64)
     sdv = np.empty(heads, np.float64)
     xs = np.empty((_CHUNK, heads), np.float64)
+    kf = np.empty((_CHUNK, heads), np.float64)
     pw = np.empty((_CHUNK, heads), val.dtype)
     us = np.empty(_CHUNK, np.int64)
     acc = np.empty((heads, dim), val.dtype)
@@ -95,6 +114,10 @@ def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, v0, v1):  # pragma:
                 for h in range(heads):
                     x = ss[u, h] + sdv[h]
                     xs[jj, h] = x if x > 0.0 else x * slope
+                if drop:
+                    c = np.int64(ctr[j0 + jj])
+                    for h in range(heads):
+                        kf[jj, h] = _kept(c, h, heads, dseed, dscale)
             for h in range(heads):
                 cm = m[h]
                 for jj in range(n):
@@ -110,7 +133,7 @@ def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, v0, v1):  # pragma:
                 for jj in range(n):
                     p = np.exp(xs[jj, h] - cm)
                     t += p
-                    pw[jj, h] = p
+                    pw[jj, h] = p * kf[jj, h] if drop else p
                 s[h] += t
             for jj in range(n):
                 u = us[jj]
@@ -133,7 +156,7 @@ def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, v0, v1):  # pragma:
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, gather, delta,
-                  gsd, v0, v1):  # pragma: no cover
+                  gsd, drop, ctr, dseed, dscale, v0, v1):  # pragma: no cover
     """Pass A over destinations ``[v0, v1)``. Without ``out`` (``have_out`` false; then
     ``gather`` is true) ``delta = sum_u alpha_uv g[v] . value[u]`` comes from the same walk:
     ``d score_dst = sum aw dp - delta sum aw`` needs no second one."""
@@ -144,6 +167,7 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
     s_aw = np.empty(heads, np.float64)
     aw = np.empty((_CHUNK, heads), np.float64)
     al = np.empty((_CHUNK, heads), np.float64)
+    kf = np.empty((_CHUNK, heads), np.float64)
     us = np.empty(_CHUNK, np.int64)
     for v in range(v0, v1):
         for h in range(heads):
@@ -170,12 +194,18 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
                     a = np.exp(x - lse[v, h])
                     al[jj, h] = a
                     aw[jj, h] = a if raw > 0.0 else a * slope  # alpha * leaky_relu'
+                if drop:
+                    c = np.int64(ctr[j0 + jj])
+                    for h in range(heads):
+                        kf[jj, h] = _kept(c, h, heads, dseed, dscale)
             for jj in range(n):
                 u = us[jj]
                 for h in range(heads):
                     dp = val.dtype.type(0.0)
                     for d in range(dim):
                         dp += g[v, h, d] * val[u, h, d]
+                    if drop:
+                        dp = dp * kf[jj, h]
                     if have_out:
                         acc[h] += aw[jj, h] * (dp - delta[v, h])
                     else:
@@ -192,7 +222,8 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def _bwd_src_rows(rindptr, rindices, rperm, ss, sd, lse, delta, val, g, slope, use_ebuf, ebuf, gss,
-                  gval, fold, ws, wd, gsd, ps, pd, u0, u1):  # pragma: no cover
+                  gval, fold, ws, wd, gsd, drop, ctr, dseed, dscale, ps, pd, u0,
+                  u1):  # pragma: no cover
     """Pass B over sources ``[u0, u1)`` of the reverse CSR.
 
     With ``fold`` (scores that are row dots of the value itself, ``ss = val . ws`` and
@@ -208,6 +239,7 @@ def _bwd_src_rows(rindptr, rindices, rperm, ss, sd, lse, delta, val, g, slope, u
     gv = np.empty((heads, dim), val.dtype)
     aw = np.empty((_CHUNK, heads), np.float64)
     fac = np.empty((_CHUNK, heads), np.float64)
+    kf = np.empty((_CHUNK, heads), np.float64)
     vs = np.empty(_CHUNK, np.int64)
     for u in range(u0, u1):
         for h in range(heads):
@@ -227,17 +259,22 @@ def _bwd_src_rows(rindptr, rindices, rperm, ss, sd, lse, delta, val, g, slope, u
                     x = raw if raw > 0.0 else raw * slope
                     aw[kk, h] = np.exp(x - lse[v, h])
                     fac[kk, h] = 1.0 if raw > 0.0 else slope
+                if drop:
+                    c = np.int64(ctr[rperm[k0 + kk]])
+                    for h in range(heads):
+                        kf[kk, h] = _kept(c, h, heads, dseed, dscale)
             for kk in range(n):
                 v = vs[kk]
                 for h in range(heads):
                     a = aw[kk, h]
-                    av = val.dtype.type(a)
+                    k = kf[kk, h] if drop else 1.0
+                    av = val.dtype.type(a * k) if drop else val.dtype.type(a)
                     dp = val.dtype.type(0.0)
                     for d in range(dim):
                         gvd = g[v, h, d]
                         dp += gvd * val[u, h, d]
                         gv[h, d] += av * gvd
-                    de = a * (dp - delta[v, h]) * fac[kk, h]
+                    de = a * ((dp * k if drop else dp) - delta[v, h]) * fac[kk, h]
                     gs[h] += de
                     if use_ebuf:
                         ebuf[rperm[k0 + kk], h] = de
@@ -275,16 +312,27 @@ def softmax_aggregate_fwd(
     score_dst: torch.Tensor,
     value: torch.Tensor,
     negative_slope: float,
+    drop=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``out [num_dst, H, D]`` (value's dtype) and ``lse [num_dst, H]`` (float64, ``-inf``
-    where the in-degree is 0). Inputs contiguous, ``indptr`` int64."""
+    where the in-degree is 0). Inputs contiguous, ``indptr`` int64; ``drop``: an
+    ``EdgeDropout`` of the weights, or ``None``."""
     num_dst, heads = score_dst.shape
     out = torch.empty((num_dst,) + tuple(value.shape[1:]), dtype=value.dtype)
     lse = torch.empty((num_dst, heads), dtype=torch.float64)
     ip = as_numpy(indptr)
     run_rows(_fwd_rows, ip, ip, as_numpy(indices), as_numpy(score_src), as_numpy(score_dst),
-             as_numpy(value), float(negative_slope), as_numpy(out), as_numpy(lse))
+             as_numpy(value), float(negative_slope), as_numpy(out), as_numpy(lse),
+             *_drop_args(drop))
     return out, lse
+
+
+def _drop_args(drop) -> tuple:
+    """``(drop, ctr, dseed, dscale)`` of the kernels for an ``EdgeDropout`` or ``None``."""
+    if drop is None:
+        return False, dummy(np.int64, 1), np.zeros(3, np.int64), 1.0
+    return (True, as_numpy(drop.counter), np.array([drop.s1, drop.s2, drop.thr], np.int64),
+            float(drop.scale))
 
 
 @register("softmax_aggregate_bwd", "cpu")
@@ -300,6 +348,7 @@ def softmax_aggregate_bwd(
     grad_out: torch.Tensor,
     negative_slope: float,
     edge_buffer: bool | None = None,
+    drop=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(d score_src, d score_dst, d value)``.
 
@@ -310,6 +359,7 @@ def softmax_aggregate_bwd(
             its walk over the in-edges (the gather variant: no edge buffer).
         edge_buffer: force the transient ``[E, H]`` edge-buffer variant on or off
             (default: on when a value row is >= ``EDGE_BUFFER_MIN_ROW_BYTES``).
+        drop: the forward's ``EdgeDropout``, or ``None``.
     """
     if out is None:
         edge_buffer = False
@@ -318,7 +368,7 @@ def softmax_aggregate_bwd(
                        >= EDGE_BUFFER_MIN_ROW_BYTES)
     g_score_src, g_score_dst, g_value, _ = _backward(
         indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out, negative_slope,
-        edge_buffer, None, torch.empty_like(value))
+        edge_buffer, None, torch.empty_like(value), drop)
     return g_score_src, g_score_dst, g_value
 
 
@@ -336,6 +386,7 @@ def softmax_aggregate_bwd_fold(
     grad_out: torch.Tensor,
     negative_slope: float,
     inplace: bool,
+    drop=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(d value, d w_src, d w_dst)`` of ``attention_aggregate`` (scores
     ``value . w``): the score gradients are folded into pass B, and with ``inplace``
@@ -343,12 +394,12 @@ def softmax_aggregate_bwd_fold(
     gval = value if inplace else torch.empty_like(value)
     _, _, g_value, (ps, pd) = _backward(
         indptr, indices, rev, score_src, score_dst, value, None, lse, grad_out, negative_slope,
-        False, (as_numpy(w_src), as_numpy(w_dst)), gval)
+        False, (as_numpy(w_src), as_numpy(w_dst)), gval, drop)
     return g_value, ps.to(value.dtype), pd.to(value.dtype)
 
 
 def _backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out,
-              negative_slope, edge_buffer, fold, g_value):
+              negative_slope, edge_buffer, fold, g_value, drop):
     """Passes A, B (and C with ``edge_buffer``); ``fold = (w_src, w_dst)`` numpy ``[H, D]``
     or ``None``. Returns ``(d score_src, d score_dst, g_value, (P_src, P_dst) or None)``."""
     rev_indptr, rev_indices, rev_perm = rev
@@ -366,8 +417,9 @@ def _backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_
     g_score_dst = torch.empty_like(score_dst)
     gsd = as_numpy(g_score_dst)
     out_np = dummy(val.dtype, 3) if out is None else as_numpy(out)
+    dargs = _drop_args(drop)
     run_rows(_bwd_dst_rows, ip, ip, as_numpy(indices), ss, sd, val, out_np, out is not None,
-             lse_np, g, slope, not edge_buffer, delta, gsd)
+             lse_np, g, slope, not edge_buffer, delta, gsd, *dargs)
     ebuf = np.empty((indices.numel(), heads), val.dtype) if edge_buffer else dummy(val.dtype, 2)
     threads = row_threads(rip)
     if fold is None:
@@ -378,7 +430,7 @@ def _backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_
         sums = [(np.zeros((heads, dim)), np.zeros((heads, dim))) for _ in range(threads)]
     run_rows(_bwd_src_rows, rip, rip, as_numpy(rev_indices), as_numpy(rev_perm), ss,
              sd, lse_np, delta, val, g, slope, bool(edge_buffer), ebuf, as_numpy(g_score_src),
-             as_numpy(g_value), fold is not None, ws, wd, gsd, per_thread=sums)
+             as_numpy(g_value), fold is not None, ws, wd, gsd, *dargs, per_thread=sums)
     if edge_buffer:
         run_rows(_segment_sum_rows, ip, ip, ebuf, gsd)
     if fold is None:

@@ -20,6 +20,13 @@ B. (:func:`_bwd_src_rows`) per (source, head) over the reverse CSR: ``d value[u]
    matrix-vector products per head.
 
 Scores, running max/sum and accumulators use the value's dtype.
+
+Attention dropout (``drop``, an ``EdgeDropout``; ``DROP``) multiplies each weight by its
+keep factor (:func:`_keep_factor`: the dropout kernels' hash of ``counter * H + head``,
+in uint32) where the weight is used: in the forward's accumulator (not in the running
+sum, the undropped normalizer), in pass A's ``g . value`` terms and in pass B's value
+gradient and ``g . value`` term. Pass B reads the counters in its own (CSR) order
+(``EdgeDropout.reverse_counter``). Nothing of the mask is stored.
 """
 
 from __future__ import annotations
@@ -38,10 +45,31 @@ _CONFIGS = [triton.Config({"BLOCK_E": 16}, num_warps=1),
             triton.Config({"BLOCK_E": 64}, num_warps=4)]
 
 
+@triton.jit
+def _mix32(x):
+    """The dropout hash's mixing round on uint32 (wrapping multiplies)."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _keep_factor(c, h, H, dseed, dscale):
+    """``dscale`` where the weight of head ``h`` of the edges with counters ``c`` is kept,
+    else 0: ``ref.dropout.mask_hash(c * H + h, s1, s2) >= thr`` with ``dseed = (s1, s2,
+    thr)`` (int64, loaded: an int argument of value 1 would be specialized to a constant)."""
+    x = _mix32((c * H + h + tl.load(dseed)).to(tl.uint32)) ^ tl.load(dseed + 1).to(tl.uint32)
+    x = _mix32(x)
+    return tl.where(x.to(tl.int64) >= tl.load(dseed + 2), dscale, 0.0)
+
+
 @autotune(_CONFIGS, key=["D", "H"])
 @triton.jit
-def _fwd_rows(indptr, indices, ss, sd, value, out, lse, H, D, slope: tl.constexpr,
-              BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+def _fwd_rows(indptr, indices, ss, sd, value, out, lse, ctr, dseed, dscale, H, D,
+              slope: tl.constexpr, DROP: tl.constexpr, BLOCK_E: tl.constexpr,
+              BLOCK_D: tl.constexpr):
     v = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -54,6 +82,8 @@ def _fwd_rows(indptr, indices, ss, sd, value, out, lse, H, D, slope: tl.constexp
     m = tl.full([1], float("-inf"), out.dtype.element_ty)
     s = tl.zeros([1], out.dtype.element_ty)
     acc = tl.zeros([BLOCK_D], out.dtype.element_ty)
+    if DROP:
+        ks = tl.load(dscale)
     for j in range(start, end, BLOCK_E):
         e = j + tl.arange(0, BLOCK_E)
         emask = e < end
@@ -66,6 +96,8 @@ def _fwd_rows(indptr, indices, ss, sd, value, out, lse, H, D, slope: tl.constexp
         val = tl.load(value + u[:, None] * F + h * D + d[None, :],
                       mask=emask[:, None] & dmask[None, :], other=0.0)
         s = s * scale + tl.sum(p, axis=0)
+        if DROP:  # the running sum stays undropped: it is the normalizer
+            p = p * _keep_factor(tl.load(ctr + e, mask=emask, other=0), h, H, dseed, ks)
         acc = acc * scale + tl.sum(p[:, None] * val, axis=0)
         m = m_new
     full = end > start
@@ -77,9 +109,9 @@ def _fwd_rows(indptr, indices, ss, sd, value, out, lse, H, D, slope: tl.constexp
 
 @autotune(_CONFIGS, key=["D", "H"])
 @triton.jit
-def _bwd_dst_rows(indptr, indices, ss, sd, value, out, lse, g, delta, gsd, H, D,
-                  slope: tl.constexpr,
-                  HAS_OUT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+def _bwd_dst_rows(indptr, indices, ss, sd, value, out, lse, g, delta, gsd, ctr, dseed,
+                  dscale, H, D, slope: tl.constexpr, HAS_OUT: tl.constexpr, DROP: tl.constexpr,
+                  BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
     v = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -94,6 +126,8 @@ def _bwd_dst_rows(indptr, indices, ss, sd, value, out, lse, g, delta, gsd, H, D,
     s1 = tl.zeros([1], g.dtype.element_ty)  # sum alpha dp
     s2 = tl.zeros([1], g.dtype.element_ty)  # sum alpha lr' dp
     s3 = tl.zeros([1], g.dtype.element_ty)  # sum alpha lr'
+    if DROP:
+        ks = tl.load(dscale)
     for j in range(start, end, BLOCK_E):
         e = j + tl.arange(0, BLOCK_E)
         emask = e < end
@@ -104,6 +138,8 @@ def _bwd_dst_rows(indptr, indices, ss, sd, value, out, lse, g, delta, gsd, H, D,
         val = tl.load(value + u[:, None] * F + h * D + d[None, :],
                       mask=emask[:, None] & dmask[None, :], other=0.0)
         dp = tl.sum(val * gv[None, :], axis=1)
+        if DROP:  # d alpha = k g . value
+            dp = dp * _keep_factor(tl.load(ctr + e, mask=emask, other=0), h, H, dseed, ks)
         s1 += tl.sum(alpha * dp, axis=0)
         s2 += tl.sum(alpha * lr * dp, axis=0)
         s3 += tl.sum(alpha * lr, axis=0)
@@ -119,8 +155,9 @@ def _bwd_dst_rows(indptr, indices, ss, sd, value, out, lse, g, delta, gsd, H, D,
 @autotune(_CONFIGS, key=["D", "H"])
 @triton.jit
 def _bwd_src_rows(rev_indptr, rev_indices, ss, sd, value, lse, g, delta, gss, gval,
-                  ws, wd, gsd, H, D, slope: tl.constexpr, FOLD: tl.constexpr,
-                  BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+                  ws, wd, gsd, rctr, dseed, dscale, H, D, slope: tl.constexpr,
+                  FOLD: tl.constexpr, DROP: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
     u = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -133,6 +170,8 @@ def _bwd_src_rows(rev_indptr, rev_indices, ss, sd, value, lse, g, delta, gss, gv
     valu = tl.load(value + u * F + h * D + d, mask=dmask, other=0.0)
     acc_s = tl.zeros([1], g.dtype.element_ty)
     acc_v = tl.zeros([BLOCK_D], g.dtype.element_ty)
+    if DROP:
+        ks = tl.load(dscale)
     for j in range(start, end, BLOCK_E):
         e = j + tl.arange(0, BLOCK_E)
         emask = e < end
@@ -145,8 +184,13 @@ def _bwd_src_rows(rev_indptr, rev_indices, ss, sd, value, lse, g, delta, gss, gv
                      mask=emask[:, None] & dmask[None, :], other=0.0)
         dp = tl.sum(gv * valu[None, :], axis=1)
         dl = tl.load(delta + v * H + h, mask=emask, other=0.0)
-        acc_s += tl.sum(alpha * lr * (dp - dl), axis=0)
-        acc_v += tl.sum(alpha[:, None] * gv, axis=0)
+        if DROP:  # rctr: the counters in this walk's (CSR) order
+            k = _keep_factor(tl.load(rctr + e, mask=emask, other=0), h, H, dseed, ks)
+            acc_s += tl.sum(alpha * lr * (k * dp - dl), axis=0)
+            acc_v += tl.sum((alpha * k)[:, None] * gv, axis=0)
+        else:
+            acc_s += tl.sum(alpha * lr * (dp - dl), axis=0)
+            acc_v += tl.sum(alpha[:, None] * gv, axis=0)
     if FOLD:  # attention_aggregate: the scores are value . w, so their gradients join value's
         acc_v += acc_s * tl.load(ws + h * D + d, mask=dmask, other=0.0)
         acc_v += tl.load(gsd + u * H + h) * tl.load(wd + h * D + d, mask=dmask, other=0.0)
@@ -154,21 +198,34 @@ def _bwd_src_rows(rev_indptr, rev_indices, ss, sd, value, lse, g, delta, gss, gv
     tl.store(gval + u * F + h * D + d, acc_v, mask=dmask)
 
 
-def forward(indptr, indices, score_src, score_dst, value, negative_slope):
+def _drop_args(drop, value, counter=None) -> tuple:
+    """``(ctr, dseed, dscale)`` of the kernels (``DROP`` false: placeholders): the seeds and
+    threshold ``dseed = (s1, s2, thr)`` as an int64 tensor, ``1 / (1 - p)`` as a tensor of
+    value's dtype (a float argument would be fp32)."""
+    if drop is None:
+        return value, value, value
+    seeds = torch.tensor([drop.s1, drop.s2, drop.thr], dtype=torch.int64, device=value.device)
+    return (drop.counter if counter is None else counter, seeds,
+            value.new_full((1,), drop.scale))
+
+
+def forward(indptr, indices, score_src, score_dst, value, negative_slope, drop=None):
     num_dst, heads = score_dst.shape
     dim = value.shape[2]
     out = value.new_empty((num_dst, heads, dim))
     lse = value.new_empty((num_dst, heads))
     if num_dst and heads:
         _fwd_rows[(num_dst, heads)](indptr, indices, score_src, score_dst, value, out, lse,
-                                    heads, dim, negative_slope, BLOCK_D=pow2(dim))
+                                    *_drop_args(drop, value), heads, dim, negative_slope,
+                                    DROP=drop is not None, BLOCK_D=pow2(dim))
     return out, lse
 
 
 def backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out,
-             negative_slope, fold=None):
+             negative_slope, fold=None, drop=None):
     """``(d score_src, d score_dst, d value)``; with ``fold = (ws, wd)`` the value
-    gradient also holds the score gradients' share (``attention_aggregate``)."""
+    gradient also holds the score gradients' share (``attention_aggregate``); ``drop``:
+    the forward's ``EdgeDropout``, or ``None``."""
     num_dst, heads = score_dst.shape
     num_src, dim = value.shape[0], value.shape[2]
     lse = lse.to(value.dtype)
@@ -181,43 +238,53 @@ def backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_o
     if num_dst:
         _bwd_dst_rows[(num_dst, heads)](indptr, indices, score_src, score_dst, value,
                                         value if out is None else out, lse, grad_out, delta,
-                                        gsd, heads, dim, negative_slope, HAS_OUT=out is not None,
-                                        BLOCK_D=pow2(dim))
+                                        gsd, *_drop_args(drop, value), heads, dim,
+                                        negative_slope, HAS_OUT=out is not None,
+                                        DROP=drop is not None, BLOCK_D=pow2(dim))
     if num_src:
-        rev_indptr, rev_indices, _ = rev
+        rev_indptr, rev_indices, rev_perm = rev
         ws, wd = fold if fold is not None else (value, value)
+        rctr = None if drop is None else drop.reverse_counter(rev_perm)
         _bwd_src_rows[(num_src, heads)](rev_indptr, rev_indices, score_src, score_dst, value,
-                                        lse, grad_out, delta, gss, gval, ws, wd, gsd, heads, dim,
+                                        lse, grad_out, delta, gss, gval, ws, wd, gsd,
+                                        *_drop_args(drop, value, rctr), heads, dim,
                                         negative_slope, FOLD=fold is not None,
-                                        BLOCK_D=pow2(dim))
+                                        DROP=drop is not None, BLOCK_D=pow2(dim))
     return gss, gsd, gval
 
 
 @register("softmax_aggregate_fwd", "gpu")
-def softmax_aggregate_fwd(indptr, indices, score_src, score_dst, value, negative_slope):
+def softmax_aggregate_fwd(indptr, indices, score_src, score_dst, value, negative_slope,
+                          drop=None):
     """See :func:`ngra.kernels.ref.softmax_aggregate.softmax_aggregate_fwd`."""
-    require_cuda(indptr, indices, score_src, score_dst, value)
-    return forward(indptr, indices, score_src, score_dst, value, negative_slope)
+    require_cuda(indptr, indices, score_src, score_dst, value, _counter(drop))
+    return forward(indptr, indices, score_src, score_dst, value, negative_slope, drop)
 
 
 @register("softmax_aggregate_bwd", "gpu")
 def softmax_aggregate_bwd(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out,
-                          negative_slope):
+                          negative_slope, drop=None):
     """See :func:`ngra.kernels.ref.softmax_aggregate.softmax_aggregate_bwd`."""
-    require_cuda(indptr, indices, score_src, score_dst, value, out, lse, grad_out)
+    require_cuda(indptr, indices, score_src, score_dst, value, out, lse, grad_out,
+                 _counter(drop))
     return backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_out,
-                    negative_slope)
+                    negative_slope, drop=drop)
+
+
+def _counter(drop):
+    return None if drop is None else drop.counter
 
 
 @register("softmax_aggregate_bwd_fold", "gpu")
 def softmax_aggregate_bwd_fold(indptr, indices, rev, value, w_src, w_dst, score_src, score_dst,
-                               lse, grad_out, negative_slope, inplace):
+                               lse, grad_out, negative_slope, inplace, drop=None):
     """``(d value, d w_src, d w_dst)`` of ``attention_aggregate``: the score gradients are
     folded into the value gradient in pass B. Never in place (``inplace`` is ignored):
     the weight gradients read the value after that pass."""
-    require_cuda(indptr, indices, value, w_src, w_dst, score_src, score_dst, lse, grad_out)
+    require_cuda(indptr, indices, value, w_src, w_dst, score_src, score_dst, lse, grad_out,
+                 _counter(drop))
     gss, gsd, gval = backward(indptr, indices, rev, score_src, score_dst, value, None, lse,
-                              grad_out, negative_slope, fold=(w_src, w_dst))
+                              grad_out, negative_slope, fold=(w_src, w_dst), drop=drop)
     heads = value.shape[1]
     g_ws = torch.stack([value[:, h, :].t() @ gss[:, h] for h in range(heads)])
     g_wd = torch.stack([value[:, h, :].t() @ gsd[:, h] for h in range(heads)])

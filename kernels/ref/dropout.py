@@ -6,6 +6,10 @@ xorshift-multiply mixer) of the element's index and two 32-bit seeds drawn from
 torch's generator. Every element's draw depends only on ``(i, s1, s2)``, so any
 number of threads produce the same mask, and replaying torch's RNG state
 replays the mask.
+
+Attention dropout (:class:`ngra.kernels.dropout.EdgeDropout`) draws weight ``(j, h)``
+of an ``H``-head softmax aggregation from the flat index ``counter[j] * H + h``
+(:func:`edge_keep_scale`).
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ def keep_mask(x: torch.Tensor, s1: int, s2: int, thr: int,
         row = x.numel() // x.shape[0] if x.shape[0] else 0
         idx = (base.view(-1, 1) + torch.arange(row, device=x.device, dtype=torch.int64)).view(-1)
     return (mask_hash(idx, s1, s2) >= thr).view(x.shape)
+
+
+def edge_keep_scale(drop, heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[E, heads]`` of ``dtype``: ``1 / (1 - p)`` where ``drop`` (an ``EdgeDropout``)
+    keeps weight ``(j, h)``, else 0; draw index ``counter[j] * heads + h``."""
+    idx = drop.counter.unsqueeze(1) * heads + torch.arange(heads, device=drop.counter.device)
+    return (mask_hash(idx, drop.s1, drop.s2) >= drop.thr).to(dtype) * drop.scale
 
 
 @register("dropout", "ref")

@@ -15,6 +15,16 @@ Backward, with ``g = grad_out`` and ``delta[v, h] = g[v, h] . out[v, h]``::
     d e_uv         = alpha_uv * (g[v, h] . value[u, h] - delta[v, h])
     d raw_uv       = d e_uv * (1 if raw_uv > 0 else negative_slope)
     d score_src[u] = sum over out-edges of d raw;  d score_dst[v] = sum over in-edges.
+
+With attention dropout (``drop``, an ``EdgeDropout``: ``k_uv`` = 1/(1-p) where the
+weight is kept, else 0) the sum uses ``alpha_uv * k_uv`` while ``lse`` stays the
+undropped normalizer; backward replaces ``alpha_uv`` by ``alpha_uv k_uv`` in
+``d value`` and ``dp_uv`` by ``k_uv dp_uv`` in ``d e_uv``. ``delta = g . out`` still
+holds, as ``out`` is the dropped sum::
+
+    out[v, h]     = sum_u alpha_uv k_uv value[u, h]
+    d value[u, h] = sum_v alpha_uv k_uv g[v, h]
+    d e_uv        = alpha_uv * (k_uv g[v, h] . value[u, h] - delta[v, h])
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ngra.kernels.ref.dropout import edge_keep_scale
 from ngra.kernels.registry import register
 
 __all__ = ["fold_score_grads", "softmax_aggregate_bwd", "softmax_aggregate_bwd_fold",
@@ -45,8 +56,10 @@ def softmax_aggregate_fwd(
     score_dst: torch.Tensor,
     value: torch.Tensor,
     negative_slope: float,
+    drop=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns ``out [num_dst, H, D]`` and ``lse [num_dst, H]`` (``-inf`` where in-degree is 0)."""
+    """Returns ``out [num_dst, H, D]`` and ``lse [num_dst, H]`` (``-inf`` where in-degree
+    is 0); ``drop``: an ``EdgeDropout`` of the weights, or ``None``."""
     src, dst = _edge_ends(indptr, indices)
     num_dst, heads = score_dst.shape
     e = F.leaky_relu(score_src[src] + score_dst[dst], negative_slope)  # [E, H]
@@ -56,6 +69,8 @@ def softmax_aggregate_fwd(
     p = torch.exp(e - m[dst])
     s = torch.zeros_like(m).index_add_(0, dst, p)
     alpha = p / s[dst]
+    if drop is not None:
+        alpha = alpha * edge_keep_scale(drop, heads, alpha.dtype)
     out = value.new_zeros((num_dst,) + tuple(value.shape[1:]))
     out.index_add_(0, dst, alpha.unsqueeze(-1) * value[src])
     lse = m + torch.log(s)  # -inf + log(0) = -inf for isolated destinations
@@ -74,6 +89,7 @@ def softmax_aggregate_bwd(
     lse: torch.Tensor,
     grad_out: torch.Tensor,
     negative_slope: float,
+    drop=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(d score_src, d score_dst, d value)``; ``rev`` is not needed here.
     ``out=None``: ``g[v] . out[v]`` is summed from the edges (``sum_u alpha_uv dp_uv``)."""
@@ -83,6 +99,8 @@ def softmax_aggregate_bwd(
     alpha = torch.exp(e - lse[dst])  # [E, H]
     g_dst = grad_out[dst]  # [E, H, D]
     dp = (g_dst * value[src]).sum(-1)
+    keep = 1.0 if drop is None else edge_keep_scale(drop, alpha.shape[1], alpha.dtype)
+    dp = dp * keep
     if out is None:
         delta = torch.zeros_like(lse, dtype=dp.dtype).index_add_(0, dst, alpha.to(dp.dtype) * dp)
     else:
@@ -92,18 +110,18 @@ def softmax_aggregate_bwd(
     d_raw = torch.where(raw > 0, d_e, d_e * negative_slope)
     g_score_src = torch.zeros_like(score_src).index_add_(0, src, d_raw)
     g_score_dst = torch.zeros_like(score_dst).index_add_(0, dst, d_raw)
-    g_value = torch.zeros_like(value).index_add_(0, src, alpha.unsqueeze(-1) * g_dst)
+    g_value = torch.zeros_like(value).index_add_(0, src, (alpha * keep).unsqueeze(-1) * g_dst)
     return g_score_src, g_score_dst, g_value
 
 
 def fold_score_grads(bwd, indptr, indices, rev, value, w_src, w_dst, score_src, score_dst, lse,
-                     grad_out, negative_slope):
+                     grad_out, negative_slope, drop=None):
     """``(d value, d w_src, d w_dst)`` when ``score_src = value . w_src`` and
     ``score_dst = value . w_dst`` (per head; ``w`` ``[H, D]``), from the score and value
     gradients of ``bwd`` (a ``softmax_aggregate_bwd``) and the chain rule through the
     row dot products. Plain torch on any device; never in place."""
     g_ss, g_sd, g_value = bwd(indptr, indices, rev, score_src, score_dst, value, None, lse,
-                              grad_out, negative_slope)
+                              grad_out, negative_slope, drop=drop)
     g_value = g_value + g_ss.unsqueeze(-1) * w_src + g_sd.unsqueeze(-1) * w_dst
     g_w_src = (g_ss.unsqueeze(-1) * value).sum(0)
     g_w_dst = (g_sd.unsqueeze(-1) * value).sum(0)
@@ -112,7 +130,7 @@ def fold_score_grads(bwd, indptr, indices, rev, value, w_src, w_dst, score_src, 
 
 @register("softmax_aggregate_bwd_fold", "ref")
 def softmax_aggregate_bwd_fold(indptr, indices, rev, value, w_src, w_dst, score_src, score_dst,
-                               lse, grad_out, negative_slope, inplace):
+                               lse, grad_out, negative_slope, inplace, drop=None):
     """:func:`fold_score_grads` over :func:`softmax_aggregate_bwd`; ``inplace`` is ignored."""
     return fold_score_grads(softmax_aggregate_bwd, indptr, indices, rev, value, w_src, w_dst,
-                            score_src, score_dst, lse, grad_out, negative_slope)
+                            score_src, score_dst, lse, grad_out, negative_slope, drop)
