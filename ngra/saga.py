@@ -22,6 +22,14 @@ returns ``(score, value)`` and the values are summed with weights
 ``softmax(score)`` over the in-edges (GAT). Destinations with no in-edges get
 the accumulator's identity, 0. Vertex and edge data may be tensors or dicts of
 named tensors.
+
+A ``softmax`` layer may drop its normalized weights in training mode (attention
+dropout, as in the GAT paper and PyG's ``GATConv(dropout=p)``) by setting
+``attention_dropout`` beside ``gather``, on the class or the instance::
+
+    class GAT(ngra.SagaLayer):
+        gather = "softmax"
+        attention_dropout = 0.6              # or self.attention_dropout = p in __init__
 """
 
 from __future__ import annotations
@@ -47,6 +55,15 @@ class SagaLayer(nn.Module):
     ``apply_vertex(self, vertex, acc)``. The defaults copy the source row
     (``edge.src``) and return the accumulator unchanged.
 
+    With ``gather = "softmax"``, ``attention_dropout = p`` (class or instance
+    attribute, in ``[0, 1)``; default 0) drops the normalized weights in training
+    mode: each weight of each edge and score head is zeroed with probability ``p``
+    and the others scaled by ``1 / (1 - p)``, after the softmax, so a destination's
+    weights no longer sum to 1 (PyG's ``GATConv(dropout=p)``, DGL's ``attn_drop``).
+    The fused kernels draw the masks inside (a counter-based hash of each edge's
+    original id: no ``[E, H]`` mask is stored, and a memory budget's tiles draw
+    the same masks). Eval mode applies nothing.
+
     Calling the layer, ``layer(graph, x, edge_data=None)``:
 
     Args:
@@ -64,6 +81,7 @@ class SagaLayer(nn.Module):
     """
 
     gather: str = "sum"
+    attention_dropout: float = 0.0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -71,6 +89,13 @@ class SagaLayer(nn.Module):
             raise TypeError(
                 f"{cls.__name__}.gather must be one of {GATHERS}; got {cls.gather!r}."
             )
+        p = cls.attention_dropout
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+            raise TypeError(f"{cls.__name__}.attention_dropout must be a probability in "
+                            f"[0, 1); got {p!r}.")
+        if p and cls.gather != "softmax":
+            raise TypeError(f"{cls.__name__}.attention_dropout drops the weights of a softmax "
+                            f"gather; its gather is {cls.gather!r}.")
         _check_signature(cls, "apply_edge", ("edge",))
         _check_signature(cls, "apply_vertex", ("vertex", "acc"))
 

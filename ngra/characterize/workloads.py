@@ -121,10 +121,12 @@ def prepare_workload(ds: Any, model: str, hidden: int = 64, dataset: str | None 
 
 
 def build_ngra(w: Workload) -> torch.nn.Module:
-    """The zoo model for ``w`` (dropout off: it is glue outside the SAGA stages)."""
+    """The zoo model for ``w`` (dropout off, attention dropout too: the baselines' models
+    have neither)."""
     from ngra.models import build_model
 
     heads = GAT_HEADS if w.model == "gat" else None
     hidden = w.hidden // GAT_HEADS if w.model == "gat" else w.hidden
     return build_model(w.model, w.x.shape[1], w.num_classes, hidden=hidden, heads=heads,
-                       num_edge_types=w.num_types, dropout=0.0)
+                       num_edge_types=w.num_types, dropout=0.0,
+                       attention_dropout=0.0 if w.model == "gat" else None)

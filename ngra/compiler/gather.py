@@ -3,9 +3,9 @@
 Each accumulator works tile by tile so that the same code serves whole-graph
 execution (one tile) and chunked streaming (many tiles per destination column):
 
-* ``partial(indptr, msg)`` reduces one tile's edge results ``[E_t, ...]`` over
-  the tile's local CSC (``indptr`` over the destination interval) into a
-  partial state;
+* ``partial(indptr, msg, drop=None)`` reduces one tile's edge results ``[E_t, ...]``
+  over the tile's local CSC (``indptr`` over the destination interval) into a
+  partial state (``drop``: the softmax gather's attention dropout on the tile's edges);
 * ``combine(state, partial)`` merges partial states of tiles in the same column;
 * ``finalize(state, in_degree)`` turns the column's state into the accumulator
   ``acc`` handed to ``apply_vertex``. Destinations without in-edges get 0.
@@ -37,7 +37,7 @@ class Accumulator:
     name = "sum"
     linear = True
 
-    def partial(self, indptr: torch.Tensor, msg: Any) -> Any:
+    def partial(self, indptr: torch.Tensor, msg: Any, drop: Any = None) -> Any:
         return _map(msg, lambda m: kernels.segment_reduce(indptr, m, "sum"))
 
     def combine(self, state: Any, part: Any) -> Any:
@@ -76,7 +76,7 @@ class ExtremeAccumulator(Accumulator):
         self.name = name
         self._pick = torch.maximum if name == "max" else torch.minimum
 
-    def partial(self, indptr: torch.Tensor, msg: Any) -> Any:
+    def partial(self, indptr: torch.Tensor, msg: Any, drop: Any = None) -> Any:
         has = indptr[1:] > indptr[:-1]
         return (_map(msg, lambda m: kernels.segment_reduce(indptr, m, self.name)), has)
 
@@ -113,17 +113,24 @@ class SoftmaxAccumulator(Accumulator):
     ``value`` ``[E, H, D]`` (or ``[E, D]``); the result has ``value``'s shape per
     destination. The state is ``(max m, sum s, weighted sum o)``; a fused kernel over
     the whole graph hands in ``(0, None, normalized output)``.
+
+    Attention dropout (``drop``, an :class:`~ngra.kernels.EdgeDropout` over the tile's
+    edges) multiplies the weights in ``o`` by their keep factors (the score's trailing
+    dimensions flattened are the heads); ``s`` stays the undropped normalizer, so every
+    merge and the backward's contribution rule hold unchanged.
     """
 
     name = "softmax"
     linear = False
 
-    def partial(self, indptr: torch.Tensor, msg: Any) -> Any:
+    def partial(self, indptr: torch.Tensor, msg: Any, drop: Any = None) -> Any:
         score, value = _split_softmax_msg(msg)
         m = kernels.segment_reduce(indptr, score.detach(), "max")
         dst = _edge_dst(indptr)
         w = torch.exp(score - m.index_select(0, dst))
         s = kernels.segment_reduce(indptr, w, "sum")
+        if drop is not None:
+            w = w * drop.factors(score.shape[1:].numel(), w.dtype).view(score.shape)
         o = kernels.segment_reduce(indptr, _bcast(w, value) * value, "sum")
         return (m, s, o)
 

@@ -40,15 +40,16 @@ class GenericPlan:
     def pre(self, x: Any) -> Any:
         return x
 
-    def edge(self, tile: TileView, src: Any, dst: Any, edata: Any) -> Any:
-        """The tile's partial state from its staged source / destination rows and edge data."""
+    def edge(self, tile: TileView, src: Any, dst: Any, edata: Any, drop: Any = None) -> Any:
+        """The tile's partial state from its staged source / destination rows and edge data
+        (``drop``: a softmax gather's attention dropout on the tile's edges, or ``None``)."""
         edge_view = _ProbedEdge if probes.active() else Edge
         with probes.stage("apply_edge") as s:
             msg = s.outputs(self.layer.apply_edge(
                 edge_view(src, dst, tile.src_idx, tile.dst_idx, edata)))
         _check_messages(self.layer, msg, tile.num_edges)
         with probes.stage("gather") as s:
-            return s.outputs(self.accumulator.partial(tile.indptr, msg))
+            return s.outputs(self.accumulator.partial(tile.indptr, msg, drop))
 
     def post(self, x: Any, acc: Any, graph: Any = None) -> Any:
         return self.layer.apply_vertex(x, acc)

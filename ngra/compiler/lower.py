@@ -5,11 +5,13 @@ A plan has the interface of :class:`ngra.compiler.generic.GenericPlan`:
 * ``accumulator``: the Gather accumulator (:func:`ngra.compiler.gather.make_accumulator`);
 * ``pre(x) -> terms``: the vertex-side stage (hoisted terms, a transform moved before
   propagation), a dict ``term key -> [N, ...]``;
-* ``edge(tile, src, dst, edata) -> partial``: the accumulator's partial state for one
+* ``edge(tile, src, dst, edata, drop=None) -> partial``: the accumulator's partial state for one
   staged :class:`~ngra.runtime.tiles.TileView` (sum/mean: per-destination sums over the
   tile's interval; max/min: ``(values, has_edges)``; softmax: ``(m, s, o)``), from the
   tile's staged source rows ``src`` and destination rows ``dst`` (dicts ``term key ->
-  rows``) and its edge data rows ``edata`` (see :mod:`ngra.runtime.staging`);
+  rows``) and its edge data rows ``edata`` (see :mod:`ngra.runtime.staging`); ``drop`` is
+  a softmax gather's attention dropout on the tile's edges (an ``EdgeDropout``), which
+  the softmax kernels apply inside;
 * ``edge_reads() -> (src_keys, dst_keys)``: the terms the edge stage reads per side
   (only those are staged);
 * ``post(x, acc, graph) -> out``: ApplyVertex (the UDF, or its rewritten IR after a reorder),
@@ -231,16 +233,16 @@ class CompiledPlan:
         # not stay alive, nor look shared to in-place backward kernels, through it
         return (weakref.ref(terms[key]), weakref.ref(x), fn, [env[i] for i in params])
 
-    def edge(self, tile: TileView, src: Any, dst: Any, edata: Any) -> Any:
+    def edge(self, tile: TileView, src: Any, dst: Any, edata: Any, drop: Any = None) -> Any:
         ctx = _Tile(tile, src, dst, edata)
         lowering = self.program.lowering
         if self.gather == "softmax":
             m = lowering[None]
             if isinstance(m, SoftmaxMatch):
-                return self._softmax(ctx, m)
+                return self._softmax(ctx, m, drop)
             out = self.program.edge.outputs
             env = evaluate(self.program.edge, [out[0].id, out[1].id], ctx, self.resolver)
-            return self.accumulator.partial(tile.indptr, (env[out[0].id], env[out[1].id]))
+            return self.accumulator.partial(tile.indptr, (env[out[0].id], env[out[1].id]), drop)
         interp = [k for k, m in lowering.items() if isinstance(m, InterpMatch)]
         env = {}
         if interp:
@@ -370,7 +372,7 @@ class CompiledPlan:
                  else value.new_zeros(nd, h))
         return s_src, s_dst, _shaped(value, (n, h, d))
 
-    def _softmax(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
+    def _softmax(self, ctx: _Tile, m: SoftmaxMatch, drop: Any = None) -> tuple:
         tile, nd = ctx.tile, ctx.num_dst
         if tile.whole and m.weights is not None and ctx.src[m.value].shape[0] == nd:
             # every edge, scores rowdot(value, w): one op differentiates scores and value
@@ -385,12 +387,12 @@ class CompiledPlan:
                 rc = kernels.Recompute(lambda *a: _shaped(fn(*a), shape), [x(), *params])
             out = kernels.attention_aggregate(tile.indptr, tile.src_idx, _shaped(value, shape),
                                               ws, wd, negative_slope=m.slope, rev=tile.rev,
-                                              recompute=rc)
+                                              recompute=rc, dropout=drop)
             return out.new_zeros((nd,) + m.heads), None, _shaped(out, (nd,) + m.heads + m.dims)
         s_src, s_dst, v3 = self._softmax_operands(ctx, m)
         out, lse = kernels.softmax_aggregate(tile.indptr, tile.src_idx, s_src, s_dst, v3,
                                              negative_slope=m.slope, rev=tile.rev,
-                                             return_lse=True)
+                                             return_lse=True, dropout=drop)
         o = _shaped(out, (nd,) + m.heads + m.dims)
         if tile.whole:
             # The tile holds every edge: no other tile merges into this state, so the
@@ -418,7 +420,8 @@ class CompiledPlan:
 
         A fused softmax aggregation has one: with the whole aggregation's
         log-sum-exp and output, the tile's gradient is the kernel's backward on the
-        tile's edges (:func:`ngra.kernels.softmax_aggregate_backward`).
+        tile's edges (:func:`ngra.kernels.softmax_aggregate_backward`), with the
+        tile's share of an attention dropout (``staged.drop``).
         """
         m = self.program.lowering.get(None)
         if self.gather != "softmax" or not isinstance(m, SoftmaxMatch):
@@ -431,7 +434,7 @@ class CompiledPlan:
         g_src, g_dst, g_val = kernels.softmax_aggregate_backward(
             tile.indptr, tile.src_idx, s_src, s_dst, v3, out.reshape(nd, *v3.shape[1:]),
             lse.reshape(nd, v3.shape[1]), grad.to(dev).reshape(nd, *v3.shape[1:]),
-            negative_slope=m.slope, rev=tile.rev)
+            negative_slope=m.slope, rev=tile.rev, dropout=staged.drop)
         pairs = [(ctx.src[m.value], g_val)]
         if m.score_src is not None:
             pairs.append((ctx.src[m.score_src], g_src))

@@ -19,6 +19,7 @@ from ngra.models.zoo import (
     build_model,
     defaults_table,
     hyper_parameters,
+    param_groups,
     prepare,
     relation_norm,
 )
@@ -26,5 +27,6 @@ from ngra.models.zoo import (
 __all__ = [
     "GCNConv", "SAGEConv", "GATConv", "GINConv", "GGCNConv", "CommNetConv", "GGNNConv",
     "RGCNConv", "MPNNConv", "GNN", "MODELS", "ModelSpec", "Defaults", "Hyper", "HYPER_PARAMETERS",
-    "build_model", "defaults_table", "hyper_parameters", "prepare", "relation_norm",
+    "build_model", "defaults_table", "hyper_parameters", "param_groups", "prepare",
+    "relation_norm",
 ]

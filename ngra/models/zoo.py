@@ -31,7 +31,7 @@ from ngra.models.rgcn import RGCNConv
 from ngra.models.sage import SAGEConv
 
 __all__ = ["MODELS", "ModelSpec", "Defaults", "Hyper", "HYPER_PARAMETERS", "GNN", "build_model",
-           "defaults_table", "hyper_parameters", "prepare", "relation_norm"]
+           "defaults_table", "hyper_parameters", "param_groups", "prepare", "relation_norm"]
 
 
 # ----------------------------------------------------------------------------- defaults
@@ -93,6 +93,8 @@ class Defaults:
     lr: Hyper | None = _setting("Adam learning rate", _positive)
     weight_decay: Hyper | None = _setting("Adam weight decay (L2)", _non_negative)
     dropout: Hyper | None = _setting("dropout of each layer's input", _probability)
+    attention_dropout: Hyper | None = _setting(
+        "dropout of the normalized attention weights (a softmax gather's)", _probability)
 
     @classmethod
     def cite(cls, source: str, **values: float) -> Defaults:
@@ -109,12 +111,15 @@ class ModelSpec:
 
     Attributes:
         defaults: its hyper-parameter defaults and their sources (:class:`Defaults`).
+        decay_first_layer_only: weight decay on the first layer's parameters only
+            (the GCN paper's L2 term), else on every parameter.
         self_loops: add a self-loop to every vertex before training.
         edge_data: what the layers read as ``edge.data``: "none", "gcn_norm",
             "type", "type_norm" or "norm_feat" (the GCN weight as a [E, 1] feature).
     """
 
     defaults: Defaults
+    decay_first_layer_only: bool = False
     self_loops: bool = False
     edge_data: str = "none"
 
@@ -126,11 +131,11 @@ MODELS: dict[str, ModelSpec] = {
     "gcn": ModelSpec(Defaults(
         hidden=Hyper(16, _GCN), lr=Hyper(0.01, _GCN), dropout=Hyper(0.5, _GCN),
         weight_decay=Hyper(5e-4, "Kipf & Welling 2017, PyG examples/gcn.py: on the first layer "
-                                 "only; ngra: on every layer"),
-    ), edge_data="gcn_norm"),
+                                 "only"),
+    ), decay_first_layer_only=True, edge_data="gcn_norm"),
     "sage": ModelSpec(_NGRA_DEFAULTS),
     "gat": ModelSpec(Defaults.cite(_GAT, hidden=8, heads=8, lr=0.005, weight_decay=5e-4,
-                                   dropout=0.6), self_loops=True),
+                                   dropout=0.6, attention_dropout=0.6), self_loops=True),
     "gin": ModelSpec(_NGRA_DEFAULTS),
     "ggcn": ModelSpec(_NGRA_DEFAULTS),
     "commnet": ModelSpec(_NGRA_DEFAULTS),
@@ -273,13 +278,14 @@ def _elu(x: torch.Tensor) -> torch.Tensor:
 
 def build_model(name: str, in_dim: int, num_classes: int, *, hidden: int | None = None,
                 heads: int | None = None, num_layers: int = 2, num_edge_types: int = 1,
-                dropout: float | None = None) -> GNN:
+                dropout: float | None = None, attention_dropout: float | None = None) -> GNN:
     """Build zoo model ``name`` for ``in_dim`` features and ``num_classes`` outputs.
 
-    ``hidden``, ``heads`` and ``dropout`` default to the model's (:data:`MODELS`); see
-    :func:`hyper_parameters` for what is refused.
+    ``hidden``, ``heads``, ``dropout`` and ``attention_dropout`` default to the model's
+    (:data:`MODELS`); see :func:`hyper_parameters` for what is refused.
     """
-    hp = hyper_parameters(name, hidden=hidden, heads=heads, dropout=dropout)
+    hp = hyper_parameters(name, hidden=hidden, heads=heads, dropout=dropout,
+                          attention_dropout=attention_dropout)
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"num_layers must be an integer >= 1; got {num_layers!r}.")
     h, p = hp["hidden"].value, hp["dropout"].value
@@ -300,19 +306,32 @@ def build_model(name: str, in_dim: int, num_classes: int, *, hidden: int | None 
     if name == "rgcn":
         return GNN(name, [RGCNConv(a, b, num_edge_types) for a, b in pairs], p, F.relu)
     if name == "gat":
-        k = hp["heads"].value
+        k, att = hp["heads"].value, hp["attention_dropout"].value
         layers: list[nn.Module] = []
         f = in_dim
         for _ in range(num_layers - 1):
-            layers.append(GATConv(f, h, heads=k))
+            layers.append(GATConv(f, h, heads=k, attention_dropout=att))
             f = h * k
-        layers.append(GATConv(f, num_classes, heads=1, concat=False))
+        layers.append(GATConv(f, num_classes, heads=1, concat=False, attention_dropout=att))
         return GNN(name, layers, p, _elu)
     if name == "ggnn":
         layers = [GGNNConv(h, num_edge_types) for _ in range(num_layers)]
         return GNN(name, layers, p, lambda t: t, head_in=nn.Linear(in_dim, h),
                    head_out=nn.Linear(h, num_classes))
     raise AssertionError(name)
+
+
+def param_groups(name: str, model: GNN, weight_decay: float) -> list[dict[str, Any]]:
+    """Optimizer parameter groups of zoo model ``name``: ``weight_decay`` on every
+    parameter, or only on the first layer's where the model's paper says so
+    (:attr:`ModelSpec.decay_first_layer_only`: GCN)."""
+    if not MODELS[name].decay_first_layer_only:
+        return [{"params": list(model.parameters()), "weight_decay": weight_decay}]
+    first = list(model.layers[0].parameters())
+    ids = {id(p) for p in first}
+    rest = [p for p in model.parameters() if id(p) not in ids]
+    return [{"params": first, "weight_decay": weight_decay},
+            {"params": rest, "weight_decay": 0.0, "decay": False}]
 
 
 def prepare(name: str, graph: Graph, edge_type: torch.Tensor | None = None,

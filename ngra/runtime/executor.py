@@ -5,6 +5,11 @@ compiler for the layer's plan (cached per input signature), and walks the grid
 column by column: the vertex-side ``pre`` stage, each tile's ``edge`` stage
 merged into the column's accumulator, then ``post`` (``apply_vertex``).
 Whole-graph execution is the 1 x 1 grid; a memory budget picks a finer grid.
+
+A softmax layer's ``attention_dropout`` (training mode) becomes one
+:class:`~ngra.kernels.EdgeDropout` per call: two seeds drawn once, after the input
+dropout's, and the edge counters of :func:`default_edge_counter`; every tile hashes its masks
+from them, so the grid does not change the masks.
 """
 
 from __future__ import annotations
@@ -18,14 +23,15 @@ import torch
 from ngra import kernels, probes
 from ngra.compiler.driver import compile_layer
 from ngra.graph import Graph
-from ngra.kernels.dropout import check_p
+from ngra.kernels.dropout import EdgeDropout, check_attention_p, check_p
 from ngra.runtime.budget import current_budget, forced_grid, grid_for
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, plan_parameters, staging_summary
 from ngra.runtime.stream import propagate, run_streamed
 from ngra.runtime.tiles import Grid, whole_graph_grid
 
-__all__ = ["execute", "run_plan", "choose_runtime_grid", "edge_data_csc"]
+__all__ = ["execute", "run_plan", "choose_runtime_grid", "default_edge_counter",
+           "edge_data_csc"]
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +46,14 @@ def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: fl
     holds the owned rows and the graph brings in what its in-edges read.
     """
     check_p(dropout)
+    attention = attention_dropout_of(layer)
     _check_vertex_data(layer, graph, x)
     edata = edge_data_csc(graph, edge_data, type(layer).__name__)
     try:
         plan = compile_layer(layer, graph, x, edata)
-        return run_plan(plan, graph, None, x, edata, dropout if layer.training else 0.0)
+        if not layer.training:
+            dropout = attention = 0.0
+        return run_plan(plan, graph, None, x, edata, dropout, attention)
     except (RuntimeError, AttributeError, KeyError, TypeError) as err:
         mismatch = input_mismatch(err, type(layer).__name__, x, edata)
         if mismatch is None:
@@ -95,12 +104,39 @@ def _describe(data: Any) -> str:
     return type(data).__name__
 
 
+def attention_dropout_of(layer: Any) -> float:
+    """The layer's ``attention_dropout``, checked: a probability in ``[0, 1)``, and
+    nonzero only on a ``softmax`` gather."""
+    who = type(layer).__name__
+    p = check_attention_p(getattr(layer, "attention_dropout", 0.0), f"{who}.attention_dropout")
+    if p and layer.gather != "softmax":
+        raise ValueError(f"{who}.attention_dropout = {p:g} drops the weights of a softmax "
+                         f"gather; this layer's gather is {layer.gather!r}. Set it to 0, or "
+                         "use the input dropout (layer(graph, x, dropout=p)).")
+    return p
+
+
+def default_edge_counter(graph: Graph) -> torch.Tensor:
+    """``[E]``: the counter attention dropout hashes each CSC edge's masks from.
+
+    The edge's id in the graph's original edge order (``graph.perm``), so the masks
+    do not depend on the CSC layout or the tile grid. This is the one place the
+    runtime takes it from; :func:`run_plan` takes another (``edge_counter=``), which
+    is how a distributed runtime gives a rank's local graph its global edge ids.
+    """
+    return graph.perm
+
+
 def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
-             dropout: float = 0.0) -> Any:
+             dropout: float = 0.0, attention_dropout: float = 0.0,
+             edge_counter: torch.Tensor | None = None) -> Any:
     """Run ``plan``: ``pre``, the column walk over ``grid``, then ``post``.
 
     An input ``dropout`` > 0 runs inside ``pre``'s Linears where the plan fuses it
     (:func:`ngra.kernels.dropout_linear`: no dropped copy of ``x``), else on ``x`` first.
+    An ``attention_dropout`` > 0 (a softmax gather's) drops the normalized weights
+    inside the edge stage, with masks hashed from ``edge_counter`` (``[E]`` int, one
+    per CSC edge; default: :func:`default_edge_counter`) and two seeds drawn here.
 
     ``grid=None`` picks the grid: the 1 x 1 grid, or under an active memory
     budget the smallest grid that fits it. A grid of several tiles propagates
@@ -121,12 +157,23 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
         del terms
         with probes.stage("post") as s:
             return s.outputs(plan.post(s.inputs(x), acc, graph))
+    drop = None
+    if attention_dropout:
+        if plan.accumulator.name != "softmax":
+            raise ValueError(f"attention dropout drops the weights of a softmax gather; this "
+                             f"plan's gather is {plan.accumulator.name!r}.")
+        counter = default_edge_counter(graph) if edge_counter is None else edge_counter
+        if not isinstance(counter, torch.Tensor) or tuple(counter.shape) != (graph.num_edges,):
+            got = list(counter.shape) if isinstance(counter, torch.Tensor) else type(counter)
+            raise ValueError(f"edge_counter must hold one counter per edge ([{graph.num_edges}]"
+                             f"); got {got}.")
+        drop = EdgeDropout.draw(attention_dropout, counter)
     if grid is None:
         grid = choose_runtime_grid(plan, graph, terms, edata)
     if grid.num_tiles > 1 and torch.is_grad_enabled():
-        acc = run_streamed(plan, graph, grid, terms, edata)
+        acc = run_streamed(plan, graph, grid, terms, edata, drop)
     else:
-        acc = propagate(plan, graph, grid, terms, edata)
+        acc = propagate(plan, graph, grid, terms, edata, drop=drop)
     del terms  # what backward needs is saved; the terms' memory is free for post
     with probes.stage("post") as s:
         return s.outputs(plan.post(s.inputs(x), acc, graph))

@@ -75,8 +75,8 @@ def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) 
     plan = compile_layer(layer, graph, x, edata)
     head = (f"{type(layer).__name__} (gather={layer.gather}) on {graph!r}; "
             f"x {_shape_text(x)}; edge data {_shape_text(edata)}")
-    return [head] + plan.describe() + _exchange_lines(plan, graph, x) + \
-        _grid_lines(plan, graph, x, edata)
+    return [head] + plan.describe() + _attention_lines(layer, plan) + \
+        _exchange_lines(plan, graph, x) + _grid_lines(plan, graph, x, edata)
 
 
 def _exchange_lines(plan: Any, graph: Any, x: Any) -> list[str]:
@@ -85,6 +85,19 @@ def _exchange_lines(plan: Any, graph: Any, x: Any) -> list[str]:
         return []
     with torch.no_grad():
         return graph.explain_lines(plan, plan.pre(x))
+
+
+def _attention_lines(layer: Any, plan: Any) -> list[str]:
+    """Where a softmax layer's attention dropout runs, when it has one."""
+    p = getattr(layer, "attention_dropout", 0.0)
+    if not p:
+        return []
+    if "softmax_aggregate" in getattr(plan, "edge_kinds", ()):
+        how = ("inside the softmax kernels: each weight's keep flag is hashed from its edge's "
+               "original id and drawn again in backward, no [E, H] mask is stored")
+    else:
+        how = "on each tile's [E, H] weights in the softmax gather"
+    return [f"attention dropout (attention_dropout={p:g}, training mode): {how}"]
 
 
 def _grid_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:

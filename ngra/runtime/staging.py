@@ -8,7 +8,9 @@ Before its edge stage a partition tile (:class:`ngra.partition.Tile`) is staged:
   **gather** ``terms.index_select(0, src_rows)`` of the tile's unique sources
   (NeuGraph's selective transfer), by the rule of :func:`choose_mode`;
 * destination-side term rows are the slice ``terms[dst_lo:dst_hi]``;
-* edge data rows are gathered by the tile's edge ids;
+* edge data rows are gathered by the tile's edge ids, and so are the edge counters of
+  an attention dropout (:class:`~ngra.kernels.EdgeDropout`: the tile's masks are the
+  whole graph's, whatever the grid);
 * the tile's indices become local to the staged rows (:class:`TileView`): source
   ids index the staged source rows, destination ids are ``dst - dst_lo``, and the
   reverse structure runs over the staged source rows only, built from the
@@ -39,6 +41,7 @@ Tests and experiments force a mode with :func:`staging_mode`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -220,16 +223,19 @@ class Staged:
         view: the :class:`TileView` (ids local to the staged rows).
         src, dst: the staged source / destination term rows, shaped like the terms.
         edata: the tile's edge data rows (tile-CSC order), shaped like the edge data.
+        drop: the attention dropout on the tile's edges (an
+            :class:`~ngra.kernels.EdgeDropout` with their counters), or ``None``.
         mode: ``"whole"`` (identity), ``"span"`` or ``"gather"``.
         leaves: ``(slot, leaf, rows)`` of each staged leaf when staged with
             ``leaves=True`` (``slot`` counts term leaves, then edge-data leaves).
     """
 
-    __slots__ = ("_device", "_event", "_keep", "dst", "edata", "leaves", "mode", "src", "view")
+    __slots__ = ("_device", "_event", "_keep", "drop", "dst", "edata", "leaves", "mode", "src",
+                 "view")
 
     def __init__(self, view: TileView, mode: str) -> None:
         self.view, self.mode = view, mode
-        self.src = self.dst = self.edata = None
+        self.src = self.dst = self.edata = self.drop = None
         self.leaves: list[tuple[int, torch.Tensor, Rows]] = []
         self._event: Any = None
         self._device: torch.device | None = None
@@ -249,7 +255,7 @@ class Staged:
     def run(self, plan: Any) -> Any:
         """The plan's edge stage on this tile."""
         self.ready()
-        return plan.edge(self.view, self.src, self.dst, self.edata)
+        return plan.edge(self.view, self.src, self.dst, self.edata, self.drop)
 
 
 class Stager:
@@ -265,11 +271,13 @@ class Stager:
         leaves: stage fresh leaves that require grad, recorded in
             :attr:`Staged.leaves` (the recomputing backward), instead of tracking
             staging under autograd.
+        drop: a softmax gather's attention dropout over the graph's CSC edges (an
+            :class:`~ngra.kernels.EdgeDropout`); each tile gets it on its own edges.
     """
 
     def __init__(self, terms: Any, edata: Any, reads: tuple[Any, Any] | None = None,
                  device: torch.device | None = None, leaves: bool = False,
-                 mode: str | None = None) -> None:
+                 mode: str | None = None, drop: Any = None) -> None:
         self.t_leaves, self.t_spec = flatten(terms)
         self.e_leaves, self.e_spec = flatten(edata)
         keys = self.t_spec if isinstance(self.t_spec, tuple) else None
@@ -285,6 +293,7 @@ class Stager:
                              f"{self.host} and compute device {self.device}.")
         self.stream = torch.cuda.Stream(self.device) if self.transfer else None
         self.leaves = leaves
+        self.drop = drop
         self._sinks: dict[int, tuple[_Sink, torch.Tensor]] = {}
         self._lock = threading.Lock()
 
@@ -312,6 +321,11 @@ class Stager:
             for i in range(nt)], keep=self.dst_slots)
         st.edata = unflatten(self.e_spec, [self._leaf(nt + j, t, edge_rows, st)
                                            for j, t in enumerate(self.e_leaves)])
+        if self.drop is not None:
+            counter = (edge_rows.take_pinned if self.transfer else edge_rows.take)(
+                self.drop.counter)
+            counter = self._copy(counter, st).to(self.device)  # a no-op on the compute device
+            st.drop = dataclasses.replace(self.drop, counter=counter)
         if self.transfer:
             st.view = _view_to(view, self._copy, st)
             st._event, st._device = self.stream.record_event(), self.device

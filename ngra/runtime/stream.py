@@ -24,6 +24,10 @@ runs all tile kernels' backward before any staging node's), which grew a
 chunked GCN's peak past the unchunked one (R-MAT 2^18, 128 MB budget: 1.29x;
 1.05x recomputing). The 1 x 1 grid runs the same column walk under plain
 autograd (staging is the identity, and no recomputation is needed).
+
+A softmax gather's attention dropout (:class:`~ngra.kernels.EdgeDropout`) is drawn
+once per layer call, before the walk: each tile is staged with its edges' counters,
+so the forward, the direct rule and a recomputed tile all hash the same masks.
 """
 
 from __future__ import annotations
@@ -117,8 +121,11 @@ def stager_for(plan: Any, terms: Any, edata: Any, **kw: Any) -> Stager:
 
 
 def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
-              keep_state: bool = False) -> Any:
+              keep_state: bool = False, drop: Any = None) -> Any:
     """The column walk: per column, stage and merge tile partials, then finalize.
+
+    ``drop`` is a softmax gather's attention dropout over the graph's CSC edges (an
+    :class:`~ngra.kernels.EdgeDropout`): the stager hands each tile its edges' share.
 
     Returns the accumulator ``[N, ...]`` (and, with ``keep_state``, each
     column's final accumulator state, the RNG state before each tile, so that
@@ -126,7 +133,7 @@ def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
     """
     acc = plan.accumulator
     in_deg = graph.in_degrees()
-    stager = stager_for(plan, terms, edata)
+    stager = stager_for(plan, terms, edata, drop=drop)
     cols, states, rng = [], [], {}
     for column in grid.columns:
         state, lo, hi = None, None, None
@@ -148,21 +155,25 @@ def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
     return (out, states, rng, stager) if keep_state else out
 
 
-def run_streamed(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any) -> torch.Tensor:
-    """Propagate over a multi-tile ``grid`` with O(tile) edge memory in backward."""
+def run_streamed(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
+                 drop: Any = None) -> torch.Tensor:
+    """Propagate over a multi-tile ``grid`` with O(tile) edge memory in backward (``drop``:
+    as for :func:`propagate`; backward draws the same masks from its seeds)."""
     t_leaves, t_spec = flatten(terms)
     e_leaves, e_spec = flatten(edata)
     params = [p for p in plan_parameters(plan) if p.requires_grad]
-    ctx = _Context(plan, graph, grid, t_spec, len(t_leaves), e_spec, len(e_leaves), len(params))
+    ctx = _Context(plan, graph, grid, t_spec, len(t_leaves), e_spec, len(e_leaves), len(params),
+                   drop)
     return StreamedPropagation.apply(ctx, *t_leaves, *e_leaves, *params)
 
 
 class _Context:
-    __slots__ = ("plan", "graph", "grid", "t_spec", "nt", "e_spec", "ne", "np")
+    __slots__ = ("plan", "graph", "grid", "t_spec", "nt", "e_spec", "ne", "np", "drop")
 
-    def __init__(self, plan, graph, grid, t_spec, nt, e_spec, ne, np_):
+    def __init__(self, plan, graph, grid, t_spec, nt, e_spec, ne, np_, drop):
         self.plan, self.graph, self.grid = plan, graph, grid
         self.t_spec, self.nt, self.e_spec, self.ne, self.np = t_spec, nt, e_spec, ne, np_
+        self.drop = drop
 
 
 class StreamedPropagation(torch.autograd.Function):
@@ -174,7 +185,7 @@ class StreamedPropagation(torch.autograd.Function):
         edata = unflatten(c.e_spec, list(leaves[c.nt: c.nt + c.ne]))
         with torch.no_grad():
             out, states, rng, stager = propagate(c.plan, c.graph, c.grid, terms, edata,
-                                                 keep_state=True)
+                                                 keep_state=True, drop=c.drop)
         if not isinstance(out, torch.Tensor):
             raise NotImplementedError(
                 "chunked streaming supports tensor-valued accumulators; this layer's "
@@ -195,7 +206,7 @@ class StreamedPropagation(torch.autograd.Function):
         grads: list[torch.Tensor | None] = [None] * (len(saved) + len(params))
         terms = unflatten(c.t_spec, inputs[: c.nt])
         edata = unflatten(c.e_spec, inputs[c.nt: c.nt + c.ne])
-        stager = stager_for(c.plan, terms, edata, leaves=True, **ctx.staging)
+        stager = stager_for(c.plan, terms, edata, leaves=True, drop=c.drop, **ctx.staging)
         final = {lo: (hi, st) for lo, hi, st in ctx.final}
         in_deg = c.graph.in_degrees()
         rng_now = torch.get_rng_state()
