@@ -36,13 +36,13 @@ row is at least :data:`EDGE_BUFFER_MIN_ROW_BYTES` long. Nothing ``O(E * H * D)``
 is ever stored.
 
 Attention dropout (an ``EdgeDropout``: ``drop`` true, the edges' counters ``ctr`` in
-CSC order, ``dseed = (s1, s2, thr)`` and ``dscale = 1 / (1 - p)``) multiplies each
+CSC order, the seeds ``s1, s2``, the threshold ``thr`` and ``dscale = 1 / (1 - p)``) multiplies each
 weight by its keep factor (:func:`_kept`, the dropout kernel's hash of
 ``counter * H + head``) where the weight is used: in the forward's feature sum (the
 running sum ``s`` stays undropped: it is the normalizer), in pass A's and pass B's
-``dp`` and in pass B's ``d value``. Pass B finds an edge's counter through its CSC
-position ``rev_perm``. Nothing of the mask is stored; off, the arithmetic is
-unchanged.
+``dp`` and in pass B's ``d value``. Pass B reads the counters in its own (CSR) order,
+``EdgeDropout.reverse_counter``: one contiguous array, not a random read per edge.
+Nothing of the mask is stored; off, the arithmetic is unchanged.
 
 Scores, running max/sum and alpha are float64; feature accumulators and dot
 products use the input dtype (float32 accumulation vectorizes twice as wide and
@@ -77,14 +77,14 @@ _FASTMATH = {"reassoc", "contract"}
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _kept(c, h, heads, dseed, dscale):  # pragma: no cover
+def _kept(c, h, heads, s1, s2, thr, dscale):  # pragma: no cover
     """Attention dropout's factor of head ``h`` of the edge with counter ``c``:
     ``dscale`` where the weight is kept, else 0."""
-    return dscale if _keep(c * heads + h, dseed[0], dseed[1], dseed[2]) else 0.0
+    return dscale if _keep(c * heads + h, s1, s2, thr) else 0.0
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
-def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, drop, ctr, dseed, dscale, v0,
+def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, drop, ctr, s1, s2, thr, dscale, v0,
               v1):  # pragma: no cover
     heads = ss.shape[1]
     dim = val.shape[2]
@@ -117,7 +117,7 @@ def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, drop, ctr, dseed, d
                 if drop:
                     c = np.int64(ctr[j0 + jj])
                     for h in range(heads):
-                        kf[jj, h] = _kept(c, h, heads, dseed, dscale)
+                        kf[jj, h] = _kept(c, h, heads, s1, s2, thr, dscale)
             for h in range(heads):
                 cm = m[h]
                 for jj in range(n):
@@ -156,7 +156,7 @@ def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, drop, ctr, dseed, d
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, gather, delta,
-                  gsd, drop, ctr, dseed, dscale, v0, v1):  # pragma: no cover
+                  gsd, drop, ctr, s1, s2, thr, dscale, v0, v1):  # pragma: no cover
     """Pass A over destinations ``[v0, v1)``. Without ``out`` (``have_out`` false; then
     ``gather`` is true) ``delta = sum_u alpha_uv g[v] . value[u]`` comes from the same walk:
     ``d score_dst = sum aw dp - delta sum aw`` needs no second one."""
@@ -197,7 +197,7 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
                 if drop:
                     c = np.int64(ctr[j0 + jj])
                     for h in range(heads):
-                        kf[jj, h] = _kept(c, h, heads, dseed, dscale)
+                        kf[jj, h] = _kept(c, h, heads, s1, s2, thr, dscale)
             for jj in range(n):
                 u = us[jj]
                 for h in range(heads):
@@ -222,7 +222,7 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def _bwd_src_rows(rindptr, rindices, rperm, ss, sd, lse, delta, val, g, slope, use_ebuf, ebuf, gss,
-                  gval, fold, ws, wd, gsd, drop, ctr, dseed, dscale, ps, pd, u0,
+                  gval, fold, ws, wd, gsd, drop, ctr, s1, s2, thr, dscale, ps, pd, u0,
                   u1):  # pragma: no cover
     """Pass B over sources ``[u0, u1)`` of the reverse CSR.
 
@@ -260,9 +260,9 @@ def _bwd_src_rows(rindptr, rindices, rperm, ss, sd, lse, delta, val, g, slope, u
                     aw[kk, h] = np.exp(x - lse[v, h])
                     fac[kk, h] = 1.0 if raw > 0.0 else slope
                 if drop:
-                    c = np.int64(ctr[rperm[k0 + kk]])
+                    c = np.int64(ctr[k0 + kk])  # ctr in CSR order here
                     for h in range(heads):
-                        kf[kk, h] = _kept(c, h, heads, dseed, dscale)
+                        kf[kk, h] = _kept(c, h, heads, s1, s2, thr, dscale)
             for kk in range(n):
                 v = vs[kk]
                 for h in range(heads):
@@ -328,11 +328,10 @@ def softmax_aggregate_fwd(
 
 
 def _drop_args(drop) -> tuple:
-    """``(drop, ctr, dseed, dscale)`` of the kernels for an ``EdgeDropout`` or ``None``."""
+    """``(drop, ctr, s1, s2, thr, dscale)`` of the kernels for an ``EdgeDropout`` or ``None``."""
     if drop is None:
-        return False, dummy(np.int64, 1), np.zeros(3, np.int64), 1.0
-    return (True, as_numpy(drop.counter), np.array([drop.s1, drop.s2, drop.thr], np.int64),
-            float(drop.scale))
+        return False, dummy(np.int64, 1), 0, 0, 0, 1.0
+    return True, as_numpy(drop.counter), drop.s1, drop.s2, drop.thr, float(drop.scale)
 
 
 @register("softmax_aggregate_bwd", "cpu")
@@ -428,6 +427,8 @@ def _backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_
     else:
         ws, wd = fold
         sums = [(np.zeros((heads, dim)), np.zeros((heads, dim))) for _ in range(threads)]
+    if drop is not None:  # pass B reads the counters in its (CSR) order
+        dargs = (True, as_numpy(drop.reverse_counter(rev_perm)), *dargs[2:])
     run_rows(_bwd_src_rows, rip, rip, as_numpy(rev_indices), as_numpy(rev_perm), ss,
              sd, lse_np, delta, val, g, slope, bool(edge_buffer), ebuf, as_numpy(g_score_src),
              as_numpy(g_value), fold is not None, ws, wd, gsd, *dargs, per_thread=sums)

@@ -15,6 +15,7 @@ from them, so the grid does not change the masks.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -127,6 +128,19 @@ def default_edge_counter(graph: Graph) -> torch.Tensor:
     return graph.perm
 
 
+def _reverse_counters(graph: Graph, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(csr.perm, counter[csr.perm])``: the counters in the order the backward's walk
+    over sources reads them (:class:`~ngra.kernels.EdgeDropout`), cached on the graph for
+    the last counter tensor (``[E]`` int64, once per graph rather than once per call)."""
+    perm = graph.csr().perm
+    hit = graph._cache.get("ngra.reverse-edge-counter")
+    if hit is not None and hit[0]() is counter:
+        return perm, hit[1]
+    rev = counter.long().index_select(0, perm)
+    graph._cache["ngra.reverse-edge-counter"] = (weakref.ref(counter), rev)
+    return perm, rev
+
+
 def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
              dropout: float = 0.0, attention_dropout: float = 0.0,
              edge_counter: torch.Tensor | None = None) -> Any:
@@ -157,6 +171,8 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
         del terms
         with probes.stage("post") as s:
             return s.outputs(plan.post(s.inputs(x), acc, graph))
+    if grid is None:
+        grid = choose_runtime_grid(plan, graph, terms, edata)
     drop = None
     if attention_dropout:
         if plan.accumulator.name != "softmax":
@@ -167,9 +183,9 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
             got = list(counter.shape) if isinstance(counter, torch.Tensor) else type(counter)
             raise ValueError(f"edge_counter must hold one counter per edge ([{graph.num_edges}]"
                              f"); got {got}.")
-        drop = EdgeDropout.draw(attention_dropout, counter)
-    if grid is None:
-        grid = choose_runtime_grid(plan, graph, terms, edata)
+        whole = grid.num_tiles == 1 and getattr(grid.columns[0][0], "whole", False)
+        drop = EdgeDropout.draw(attention_dropout, counter,
+                                _reverse_counters(graph, counter) if whole else None)
     if grid.num_tiles > 1 and torch.is_grad_enabled():
         acc = run_streamed(plan, graph, grid, terms, edata, drop)
     else:

@@ -322,10 +322,12 @@ class Stager:
         st.edata = unflatten(self.e_spec, [self._leaf(nt + j, t, edge_rows, st)
                                            for j, t in enumerate(self.e_leaves)])
         if self.drop is not None:
-            counter = (edge_rows.take_pinned if self.transfer else edge_rows.take)(
-                self.drop.counter)
-            counter = self._copy(counter, st).to(self.device)  # a no-op on the compute device
-            st.drop = dataclasses.replace(self.drop, counter=counter)
+            drop = self.drop.take(view.edge_ids)  # keeps the whole graph's reverse counters
+            if self.transfer or drop.counter.device != self.device:
+                counter = drop.counter.pin_memory() if self.transfer else drop.counter
+                drop = dataclasses.replace(drop, reverse=None,
+                                           counter=self._copy(counter, st).to(self.device))
+            st.drop = drop
         if self.transfer:
             st.view = _view_to(view, self._copy, st)
             st._event, st._device = self.stream.record_event(), self.device

@@ -11,6 +11,7 @@ that nothing ``[E, H]`` is saved for backward.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import pytest
@@ -91,13 +92,18 @@ def _run(backend, indptr, indices, ss, sd, val, grad, drop, **kw):
         given = kw.pop("given_out", True)
         return [out, *bwd(indptr, indices, rev, ss, sd, val, out if given else None, lse, grad,
                           0.2, drop=drop, **kw)]
+    rev = None
+    if kw.pop("reverse", False):  # the counters in CSR order made once, as the runtime does
+        rev = transpose_csc(indptr, indices, ss.shape[0])
+        drop = dataclasses.replace(drop, reverse=(rev[2], drop.counter[rev[2]]))
     leaves = [t.detach().clone().requires_grad_() for t in (ss, sd, val)]
     with use_backend(backend):
-        out = softmax_aggregate(indptr, indices, *leaves, dropout=drop)
+        out = softmax_aggregate(indptr, indices, *leaves, dropout=drop, rev=rev)
     return [out.detach(), *torch.autograd.grad(out, leaves, grad)]
 
 
-VARIANTS = [("ref", {}), ("cpu", {}), (GPU_ON_CPU, {}), (GPU_ON_CPU, {"given_out": False}),
+VARIANTS = [("ref", {}), ("cpu", {}), ("cpu", {"reverse": True}), (GPU_ON_CPU, {}),
+            (GPU_ON_CPU, {"given_out": False}),
             ("cpu-direct", {"edge_buffer": True}), ("cpu-direct", {"edge_buffer": False}),
             ("cpu-direct", {"given_out": False})]
 
@@ -239,6 +245,11 @@ def test_mask_is_a_function_of_the_counter(gen):
     assert torch.equal(f, want)
     order = torch.randperm(5000, generator=gen)
     assert torch.equal(drop.take(order).factors(3, torch.float64), f[order])
+    # counters in a reverse walk's order: kept for that rev_perm tensor, else gathered
+    cached = dataclasses.replace(drop, reverse=(order, drop.counter[order] + 0))
+    assert cached.reverse_counter(order) is cached.reverse[1]
+    assert torch.equal(cached.reverse_counter(order.clone()), drop.counter[order])
+    assert cached.take(order).reverse is None
     agree = (f[:, 0] == f[:, 1]).double().mean()
     assert 0.4 < agree < 0.6  # independent heads agree about half the time at p = 0.5
 
@@ -246,11 +257,11 @@ def test_mask_is_a_function_of_the_counter(gen):
 @pytest.mark.parametrize("backend", ["ref", "cpu"])
 def test_kept_fraction_and_scale_match_p(backend, gen):
     """A graph whose every destination has one in-edge: out = factor * value, so the
-    kernel's output shows each weight's factor. Over 2^20 edges x 4 heads the kept
-    fraction lies within 5.5 standard deviations of 1 - p (a false alarm has
+    kernel's output shows each weight's factor. Over 2^20 (ref: 2^18) edges x 4 heads the
+    kept fraction lies within 5.5 standard deviations of 1 - p (a false alarm has
     probability < 4e-8), every kept weight is scaled by exactly 1 / (1 - p) (float64),
     and the value gradient carries the same factors."""
-    p, heads, n = 0.6, 4, 1 << 20
+    p, heads, n = 0.6, 4, 1 << (20 if backend == "cpu" else 18)
     indptr = torch.arange(n + 1, dtype=torch.int64)
     indices = torch.randint(0, n, (n,), generator=gen)
     ss = torch.randn(n, heads, generator=gen, dtype=torch.float64)
