@@ -42,8 +42,17 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "edgelist:PATH, ogb:PATH, twitter (default: sbm)")
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
-    _add_hyper(p, "hidden", "heads", "lr", "weight_decay", "dropout")
+    _add_hyper(p, "hidden", "heads", "lr", "weight_decay", "dropout", "attention_dropout")
     p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--normalize-features", action=argparse.BooleanOptionalAction, default=None,
+                   help="row-normalize non-negative features (default: per model; GCN and GAT "
+                        "do, as their papers)")
+    p.add_argument("--runs", type=int, default=1, metavar="K",
+                   help="train K seeds (seed, seed+1, ...) and report the mean and std of "
+                        "their accuracies (default: 1)")
+    p.add_argument("--patience", type=int, default=None, metavar="P",
+                   help="stop when validation loss and accuracy have not improved for P "
+                        "epochs (the GAT paper's rule; --epochs is the ceiling; default: off)")
     p.add_argument("--data-root", default=None, help="dataset folder (default: $NGRA_DATA or ~/.ngra/data)")
     p.add_argument("--out", default=None, help="write the JSON summary here")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="save checkpoints in DIR")
@@ -146,9 +155,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     names = {f.name for f in fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
     summary = train(cfg, echo=print)
-    print(f"{cfg.model} on {cfg.dataset}: test_acc={summary['test_acc']:.4f} "
-          f"val_acc={summary['val_acc']:.4f} (best epoch {summary['best_epoch']}) "
-          f"epoch_time={summary['epoch_time_s'] * 1e3:.1f} ms peak_rss={summary['peak_rss_mb']:.0f} MB")
+    for s in summary.get("results", [summary]):
+        seed = f" seed {s['seed']}" if "results" in summary else ""
+        stop = f", stopped early after {s['epochs']} epochs" if s["stopped_early"] else ""
+        print(f"{cfg.model} on {cfg.dataset}{seed}: test_acc={s['test_acc']:.4f} "
+              f"val_acc={s['val_acc']:.4f} (best epoch {s['best_epoch']}{stop}) "
+              f"epoch_time={s['epoch_time_s'] * 1e3:.1f} ms peak_rss={s['peak_rss_mb']:.0f} MB")
+    if "results" in summary:
+        print(f"{cfg.model} on {cfg.dataset}, {summary['runs']} runs (seeds "
+              f"{summary['seeds'][0]}-{summary['seeds'][-1]}): test_acc "
+              f"{summary['test_acc_mean']:.4f} +- {summary['test_acc_std']:.4f}, val_acc "
+              f"{summary['val_acc_mean']:.4f} +- {summary['val_acc_std']:.4f} (mean +- std)")
     if cfg.out:
         print(f"summary written to {cfg.out}")
     return 0

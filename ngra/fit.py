@@ -1,4 +1,5 @@
-"""The training loop: one process's or one rank's, epochs, model selection, checkpoints.
+"""The training loop: one process's or one rank's, epochs, model selection, checkpoints,
+early stop, several seeds.
 
 :func:`fit` runs the loop over a :class:`Session`: the data and model it trains, how a
 loss and accuracies are computed (and, on ranks of a partitioned run, reduced), and
@@ -7,11 +8,19 @@ one-process session; :mod:`ngra.distributed.trainer` makes one per rank
 (``RankSession``). A checkpoint holds the same state either way, so a run resumes on any
 number of processes.
 
+:func:`fit_runs` trains ``cfg.runs`` seeds (``seed .. seed + runs - 1``), each on a fresh
+session, and reports the mean and sample standard deviation of their accuracies, as papers
+report them; each seed checkpoints in ``DIR/seed-<seed>/``. ``patience`` stops a run early
+by the GAT paper's rule (:class:`EarlyStop`: validation loss and accuracy both without
+improvement for that many epochs; ``epochs`` is then the ceiling). On ranks the decision
+is taken from the validation loss and accuracy reduced over every rank, so all ranks stop
+at the same epoch.
+
 Checkpoints are written every ``checkpoint_every`` epochs through :mod:`ngra.checkpoint`
 (atomic, the previous one kept, verified on read); ``resume=True`` restores model,
-optimizer, best state and every RNG, so a resumed run is bit-identical to an uninterrupted
-one. Each step is checked for a non-finite loss, output, gradient or weight
-(:func:`check_finite`), which stops the run with a
+optimizer, best state, the early-stop state and every RNG, so a resumed run is
+bit-identical to an uninterrupted one. Each step is checked for a non-finite loss,
+output, gradient or weight (:func:`check_finite`), which stops the run with a
 :class:`~ngra.errors.TrainingDivergedError` before the optimizer spreads it.
 """
 
@@ -20,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import random
 import statistics
 import time
@@ -31,22 +41,25 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ngra.checkpoint import load_latest_checkpoint, save_checkpoint
+from ngra.checkpoint import (CHECKPOINT_NAME, PREVIOUS_NAME, load_latest_checkpoint,
+                             save_checkpoint)
 from ngra.errors import CheckpointError, TrainingDivergedError
 from ngra.memstat import peak_rss_bytes
-from ngra.models import HYPER_PARAMETERS
+from ngra.models import HYPER_PARAMETERS, param_groups
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.placement import Placement, placed
 
 if TYPE_CHECKING:
     from ngra.train import TrainConfig
 
-__all__ = ["CHECKPOINT_KEYS", "Session", "check_finite", "evaluate", "fit", "grid_report",
+__all__ = ["CHECKPOINT_KEYS", "EarlyStop", "Session", "check_finite", "evaluate", "fit",
+           "fit_runs", "grid_report", "normalize_features", "prepare_dataset",
            "reorder_dataset", "resume_from_checkpoint"]
 
 log = logging.getLogger(__name__)
 
-#: What a training checkpoint holds (:func:`resume_from_checkpoint` checks them all).
+#: What a training checkpoint holds (:func:`resume_from_checkpoint` checks them all; it
+#: also holds ``stopped`` and ``patience``, the early stop's state, absent from older ones).
 CHECKPOINT_KEYS = ("config", "epoch", "model", "optimizer", "best", "times", "history", "rng")
 #: Settings a resumed run must share with its checkpoint: they fix the weights' shapes.
 _RESUME_FIELDS = ("model", "dataset", "hidden", "heads", "num_layers")
@@ -105,11 +118,13 @@ def resume_from_checkpoint(directory: str | Path, resolved: dict[str, Any],
         raise CheckpointError(path, f"checkpoint {path} does not fit this model "
                                     f"({str(err).splitlines()[0]}).") from None
     for key in ("lr", "weight_decay"):
-        before = {group[key] for group in opt.param_groups}
+        # a group without weight decay by the model's definition (GCN's later layers) keeps 0
+        groups = [g for g in opt.param_groups if key == "lr" or g.get("decay", True)]
+        before = {group[key] for group in groups}
         if before != {resolved[key]}:
             log.warning("resuming with %s=%g (the checkpoint's run used %s)", key, resolved[key],
                         ", ".join(f"{v:g}" for v in sorted(before)))
-        for group in opt.param_groups:
+        for group in groups:
             group[key] = resolved[key]
     log.info("resumed from %s at epoch %d", path, ck["epoch"])
     return ck
@@ -164,6 +179,30 @@ def reorder_dataset(ds: Any, method: str, seed: int = 0) -> Any:
                    val_mask=permute_rows(ds.val_mask, r), test_mask=permute_rows(ds.test_mask, r))
 
 
+def normalize_features(ds: Any) -> Any:
+    """The dataset with each feature row divided by its sum (rows summing to 0 kept), as
+    the GCN and GAT papers preprocess bag-of-words features; unchanged (with a log line)
+    when some feature is negative, where a row sum is no scale."""
+    from dataclasses import replace
+
+    if bool((ds.x < 0).any()):
+        log.info("features have negative entries: not row-normalized")
+        return ds
+    rows = ds.x.sum(1, keepdim=True)
+    return replace(ds, x=ds.x / torch.where(rows > 0, rows, torch.ones_like(rows)))
+
+
+def prepare_dataset(cfg: TrainConfig, ds: Any) -> Any:
+    """The dataset as ``cfg``'s run trains on it: relabeled (``cfg.reorder``) and its
+    features row-normalized where the run asks (``normalize_features``, by default the
+    model's)."""
+    if cfg.reorder != "none":
+        ds = reorder_dataset(ds, cfg.reorder, seed=cfg.seed)
+    if cfg.resolved()["normalize_features"]:
+        ds = normalize_features(ds)
+    return ds
+
+
 @torch.no_grad()
 def grid_report(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any) -> str:
     """The tile grid each layer call chose under the active memory budget, its predicted
@@ -183,14 +222,46 @@ def grid_report(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: 
     return "\n".join(lines)
 
 
-@torch.no_grad()
 def evaluate(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
              y: torch.Tensor, masks: dict[str, torch.Tensor]) -> dict[str, float]:
     """Accuracy of ``model`` on each mask (eval mode)."""
+    return _evaluate(model, graph, x, edge_data, y, masks)[0]
+
+
+@torch.no_grad()
+def _evaluate(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
+              y: torch.Tensor, masks: dict[str, torch.Tensor]) -> tuple[dict[str, float], float]:
+    """:func:`evaluate`'s accuracies and the loss on ``masks["val"]`` (NaN without one),
+    from one eval forward."""
     model.eval()
-    pred = model(graph, x, edge_data).argmax(-1)
-    return {k: float((pred[m] == y[m]).float().mean()) if m.any() else float("nan")
-            for k, m in masks.items()}
+    logits = model(graph, x, edge_data)
+    pred = logits.argmax(-1)
+    acc = {k: float((pred[m] == y[m]).float().mean()) if m.any() else float("nan")
+           for k, m in masks.items()}
+    val = masks.get("val")
+    loss = (float(F.cross_entropy(logits[val], y[val])) if val is not None and val.any()
+            else float("nan"))
+    return acc, loss
+
+
+class EarlyStop:
+    """The GAT paper's early stop: training stops after ``patience`` epochs in a row in
+    which neither the validation accuracy rose above its best so far nor the validation
+    loss fell below its lowest. (The authors' code also counts a tie as a rise, so an
+    exactly flat run never stops there; here it stops.) ``patience=None`` never stops."""
+
+    def __init__(self, patience: int | None, state: dict | None = None) -> None:
+        self.patience = patience
+        self.state = dict(state) if state else {"acc": -math.inf, "loss": math.inf, "wait": 0}
+
+    def step(self, val_acc: float, val_loss: float) -> bool:
+        """Record an epoch; whether training stops after it."""
+        st = self.state
+        if val_acc > st["acc"] or val_loss < st["loss"]:
+            st.update(acc=max(st["acc"], val_acc), loss=min(st["loss"], val_loss), wait=0)
+        else:
+            st["wait"] += 1
+        return self.patience is not None and st["wait"] >= self.patience
 
 
 class Session:
@@ -234,9 +305,10 @@ class Session:
     def after_backward(self) -> None:
         """After ``backward()`` (the distributed session sums the gradients over ranks)."""
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> tuple[dict[str, float], float]:
+        """``(accuracy on each mask, validation loss)`` in eval mode."""
         with self.context():
-            return evaluate(self.model, self.graph, self.x, self.edge_data, self.y, self.masks)
+            return _evaluate(self.model, self.graph, self.x, self.edge_data, self.y, self.masks)
 
     def explain(self) -> str:
         from ngra.runtime.explain import explain
@@ -266,30 +338,70 @@ class Session:
             torch.cuda.synchronize(self.device)
 
 
-def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None
-        ) -> dict[str, Any]:
-    """The training loop over ``s``: epochs, model selection, checkpoints, the summary."""
+def fit_runs(cfg: TrainConfig, make_session: Callable[[int], Session],
+             echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train ``cfg.runs`` seeds, ``seed .. seed + runs - 1``: torch, numpy and Python seeded
+    with each, then ``make_session(seed)`` builds that run's model and session and
+    :func:`fit` trains it. Returns (and writes to ``cfg.out``) the one run's summary, or,
+    with several, every run's (``"results"``) with the mean and sample standard deviation
+    of their test and validation accuracies, epochs and best epochs (``test_acc_mean``,
+    ``test_acc_std``, ...). Each of several runs checkpoints in ``DIR/seed-<seed>/``."""
+    results, s = [], None
+    for i in range(cfg.runs):
+        seed = cfg.seed + i
+        several = cfg.runs > 1
+        folder = (str(Path(cfg.checkpoint) / f"seed-{seed}") if several and cfg.checkpoint
+                  else cfg.checkpoint)
+        _seed_all(seed)
+        s = make_session(seed)
+        results.append(fit(cfg, s, echo if i == 0 else None, seed=seed, checkpoint=folder,
+                           run=(i, cfg.runs) if several else None))
+    summary = results[0] if cfg.runs == 1 else _summarize_runs(cfg, results)
+    if cfg.out and s is not None and s.is_main:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
+        seed: int | None = None, checkpoint: str | None = None,
+        run: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The training loop over ``s``: epochs, model selection, early stop, checkpoints (in
+    ``checkpoint``, default ``cfg.checkpoint``), the summary. ``seed``: the run's (default
+    ``cfg.seed``); ``run``: ``(index, count)`` of a run among several (:func:`fit_runs`),
+    which resumes only if its folder holds a checkpoint (a run not yet begun starts anew)."""
     resolved = cfg.resolved()
+    seed = cfg.seed if seed is None else seed
+    checkpoint = cfg.checkpoint if checkpoint is None else checkpoint
     model = s.model
-    opt = torch.optim.Adam(model.parameters(), lr=resolved["lr"],
-                           weight_decay=resolved["weight_decay"])
+    opt = torch.optim.Adam(param_groups(cfg.model, model, resolved["weight_decay"]),
+                           lr=resolved["lr"])
     plans = None
-    if cfg.explain:
+    if cfg.explain and (run is None or run[0] == 0):
         plans = s.explain()
         if s.is_main:
             (echo or log.info)(plans)
 
     start, best, times, history = 0, {"val": -1.0, "test": float("nan"), "epoch": -1, "state": None}, [], []
-    if cfg.resume:
-        ck = resume_from_checkpoint(cfg.checkpoint, resolved, model, opt)
+    stopped, patience = False, EarlyStop(cfg.patience)
+    resume = cfg.resume and (run is None or _has_checkpoint(checkpoint))
+    if resume:
+        ck = resume_from_checkpoint(checkpoint, resolved, model, opt)
         start, best, times, history = ck["epoch"], ck["best"], ck["times"], ck["history"]
-    kept = (f"The checkpoint in {cfg.checkpoint} (epoch {start}) is kept." if cfg.resume else
-            "No checkpoint was saved before it." if cfg.checkpoint else
+        stopped = ck.get("stopped", False)
+        patience = EarlyStop(cfg.patience, ck.get("patience"))
+    kept = (f"The checkpoint in {checkpoint} (epoch {start}) is kept." if resume else
+            "No checkpoint was saved before it." if checkpoint else
             "No checkpoint is kept (no --checkpoint folder was given).")
 
-    bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.model}/{cfg.dataset}",
-               disable=not (cfg.progress and s.is_main), initial=start, total=cfg.epochs)
+    label = f"train {cfg.model}/{cfg.dataset}" + ("" if run is None else
+                                                  f" seed {seed} ({run[0] + 1}/{run[1]})")
+    bar = tqdm(range(start, cfg.epochs), desc=label,
+               disable=not (cfg.progress and s.is_main) or stopped, initial=start,
+               total=cfg.epochs)
     for epoch in bar:
+        if stopped:
+            break
         t0 = time.perf_counter()
         model.train()
         opt.zero_grad()
@@ -303,30 +415,39 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None
         check_finite(epoch + 1, resolved, model, kept=kept)
         s.step_done()
         times.append(time.perf_counter() - t0)
-        acc = s.evaluate()
-        history.append({"epoch": epoch + 1, "loss": loss_value, **acc})
+        acc, val_loss = s.evaluate()
+        history.append({"epoch": epoch + 1, "loss": loss_value, **acc, "val_loss": val_loss})
         if acc["val"] > best["val"]:
             best = {"val": acc["val"], "test": acc["test"], "epoch": epoch + 1,
                     "state": {k: v.clone() for k, v in model.state_dict().items()}}
+        # the same on every rank: the accuracies and the loss are reduced over the ranks
+        stopped = patience.step(acc["val"], val_loss)
         bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{acc['val']:.3f}", best=f"{best['val']:.3f}")
-        if cfg.checkpoint and ((epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs):
-            path = Path(cfg.checkpoint)
+        if checkpoint and ((epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs
+                           or stopped):
+            path = Path(checkpoint)
             if s.is_main:  # ranks hold the same state: one writes it
                 path = save_checkpoint({"config": resolved, "epoch": epoch + 1,
                                         "model": model.state_dict(),
                                         "optimizer": opt.state_dict(), "best": best,
                                         "times": times, "history": history,
-                                        "rng": _rng_state()}, cfg.checkpoint)
+                                        "rng": _rng_state(), "stopped": stopped,
+                                        "patience": patience.state}, checkpoint)
             kept = (f"The last checkpoint, {path} (epoch {epoch + 1}; best val_acc "
                     f"{best['val']:.4f} at epoch {best['epoch']}), is kept.")
+    if stopped:
+        log.info("early stop after epoch %d: validation loss and accuracy did not improve "
+                 "for %d epochs", len(history), cfg.patience)
 
     summary = {
         "model": cfg.model,
         "dataset": cfg.dataset,
+        "seed": seed,
         "test_acc": best["test"],
         "val_acc": best["val"],
         "best_epoch": best["epoch"],
-        "epochs": cfg.epochs,
+        "epochs": len(history),
+        "stopped_early": stopped,
         "final_loss": history[-1]["loss"] if history else float("nan"),
         "epoch_time_s": statistics.median(times) if times else float("nan"),
         "peak_rss_mb": _peak_rss_mb(),
@@ -339,7 +460,33 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None
     summary.update(s.extra(times))
     if plans is not None:
         summary["explain"] = plans
-    if cfg.out and s.is_main:
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _has_checkpoint(directory: str | None) -> bool:
+    return directory is not None and any(
+        (Path(directory) / name).exists() for name in (CHECKPOINT_NAME, PREVIOUS_NAME))
+
+
+#: Summary fields every run of several shares (the first run's are kept).
+_SHARED = ("config", "config_sources", "num_nodes", "num_edges", "device", "placement",
+           "reciprocity", "dataset_summary", "world_size", "exchange", "partition", "link")
+
+
+def _summarize_runs(cfg: TrainConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary of several seeds' runs: every run, and mean / sample std of the
+    accuracies, epochs and best epochs."""
+    first = results[0]
+    summary: dict[str, Any] = {"model": cfg.model, "dataset": cfg.dataset, "runs": len(results),
+                               "seeds": [r["seed"] for r in results]}
+    for key in ("test_acc", "val_acc", "epochs", "best_epoch"):
+        vals = [float(r[key]) for r in results]
+        summary[f"{key}_mean"] = statistics.fmean(vals)
+        summary[f"{key}_std"] = statistics.stdev(vals)
+    summary["epoch_time_s"] = statistics.median(r["epoch_time_s"] for r in results)
+    summary["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
+    summary.update({k: first[k] for k in _SHARED if k in first})
+    if "explain" in first:
+        summary["explain"] = first.pop("explain")
+    summary["results"] = results
     return summary

@@ -4,7 +4,8 @@
 epochs (tqdm progress) with :func:`ngra.fit.fit`, keeps the weights with the best
 validation accuracy, and returns (and optionally writes as JSON) a summary with
 ``test_acc``, ``val_acc``, ``epochs``, ``epoch_time_s`` (median), ``peak_rss_mb`` and the
-resolved ``config``. Checkpoints, resuming and the divergence check: see :mod:`ngra.fit`.
+resolved ``config``. Several seeds (``runs``), early stop (``patience``), checkpoints,
+resuming and the divergence check: see :mod:`ngra.fit`.
 Nothing runs on meaningless input: before training the configuration
 (:func:`check_config`, :func:`check_run_files`) and the dataset
 (:func:`ngra.datasets.check_trainable`, :func:`check_predictions_vary`) are checked.
@@ -26,15 +27,16 @@ from typing import Any, Callable
 import torch
 
 from ngra.errors import DatasetError
-from ngra.fit import (Session, _seed_all, check_finite, evaluate, fit, grid_report,
-                      reorder_dataset, resume_from_checkpoint)
+from ngra.fit import (EarlyStop, Session, check_finite, evaluate, fit_runs, grid_report,
+                      normalize_features, prepare_dataset, reorder_dataset,
+                      resume_from_checkpoint)
 from ngra.models import HYPER_PARAMETERS, MODELS, build_model, hyper_parameters, prepare
 from ngra.runtime.placement import (Placement, move_to, plan_placement, resident_bytes,
                                     resolve_device)
 
-__all__ = ["TrainConfig", "train", "check_config", "check_finite", "check_predictions_vary",
-           "check_run_files", "describe_run", "evaluate", "grid_report", "reorder_dataset",
-           "resume_from_checkpoint"]
+__all__ = ["TrainConfig", "EarlyStop", "train", "check_config", "check_finite",
+           "check_predictions_vary", "check_run_files", "describe_run", "evaluate",
+           "grid_report", "normalize_features", "reorder_dataset", "resume_from_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class TrainConfig:
     ``None`` hyper-parameters take the model's defaults (``ngra.models.MODELS``, sources in
     :func:`ngra.models.defaults_table`); a value for a setting the model has not (``heads``
     for GCN) or out of range (``hidden=0``) is refused by :meth:`resolved`.
+    ``normalize_features=None`` takes the model's (``ModelSpec.normalize_features``).
+    ``runs``: seeds ``seed .. seed + runs - 1``; ``patience``: early stop (``None``: off).
     """
 
     model: str = "gcn"
@@ -58,6 +62,10 @@ class TrainConfig:
     lr: float | None = None
     weight_decay: float | None = None
     dropout: float | None = None
+    attention_dropout: float | None = None
+    normalize_features: bool | None = None
+    runs: int = 1
+    patience: int | None = None
     data_root: str | None = None
     out: str | None = None
     checkpoint: str | None = None
@@ -84,6 +92,10 @@ class TrainConfig:
         """Every field, hyper-parameters filled in from the model's defaults."""
         d = asdict(self)
         d.update({k: h and h.value for k, h in self.hyper_parameters().items()})
+        spec = MODELS[self.model]
+        d["weight_decay_on"] = "first layer" if spec.decay_first_layer_only else "every layer"
+        if self.normalize_features is None:
+            d["normalize_features"] = spec.normalize_features
         return d
 
 
@@ -165,6 +177,9 @@ def _tensors(items: list[Any]) -> list[torch.Tensor]:
 def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train per ``cfg``; returns the JSON summary (also written to ``cfg.out``).
 
+    With ``cfg.runs = K > 1`` the model trains K times, with seeds ``seed .. seed + K - 1``
+    on the same data (:func:`ngra.fit.fit_runs`).
+
     With ``cfg.explain`` the compiled plan of every layer is put in the summary
     (``"explain"``) and handed to ``echo`` (default: logged at INFO) before training.
     With ``cfg.nprocs > 1`` the run is spread over that many processes
@@ -190,26 +205,28 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
 
     ds = load(cfg.dataset, root=cfg.data_root)
     check_trainable(ds, cfg.dataset)
-    if cfg.reorder != "none":
-        ds = reorder_dataset(ds, cfg.reorder, seed=cfg.seed)
-    _seed_all(cfg.seed)
+    ds = prepare_dataset(cfg, ds)
     graph, edge_data = prepare(cfg.model, ds.graph, ds.edge_type, ds.num_edge_types)
-    model = build_model(cfg.model, ds.x.shape[1], ds.num_classes, hidden=resolved["hidden"],
-                        heads=resolved["heads"], num_layers=cfg.num_layers,
-                        num_edge_types=ds.num_edge_types, dropout=resolved["dropout"])
     masks = {"train": ds.train_mask, "val": ds.val_mask, "test": ds.test_mask}
-    placement = _placement(device, cfg, graph, ds.x, model,
-                           [ds.y, edge_data, *masks.values()])
-    log.info("placement: %s", placement.describe())
-    x, y = ds.x, ds.y
-    if device.type == "cuda" and placement.resident:
-        graph, x, y, edge_data, model = move_to(device, graph, x, y, edge_data, model)
-        masks = dict(zip(masks, move_to(device, *masks.values())))
-    check_predictions_vary(model, graph, x, edge_data, cfg.model, cfg.dataset)
-    session = Session(model, graph, x, edge_data, y, masks, cfg.memory_budget,
-                      ds.graph.num_nodes, ds.graph.num_edges, device, placement,
-                      {"reciprocity": ds.reciprocity, "dataset_summary": ds.summary()})
-    return fit(cfg, session, echo)
+
+    def session(seed: int) -> Session:  # one run's model, seeded by fit_runs
+        model = build_model(cfg.model, ds.x.shape[1], ds.num_classes, hidden=resolved["hidden"],
+                            heads=resolved["heads"], num_layers=cfg.num_layers,
+                            num_edge_types=ds.num_edge_types, dropout=resolved["dropout"],
+                            attention_dropout=resolved["attention_dropout"])
+        placement = _placement(device, cfg, graph, ds.x, model,
+                               [ds.y, edge_data, *masks.values()])
+        log.info("placement: %s", placement.describe())
+        g, x, y, e, m = graph, ds.x, ds.y, edge_data, masks
+        if device.type == "cuda" and placement.resident:
+            g, x, y, e, model = move_to(device, g, x, y, e, model)
+            m = dict(zip(m, move_to(device, *m.values())))
+        check_predictions_vary(model, g, x, e, cfg.model, cfg.dataset)
+        return Session(model, g, x, e, y, m, cfg.memory_budget, ds.graph.num_nodes,
+                       ds.graph.num_edges, device, placement,
+                       {"reciprocity": ds.reciprocity, "dataset_summary": ds.summary()})
+
+    return fit_runs(cfg, session, echo)
 
 
 def check_config(cfg: TrainConfig) -> None:
@@ -219,8 +236,14 @@ def check_config(cfg: TrainConfig) -> None:
 
     if cfg.model not in MODELS:
         raise ValueError(f"unknown model {cfg.model!r}; choose one of {sorted(MODELS)}.")
-    if cfg.epochs < 1:
-        raise ValueError(f"epochs must be >= 1; got {cfg.epochs}.")
+    for name in ("epochs", "runs", "patience"):
+        v = getattr(cfg, name)
+        if name == "patience" and v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"--{name} must be an integer >= 1; got {v!r}."
+                             + (" Leave it out to train every epoch up to --epochs."
+                                if name == "patience" else ""))
     if isinstance(cfg.nprocs, bool) or not isinstance(cfg.nprocs, int) or cfg.nprocs < 1:
         raise ValueError(f"--nprocs must be an int >= 1 (processes to train on); "
                          f"got {cfg.nprocs!r}.")

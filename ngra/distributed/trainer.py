@@ -19,10 +19,13 @@ buckets of gradients all-reduced while backward runs (:mod:`ngra.distributed.gra
 the training loss as each rank's sum over its rows divided by the global count (so the
 summed gradients are one process's), accuracies from correct counts summed over the ranks,
 and every forward inside :func:`ngra.kernels.dropout_rows` with the rows' original ids
-(the same dropout masks as one process, on any number of ranks). Only rank 0 writes files
-and shows progress. The summary adds ``world_size``, each layer's exchange, bytes sent a
-training step per rank (counted at the sends), the partition's figures and each rank's
-peak memory and step time.
+(the same dropout masks as one process, on any number of ranks; attention dropout hashes
+its masks from each local edge's id in the whole graph, ``DistGraph.edge_ids``, likewise).
+The validation loss for early stop is reduced with the accuracies, so every rank stops at
+the same epoch; ``--runs`` trains each seed in turn on the same ranks
+(:func:`ngra.fit.fit_runs`). Only rank 0 writes files and shows progress. The summary
+adds ``world_size``, each layer's exchange, bytes sent a training step per rank (counted
+at the sends), the partition's figures and each rank's peak memory and step time.
 """
 
 from __future__ import annotations
@@ -151,23 +154,24 @@ def prepare_shards(cfg: Any) -> Path:
     from ngra.datasets import check_trainable, load
     from ngra.datasets.base import writable
     from ngra.distributed.shards import build_shards, prep_key, shards_current
-    from ngra.fit import reorder_dataset
+    from ngra.fit import prepare_dataset
 
     ds = load(cfg.dataset, root=cfg.data_root)
     check_trainable(ds, cfg.dataset)
     if cfg.nprocs > ds.graph.num_nodes:
         raise ValueError(f"--nprocs {cfg.nprocs} is more processes than {cfg.dataset} has "
                          f"vertices ({ds.graph.num_nodes}); use at most {ds.graph.num_nodes}.")
-    if cfg.reorder != "none":
-        ds = reorder_dataset(ds, cfg.reorder, seed=cfg.seed)
+    ds = prepare_dataset(cfg, ds)
+    # shards of row-normalized features apart from raw ones (each rebuilt only when stale)
+    key = prep_key(cfg.model) + ("+rownorm" if cfg.resolved()["normalize_features"] else "")
     book, folder = partition_for(cfg, ds)
-    shards = folder / "shards" / prep_key(cfg.model)
+    shards = folder / "shards" / key
     if not writable(folder):
         from ngra.datasets.cache import cache_root
         from ngra.datasets.base import data_root
 
         shards = (cache_root(data_root(cfg.data_root)) / "partitions" / "shards"
-                  / f"{book.fingerprint[:16]}-{cfg.nprocs}-{prep_key(cfg.model)}")
+                  / f"{book.fingerprint[:16]}-{cfg.nprocs}-{key}")
     if not shards_current(shards, ds, cfg.model, book):
         if shards.exists():
             shutil.rmtree(shards)
@@ -219,16 +223,23 @@ class RankSession:
         self.sync.finish()
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> tuple[dict[str, float], float]:
+        """Accuracies and the validation loss over every rank's rows (one all_reduce: the
+        same figures, hence the same early-stop decision, on every rank)."""
         self.model.eval()
         with self.context():
-            pred = self.model(self.graph, self.x, self.edge_data).argmax(-1)
+            logits = self.model(self.graph, self.x, self.edge_data)
+        pred = logits.argmax(-1)
         names = list(self.masks)
-        correct = torch.tensor([float((pred[self.masks[k]] == self.y[self.masks[k]]).sum())
-                                for k in names], dtype=torch.float64)
-        correct = self._sum(correct)
-        return {k: float(c) / self.sizes[k] if self.sizes[k] else float("nan")
-                for k, c in zip(names, correct.tolist())}
+        val = self.masks["val"]
+        sums = torch.tensor([float((pred[self.masks[k]] == self.y[self.masks[k]]).sum())
+                             for k in names]
+                            + [float(F.cross_entropy(logits[val], self.y[val], reduction="sum"))],
+                            dtype=torch.float64)
+        sums = self._sum(sums).tolist()
+        acc = {k: float(c) / self.sizes[k] if self.sizes[k] else float("nan")
+               for k, c in zip(names, sums)}
+        return acc, sums[-1] / self.sizes["val"] if self.sizes["val"] else float("nan")
 
     def explain(self) -> str:
         from ngra.runtime.explain import explain
@@ -271,7 +282,7 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
     from ngra.distributed.link import link_model
     from ngra.distributed.shards import load_shard
     from ngra.models import build_model
-    from ngra.fit import _seed_all, fit
+    from ngra.fit import fit_runs
 
     rank, k = dist.get_rank(), dist.get_world_size()
     device = _device(cfg)
@@ -282,11 +293,13 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
         shard = shard.to(torch.device("cuda", torch.cuda.current_device()))
     resolved = cfg.resolved()
     meta = shard.meta
-    _seed_all(cfg.seed)
-    model = build_model(cfg.model, meta["num_features"], meta["num_classes"],
-                        hidden=resolved["hidden"], heads=resolved["heads"],
-                        num_layers=cfg.num_layers, num_edge_types=meta["num_edge_types"],
-                        dropout=resolved["dropout"])
-    model = model.to(shard.x.device)
-    session = RankSession(model, shard, cfg.memory_budget)
-    return fit(cfg, session)
+
+    def session(seed: int) -> RankSession:  # one run's model, seeded by fit_runs
+        model = build_model(cfg.model, meta["num_features"], meta["num_classes"],
+                            hidden=resolved["hidden"], heads=resolved["heads"],
+                            num_layers=cfg.num_layers, num_edge_types=meta["num_edge_types"],
+                            dropout=resolved["dropout"],
+                            attention_dropout=resolved["attention_dropout"])
+        return RankSession(model.to(shard.x.device), shard, cfg.memory_budget)
+
+    return fit_runs(cfg, session)

@@ -14,6 +14,9 @@ class GCNConv(SagaLayer):
     normalization :math:`1/\sqrt{d_u d_v}` (self-loops included). The compiler
     moves ``lin`` before propagation when that shrinks the propagated width.
 
+    The weight is Glorot-uniform and the bias zero at construction, as in the GCN
+    paper (and PyG's ``GCNConv``).
+
     Args:
         f_in: input width. f_out: output width. bias: add a bias (default: True).
     Shapes: ``x`` [N, f_in] -> [N, f_out]; ``edge.data`` [E].
@@ -24,6 +27,9 @@ class GCNConv(SagaLayer):
     def __init__(self, f_in: int, f_out: int, bias: bool = True) -> None:
         super().__init__()
         self.lin = nn.Linear(f_in, f_out, bias=bias)
+        nn.init.xavier_uniform_(self.lin.weight)
+        if bias:
+            nn.init.zeros_(self.lin.bias)
 
     def apply_edge(self, edge):
         return edge.src * edge.data.unsqueeze(-1)

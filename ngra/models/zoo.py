@@ -113,6 +113,8 @@ class ModelSpec:
         defaults: its hyper-parameter defaults and their sources (:class:`Defaults`).
         decay_first_layer_only: weight decay on the first layer's parameters only
             (the GCN paper's L2 term), else on every parameter.
+        normalize_features: train on row-normalized (sum 1) features where they are
+            non-negative (bag-of-words), as the GCN and GAT papers preprocess them.
         self_loops: add a self-loop to every vertex before training.
         edge_data: what the layers read as ``edge.data``: "none", "gcn_norm",
             "type", "type_norm" or "norm_feat" (the GCN weight as a [E, 1] feature).
@@ -120,6 +122,7 @@ class ModelSpec:
 
     defaults: Defaults
     decay_first_layer_only: bool = False
+    normalize_features: bool = False
     self_loops: bool = False
     edge_data: str = "none"
 
@@ -132,10 +135,11 @@ MODELS: dict[str, ModelSpec] = {
         hidden=Hyper(16, _GCN), lr=Hyper(0.01, _GCN), dropout=Hyper(0.5, _GCN),
         weight_decay=Hyper(5e-4, "Kipf & Welling 2017, PyG examples/gcn.py: on the first layer "
                                  "only"),
-    ), decay_first_layer_only=True, edge_data="gcn_norm"),
+    ), decay_first_layer_only=True, normalize_features=True, edge_data="gcn_norm"),
     "sage": ModelSpec(_NGRA_DEFAULTS),
     "gat": ModelSpec(Defaults.cite(_GAT, hidden=8, heads=8, lr=0.005, weight_decay=5e-4,
-                                   dropout=0.6, attention_dropout=0.6), self_loops=True),
+                                   dropout=0.6, attention_dropout=0.6),
+                     normalize_features=True, self_loops=True),
     "gin": ModelSpec(_NGRA_DEFAULTS),
     "ggcn": ModelSpec(_NGRA_DEFAULTS),
     "commnet": ModelSpec(_NGRA_DEFAULTS),

@@ -92,7 +92,8 @@ TINY = "sbm:nodes=60,blocks=2,feat=4"
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_hyper_parameter_flag_applies_to_every_model(name):
     given = dict(hidden=12, lr=0.02, weight_decay=0.0, dropout=0.1,
-                 heads=3 if name == "gat" else None)
+                 heads=3 if name == "gat" else None,
+                 attention_dropout=0.2 if name == "gat" else None)
     cfg = TrainConfig(model=name, **given)
     resolved = cfg.resolved()
     assert {k: resolved[k] for k in given} == given
@@ -136,3 +137,104 @@ def test_run_prints_its_hyper_parameters_first_and_records_their_sources(tmp_pat
     assert "heads" not in s["config_sources"]
     assert s["config_sources"]["hidden"] == MODELS["gcn"].defaults.hidden.source
     assert s["dataset_summary"]["reciprocity"] == s["reciprocity"] == 1.0  # SBM is symmetric
+def test_runs_report_every_run_and_mean_std(tmp_path, capsys):
+    out = tmp_path / "runs.json"
+    rc = main(["train", "--model", "gcn", "--dataset", "sbm:nodes=200,blocks=3,feat=8",
+               "--epochs", "5", "--seed", "4", "--runs", "3", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0
+    s = json.loads(out.read_text())
+    assert s["runs"] == 3 and s["seeds"] == [4, 5, 6]
+    accs = [r["test_acc"] for r in s["results"]]
+    assert [r["seed"] for r in s["results"]] == [4, 5, 6]
+    assert all(len(r["history"]) == 5 for r in s["results"])
+    assert s["test_acc_mean"] == pytest.approx(sum(accs) / 3)
+    mean = sum(accs) / 3
+    assert s["test_acc_std"] == pytest.approx((sum((a - mean) ** 2 for a in accs) / 2) ** 0.5)
+    assert "val_acc_std" in s and s["config"]["runs"] == 3
+    text = capsys.readouterr().out
+    assert "seed 6: test_acc=" in text and "3 runs (seeds 4-6)" in text and "+-" in text
+    # the same seed alone gives the same run
+    one = train(TrainConfig(model="gcn", dataset="sbm:nodes=200,blocks=3,feat=8", epochs=5,
+                            seed=5, progress=False))
+    assert one["history"] == s["results"][1]["history"]
+
+
+def test_patience_stops_on_a_plateau():
+    """A learning rate too small to move any weight: validation loss and accuracy stay
+    exactly flat, so training stops `patience` epochs after the first."""
+    common = dict(model="gcn", dataset="sbm:nodes=200,blocks=3,feat=8", epochs=50,
+                  dropout=0.0, lr=1e-30, progress=False)
+    s = train(TrainConfig(patience=4, **common))
+    assert s["stopped_early"] and s["epochs"] == 5 and len(s["history"]) == 5
+    assert len({h["val_loss"] for h in s["history"]}) == 1
+    full = train(TrainConfig(**common))
+    assert not full["stopped_early"] and full["epochs"] == 50
+
+
+def test_patience_rule():
+    from ngra.train import EarlyStop
+
+    p = EarlyStop(2)
+    # first, lower loss alone (improves), a tie of both (does not), worse -> stop
+    assert [p.step(a, lo) for a, lo in [(0.5, 1.0), (0.4, 0.9), (0.5, 0.9), (0.45, 0.92)]] == \
+        [False, False, False, True]
+    assert not EarlyStop(None).step(0.1, 9.0)
+
+
+def test_patience_resumes_where_it_stopped(tmp_path):
+    common = dict(model="gcn", dataset="sbm:nodes=200,blocks=3,feat=8", epochs=30, seed=2,
+                  dropout=0.0, lr=1e-30, patience=3, progress=False, checkpoint=str(tmp_path))
+    first = train(TrainConfig(**common))
+    again = train(TrainConfig(resume=True, **common))
+    assert first["epochs"] == again["epochs"] == 4 and again["stopped_early"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--runs", "0"], "runs must be an integer >= 1"),
+    (["--patience", "-3"], "patience must be an integer >= 1"),
+    (["--attention-dropout", "1"], r"attention_dropout must be a probability in \[0, 1\); "
+                                   r"got 1.0"),
+    (["--attention-dropout", "-0.1"], r"in \[0, 1\)"),
+    (["--model", "gcn", "--attention-dropout", "0.5"],
+     r"gcn has no attention_dropout setting .*--attention-dropout"),
+])
+def test_bad_run_flags_are_clear_errors(flags, message, capsys):
+    argv = ["train", "--model", "gat", "--dataset", "sbm:nodes=50,blocks=2,feat=4",
+            "--epochs", "1", "--no-progress"]
+    assert main(argv + flags) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+
+
+def test_gcn_decays_its_first_layer_only():
+    from ngra.models import build_model, param_groups
+
+    gcn = build_model("gcn", 8, 3)
+    groups = param_groups("gcn", gcn, 5e-4)
+    assert [g["weight_decay"] for g in groups] == [5e-4, 0.0]
+    assert [g.get("decay", True) for g in groups] == [True, False]
+    assert {id(p) for p in groups[0]["params"]} == {id(p) for p in gcn.layers[0].parameters()}
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in gcn.layers[1].parameters()}
+    gat = build_model("gat", 8, 3)
+    (only,) = param_groups("gat", gat, 5e-4)
+    assert len(only["params"]) == len(list(gat.parameters()))
+
+
+def test_normalize_features_divides_non_negative_rows_by_their_sum():
+    from dataclasses import replace
+
+    from ngra.datasets import load
+    from ngra.train import normalize_features
+
+    ds = load("sbm:nodes=60,blocks=2,feat=5")
+    assert normalize_features(ds) is ds  # N(0, 1) features: a row sum is no scale
+    x = ds.x.abs()
+    x[3] = 0
+    out = normalize_features(replace(ds, x=x)).x
+    sums = out.sum(1)
+    assert torch.equal(out[3], torch.zeros(5))
+    torch.testing.assert_close(sums[torch.arange(60) != 3], torch.ones(59))
+    assert TrainConfig(model="gcn").resolved()["normalize_features"]
+    assert not TrainConfig(model="sage").resolved()["normalize_features"]
+    assert not TrainConfig(model="gat", normalize_features=False).resolved()["normalize_features"]
