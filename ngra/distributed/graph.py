@@ -53,13 +53,17 @@ class DistGraph(Partitioned):
         exchange: ``"auto"`` (the cost model), ``"halo"`` or ``"ring"``.
         link: the calibrated link model (``None``: no prediction; ``auto`` picks halo).
         traffic: where sent bytes are counted.
+        edge_ids: ``[E]`` each local edge's id in the whole (prepared) graph's edge order
+            (attention dropout's counters; default: the local ids, ``local.perm``).
     """
 
     def __init__(self, local: Graph, num_own: int, halo_ids: torch.Tensor,
                  bounds: torch.Tensor, halo: HaloPlan, stats: PartitionStats, *, rank: int,
                  world_size: int, group: Any = None, exchange: str = "auto",
-                 link: LinkModel | None = None, traffic: Traffic | None = None) -> None:
+                 link: LinkModel | None = None, traffic: Traffic | None = None,
+                 edge_ids: torch.Tensor | None = None) -> None:
         self.local = local
+        self.edge_ids = local.perm if edge_ids is None else edge_ids
         self.num_nodes = int(num_own)
         self.num_halo = int(halo_ids.numel())
         self.halo_ids, self.bounds = halo_ids, bounds
@@ -97,7 +101,8 @@ class DistGraph(Partitioned):
         g = DistGraph(self.local.to(device), self.num_nodes, self.halo_ids, self.bounds,
                       self.halo.to(device), self.stats, rank=self.rank,
                       world_size=self.world_size, group=self.group, exchange=self.exchange,
-                      link=self.link, traffic=self.traffic)
+                      link=self.link, traffic=self.traffic,
+                      edge_ids=self.edge_ids.to(device))
         return g
 
     def __repr__(self) -> str:
@@ -140,13 +145,13 @@ class DistGraph(Partitioned):
         return out
 
     # ------------------------------------------------------------ propagation
-    def propagate(self, plan: Any, terms: Any, edata: Any) -> Any:
+    def propagate(self, plan: Any, terms: Any, edata: Any, drop: Any = None) -> Any:
         choice = self.choice(plan, terms)
         if choice.strategy == "ring":
-            return ring_propagate(self.ring, plan, terms, edata, self.in_degrees())
-        return self._halo_propagate(plan, terms, edata)
+            return ring_propagate(self.ring, plan, terms, edata, self.in_degrees(), drop)
+        return self._halo_propagate(plan, terms, edata, drop)
 
-    def _halo_propagate(self, plan: Any, terms: Any, edata: Any) -> Any:
+    def _halo_propagate(self, plan: Any, terms: Any, edata: Any, drop: Any) -> Any:
         from ngra.runtime.executor import choose_runtime_grid
         from ngra.runtime.stream import propagate, run_streamed
 
@@ -163,9 +168,9 @@ class DistGraph(Partitioned):
         local_terms = unflatten(spec, full)
         grid = choose_runtime_grid(plan, self.local, local_terms, edata)
         if grid.num_tiles > 1 and torch.is_grad_enabled():
-            acc = run_streamed(plan, self.local, grid, local_terms, edata)
+            acc = run_streamed(plan, self.local, grid, local_terms, edata, drop)
         else:
-            acc = propagate(plan, self.local, grid, local_terms, edata)
+            acc = propagate(plan, self.local, grid, local_terms, edata, drop=drop)
         return _owned(acc, self.num_nodes)
 
     def explain_lines(self, plan: Any, terms: Any) -> list[str]:

@@ -123,12 +123,17 @@ def _wait(reqs: list[Any]) -> None:
 
 
 class _Context:
-    __slots__ = ("ring", "plan", "in_deg", "t_spec", "nt", "e_spec", "ne", "np", "src", "dst")
+    __slots__ = ("ring", "plan", "in_deg", "t_spec", "nt", "e_spec", "ne", "np", "src", "dst",
+                 "drop")
 
-    def __init__(self, ring, plan, in_deg, t_spec, nt, e_spec, ne, np_, src, dst):
+    def __init__(self, ring, plan, in_deg, t_spec, nt, e_spec, ne, np_, src, dst, drop):
         self.ring, self.plan, self.in_deg = ring, plan, in_deg
         self.t_spec, self.nt, self.e_spec, self.ne, self.np = t_spec, nt, e_spec, ne, np_
-        self.src, self.dst = src, dst
+        self.src, self.dst, self.drop = src, dst, drop
+
+    def drop_of(self, view: TileView) -> Any:
+        """The attention dropout on tile ``view``'s edges (its counters), or ``None``."""
+        return None if self.drop is None else self.drop.take(view.edge_ids)
 
 
 def _walk(c: _Context, t_leaves: list, e_leaves: list, keep: bool) -> tuple[Any, Any, dict]:
@@ -150,7 +155,7 @@ def _walk(c: _Context, t_leaves: list, e_leaves: list, keep: bool) -> tuple[Any,
         edata = unflatten(c.e_spec, [e.index_select(0, view.edge_ids) for e in e_leaves])
         if keep:
             rng[j] = torch.get_rng_state()
-        state = acc.combine(state, plan.edge(view, src, dst, edata))
+        state = acc.combine(state, plan.edge(view, src, dst, edata, c.drop_of(view)))
         _wait(reqs)
         if s < k - 1:
             cur = nxt
@@ -198,6 +203,7 @@ class RingPropagation(torch.autograd.Function):
                 nxt, v_reqs = _shift(ring, cur, ring.chunk_rows[(j - 1) % k])
             view = ring.views[j]
             st = Staged(view, "ring")
+            st.drop = c.drop_of(view)
             src = [None] * c.nt
             for i in c.src:
                 src[i] = cur[i].detach().requires_grad_(i in wants)
@@ -254,15 +260,17 @@ class RingPropagation(torch.autograd.Function):
 
 
 def ring_propagate(ring: RingPlan, plan: Any, terms: Any, edata: Any,
-                   in_deg: torch.Tensor) -> Any:
+                   in_deg: torch.Tensor, drop: Any = None) -> Any:
     """The accumulator ``[D, ...]`` of ``plan`` over this rank's in-edges, streaming the
-    source chunks around the ring (differentiable; see the module docstring)."""
+    source chunks around the ring (differentiable; see the module docstring). ``drop``: a
+    softmax gather's attention dropout over the local CSC edges (each tile takes its
+    edges' counters), or ``None``."""
     t_leaves, t_spec = flatten(terms)
     e_leaves, e_spec = flatten(edata)
     src, dst = read_slots(plan, t_spec, len(t_leaves))
     params = [p for p in plan_parameters(plan) if p.requires_grad]
     c = _Context(ring, plan, in_deg, t_spec, len(t_leaves), e_spec, len(e_leaves),
-                 len(params), src, dst)
+                 len(params), src, dst, drop)
     if torch.is_grad_enabled() and (params or any(t.requires_grad for t in t_leaves + e_leaves)):
         return RingPropagation.apply(c, *t_leaves, *e_leaves, *params)
     with torch.no_grad():

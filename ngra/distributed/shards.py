@@ -221,6 +221,6 @@ def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, gr
                                        torch.tensor(st["received"]), torch.tensor(st["edges"]))
     graph = DistGraph(local, d, s["halo"], torch.tensor(meta["bounds"]), halo, stats,
                       rank=rank, world_size=world_size, group=group, exchange=exchange,
-                      link=link)
+                      link=link, edge_ids=s["edge_ids"])
     masks = {"train": s["train_mask"], "val": s["val_mask"], "test": s["test_mask"]}
     return Shard(graph, s["x"], s["y"], masks, s["edge_data"], s["row_ids"], meta)

@@ -117,15 +117,16 @@ def attention_dropout_of(layer: Any) -> float:
     return p
 
 
-def default_edge_counter(graph: Graph) -> torch.Tensor:
+def default_edge_counter(graph: Graph | Partitioned) -> torch.Tensor:
     """``[E]``: the counter attention dropout hashes each CSC edge's masks from.
 
     The edge's id in the graph's original edge order (``graph.perm``), so the masks
-    do not depend on the CSC layout or the tile grid. This is the one place the
-    runtime takes it from; :func:`run_plan` takes another (``edge_counter=``), which
-    is how a distributed runtime gives a rank's local graph its global edge ids.
+    do not depend on the CSC layout or the tile grid; on a partitioned graph, the local
+    edges' ids in the whole graph (``Partitioned.edge_ids``), so every rank draws the
+    masks of one whole-graph run. This is the one place the runtime takes it from;
+    :func:`run_plan` takes another (``edge_counter=``).
     """
-    return graph.perm
+    return graph.edge_ids if isinstance(graph, Partitioned) else graph.perm
 
 
 def _reverse_counters(graph: Graph, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,25 +168,14 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
     with probes.stage("pre") as s:
         terms = s.outputs(plan.pre(s.inputs(x), dropout) if fused else plan.pre(s.inputs(x)))
     if isinstance(graph, Partitioned):
-        acc = graph.propagate(plan, terms, edata)
+        acc = graph.propagate(plan, terms, edata,
+                              _attention_drop(plan, graph, attention_dropout, edge_counter))
         del terms
         with probes.stage("post") as s:
             return s.outputs(plan.post(s.inputs(x), acc, graph))
     if grid is None:
         grid = choose_runtime_grid(plan, graph, terms, edata)
-    drop = None
-    if attention_dropout:
-        if plan.accumulator.name != "softmax":
-            raise ValueError(f"attention dropout drops the weights of a softmax gather; this "
-                             f"plan's gather is {plan.accumulator.name!r}.")
-        counter = default_edge_counter(graph) if edge_counter is None else edge_counter
-        if not isinstance(counter, torch.Tensor) or tuple(counter.shape) != (graph.num_edges,):
-            got = list(counter.shape) if isinstance(counter, torch.Tensor) else type(counter)
-            raise ValueError(f"edge_counter must hold one counter per edge ([{graph.num_edges}]"
-                             f"); got {got}.")
-        whole = grid.num_tiles == 1 and getattr(grid.columns[0][0], "whole", False)
-        drop = EdgeDropout.draw(attention_dropout, counter,
-                                _reverse_counters(graph, counter) if whole else None)
+    drop = _attention_drop(plan, graph, attention_dropout, edge_counter, grid)
     if grid.num_tiles > 1 and torch.is_grad_enabled():
         acc = run_streamed(plan, graph, grid, terms, edata, drop)
     else:
@@ -193,6 +183,26 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
     del terms  # what backward needs is saved; the terms' memory is free for post
     with probes.stage("post") as s:
         return s.outputs(plan.post(s.inputs(x), acc, graph))
+
+
+def _attention_drop(plan: Any, graph: Graph | Partitioned, p: float,
+                    edge_counter: torch.Tensor | None, grid: Grid | None = None
+                    ) -> EdgeDropout | None:
+    """:func:`run_plan`'s attention dropout (seeds drawn now), or ``None`` at ``p == 0``;
+    on the whole-graph ``grid`` with the graph's cached reverse counters."""
+    if not p:
+        return None
+    if plan.accumulator.name != "softmax":
+        raise ValueError(f"attention dropout drops the weights of a softmax gather; this "
+                         f"plan's gather is {plan.accumulator.name!r}.")
+    counter = default_edge_counter(graph) if edge_counter is None else edge_counter
+    if not isinstance(counter, torch.Tensor) or tuple(counter.shape) != (graph.num_edges,):
+        got = list(counter.shape) if isinstance(counter, torch.Tensor) else type(counter)
+        raise ValueError(f"edge_counter must hold one counter per edge ([{graph.num_edges}]"
+                         f"); got {got}.")
+    whole = grid is not None and grid.num_tiles == 1 and getattr(grid.columns[0][0], "whole",
+                                                                 False)
+    return EdgeDropout.draw(p, counter, _reverse_counters(graph, counter) if whole else None)
 
 
 def _dropout_vertex(x: Any, p: float) -> Any:

@@ -28,12 +28,16 @@ class Partitioned(abc.ABC):
         num_nodes: rows of vertex data this process holds (its owned vertices).
         num_edges: its in-edges (edge data is given for these, in ``perm``'s order).
         perm: ``[num_edges]`` position of each local CSC edge in the local edge order.
+        edge_ids: ``[num_edges]`` each local CSC edge's id in the whole graph's original
+            edge order: the counters a softmax gather's attention dropout hashes its masks
+            from, so every process draws the masks of one whole-graph run.
         edge_weight: ``[num_edges]`` weights in local CSC order, or ``None``.
     """
 
     num_nodes: int
     num_edges: int
     perm: torch.Tensor
+    edge_ids: torch.Tensor
     edge_weight: torch.Tensor | None
 
     @abc.abstractmethod
@@ -41,9 +45,11 @@ class Partitioned(abc.ABC):
         """``[num_nodes]`` in-degree of each owned vertex (all its in-edges are local)."""
 
     @abc.abstractmethod
-    def propagate(self, plan: Any, terms: Any, edata: Any) -> Any:
+    def propagate(self, plan: Any, terms: Any, edata: Any, drop: Any = None) -> Any:
         """The accumulator ``[num_nodes, ...]`` of ``plan``'s edge stage over the local
-        in-edges, given the owned rows of ``pre``'s terms and the edge data (CSC order)."""
+        in-edges, given the owned rows of ``pre``'s terms and the edge data (CSC order);
+        ``drop``: a softmax gather's attention dropout over the local CSC edges (an
+        :class:`~ngra.kernels.EdgeDropout` whose counters are :attr:`edge_ids`), or ``None``."""
 
     @abc.abstractmethod
     def explain_lines(self, plan: Any, terms: Any) -> list[str]:

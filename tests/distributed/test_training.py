@@ -212,3 +212,18 @@ def test_a_shard_holds_only_its_rank_s_rows_and_edges(data):
             if isinstance(t, torch.Tensor):
                 assert t.untyped_storage().nbytes() == t.nbytes, (r, key)
         assert shard["x"].shape[0] == shard["num_own"] < 2708
+
+
+def test_runs_and_early_stop_on_ranks_as_on_one(data, tmp_path):
+    """GAT with its attention dropout, two seeds, early stop on a plateau (a learning rate
+    too small to move a weight): the ranks stop where one process stops, with its losses."""
+    kw = dict(epochs=6, runs=2, patience=2, lr=1e-30)
+    one = train(_cfg(data, "gat", **kw))
+    out = tmp_path / "runs.json"
+    many = train(_cfg(data, "gat", nprocs=2, exchange="ring", out=str(out), **kw))
+    assert json.loads(out.read_text())["seeds"] == many["seeds"] == [0, 1]
+    assert many["world_size"] == 2
+    for a, b in zip(one["results"], many["results"]):
+        assert a["stopped_early"] and b["stopped_early"] and a["epochs"] == b["epochs"] == 3
+        torch.testing.assert_close(_losses(b), _losses(a), rtol=1e-4, atol=1e-5)
+    assert _losses(many["results"][0]) != _losses(many["results"][1])  # the seeds differ
