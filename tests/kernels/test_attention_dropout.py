@@ -32,10 +32,11 @@ from ngra.kernels import (
     use_backend,
 )
 from ngra.kernels.ref.dropout import mask_hash
-from ngra.kernels.ref.softmax_aggregate import fold_score_grads
 
 LIGHT = [name for name in CASES if name != "hub"]
-GPU_ON_CPU = "gpu-impl"
+# the gpu backend's Triton kernels run in Triton's interpreter here (tests/conftest.py):
+# small cases by default, the others as slow tests (the interpreter pays per operation)
+GPU_CASES = ("random", "self_loops", "empty", "isolated")
 
 
 def _drop(num_edges, gen, p=0.5):
@@ -82,11 +83,12 @@ def _oracle(indptr, indices, ss, sd, val, grad, drop):
 
 
 def _run(backend, indptr, indices, ss, sd, val, grad, drop, **kw):
-    """``[out, d ss, d sd, d val]`` from one backend (``kw``: cpu backward options)."""
-    if backend in (GPU_ON_CPU, "cpu-direct"):
-        impl = gpu_impl if backend == GPU_ON_CPU else cpu_impl
-        fwd = impl.forward if backend == GPU_ON_CPU else impl.softmax_aggregate_fwd
-        bwd = impl.backward if backend == GPU_ON_CPU else impl.softmax_aggregate_bwd
+    """``[out, d ss, d sd, d val]`` from one backend (``kw``: backward options of the
+    direct calls, ``cpu-direct`` / ``gpu-direct``)."""
+    if backend in ("gpu-direct", "cpu-direct"):
+        impl = gpu_impl if backend == "gpu-direct" else cpu_impl
+        fwd = impl.forward if backend == "gpu-direct" else impl.softmax_aggregate_fwd
+        bwd = impl.backward if backend == "gpu-direct" else impl.softmax_aggregate_bwd
         out, lse = fwd(indptr, indices, ss, sd, val, 0.2, drop)
         rev = transpose_csc(indptr, indices, ss.shape[0])
         given = kw.pop("given_out", True)
@@ -102,15 +104,21 @@ def _run(backend, indptr, indices, ss, sd, val, grad, drop, **kw):
     return [out.detach(), *torch.autograd.grad(out, leaves, grad)]
 
 
-VARIANTS = [("ref", {}), ("cpu", {}), ("cpu", {"reverse": True}), (GPU_ON_CPU, {}),
-            (GPU_ON_CPU, {"given_out": False}),
+VARIANTS = [("ref", {}), ("cpu", {}), ("cpu", {"reverse": True}),
             ("cpu-direct", {"edge_buffer": True}), ("cpu-direct", {"edge_buffer": False}),
-            ("cpu-direct", {"given_out": False})]
+            ("cpu-direct", {"given_out": False}), ("gpu", {}), ("gpu", {"reverse": True}),
+            ("gpu-direct", {"given_out": False})]
 
 
-@pytest.mark.parametrize("backend,kw", VARIANTS)
-@pytest.mark.parametrize("heads,dim", [(1, 3), (4, 8)])
-@pytest.mark.parametrize("case", LIGHT)
+def _gpu_slow(backend, case, big=False):
+    """The interpreter's cases beyond the small ones are slow tests."""
+    return pytest.mark.slow if backend.startswith("gpu") and (big or case not in GPU_CASES) \
+        else ()
+
+
+@pytest.mark.parametrize("case,heads,dim,backend,kw", [
+    pytest.param(case, heads, dim, backend, kw, marks=_gpu_slow(backend, case, heads == 4))
+    for case in LIGHT for heads, dim in ((1, 3), (4, 8)) for backend, kw in VARIANTS])
 def test_softmax_aggregate_matches_oracle(case, heads, dim, backend, kw, gen, parallel_kernels):
     indptr, indices, num_src = graph_case(case, gen, torch.int32 if heads == 1 else torch.int64)
     ss, sd, val, grad = _inputs(num_src, indptr.numel() - 1, heads, dim, gen)
@@ -120,7 +128,7 @@ def test_softmax_aggregate_matches_oracle(case, heads, dim, backend, kw, gen, pa
                 terms=indices.numel())
 
 
-@pytest.mark.parametrize("backend", ["ref", "cpu", GPU_ON_CPU])
+@pytest.mark.parametrize("backend", ["ref", "cpu", pytest.param("gpu", marks=pytest.mark.slow)])
 def test_float32_and_hub(backend, gen):
     """float32 kernels against the float64 oracle, on the 10^5-in-edge hub."""
     indptr, indices, num_src = graph_case("hub", gen)
@@ -185,8 +193,9 @@ def _square(name, gen):
     return (*to_csc(src, dst, n), n)
 
 
-@pytest.mark.parametrize("backend", ["ref", "cpu", GPU_ON_CPU])
-@pytest.mark.parametrize("case", LIGHT)
+@pytest.mark.parametrize("case,backend", [
+    pytest.param(case, backend, marks=_gpu_slow(backend, case))
+    for case in LIGHT for backend in ("ref", "cpu", "gpu")])
 def test_attention_aggregate_matches_oracle(case, backend, gen, parallel_kernels):
     indptr, indices, n = _square(case, gen)
     heads, dim = 3, 4
@@ -198,16 +207,10 @@ def test_attention_aggregate_matches_oracle(case, backend, gen, parallel_kernels
     v, a, b = leaves
     want = _grads(dropped_softmax_sum(indptr, indices, (v * a).sum(-1), (v * b).sum(-1), v,
                                       drop), leaves, grad)
-    if backend == GPU_ON_CPU:
-        scores = [(value * w).sum(-1) for w in (ws, wd)]
-        out, lse = gpu_impl.forward(indptr, indices, *scores, value, 0.2, drop)
-        got = [out, *fold_score_grads(gpu_impl.backward, indptr, indices, None, value, ws, wd,
-                                      *scores, lse, grad, 0.2, drop)]
-    else:
-        got_leaves = [t.clone().requires_grad_() for t in (value, ws, wd)]
-        with use_backend(backend):
-            out = attention_aggregate(indptr, indices, *got_leaves, dropout=drop)
-        got = _grads(out, got_leaves, grad)
+    got_leaves = [t.clone().requires_grad_() for t in (value, ws, wd)]
+    with use_backend(backend):
+        out = attention_aggregate(indptr, indices, *got_leaves, dropout=drop)
+    got = _grads(out, got_leaves, grad)
     assert_same(got, want, torch.float64, terms=n)
 
 
