@@ -7,10 +7,11 @@ Usage::
         --models gat --datasets cora --protocols best200 --frameworks ngra,pyg
 
 Each cell (model, dataset, protocol, framework) trains ``--seeds`` seeds (0 .. 9 by
-default) and records each run's test accuracy in ``experiments/results/accuracy.csv``;
-a run of some cells replaces those cells' rows and keeps the others, and
-``accuracy.md`` is rebuilt from every row, so the table can be filled in several
-short runs.
+default; ``--seeds 3-5`` for some) and records each run's test accuracy in
+``experiments/results/accuracy.csv``; a run replaces the rows of the (cell, seed)
+pairs it trains and keeps the others, and ``accuracy.md`` is rebuilt from every row,
+so the table can be filled in several short runs (one seed per lock hold on a shared
+machine).
 
 Same definition in every framework: the zoo's two-layer models with their papers'
 hyper-parameters (:data:`ngra.models.MODELS`): GCN 16 hidden units, ReLU, dropout 0.5
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datasets", type=split, default=list(DATASETS))
     p.add_argument("--protocols", type=split, default=list(PROTOCOLS))
     p.add_argument("--frameworks", type=split, default=list(FRAMEWORKS))
-    p.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1 (default: 10)")
+    p.add_argument("--seeds", default="0-9", help="seeds, A-B or A (default: 0-9)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -302,14 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     csv_path, md_path = args.out / "accuracy.csv", args.out / "accuracy.md"
     args.out.mkdir(parents=True, exist_ok=True)
     rows = read_rows(csv_path)
-    seeds = list(range(args.seeds))
+    lo, _, hi = args.seeds.partition("-")
+    seeds = list(range(int(lo), int(hi or lo) + 1))
     cells = [(m, d, pr, fw) for m in args.models for d in args.datasets
              for pr in args.protocols for fw in args.frameworks]
     meta = _meta(argv)
     for cell in tqdm(cells, desc="accuracy_bench", unit="cell"):
         new = run_cell(*cell, seeds)
         rows = [r for r in rows if (r["model"], r["dataset"], r["protocol"], r["framework"])
-                != cell] + new
+                != cell or int(r["seed"]) not in seeds] + new
         m, s, _ = _stats(new, "test_acc")
         tqdm.write(f"{'/'.join(cell)}: test acc {100 * m:.1f} +- {100 * s:.1f} over "
                    f"{len(new)} seeds ({sum(float(r['seconds']) for r in new):.0f} s)")

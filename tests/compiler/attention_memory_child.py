@@ -2,10 +2,10 @@
 
 Usage: python attention_memory_child.py MODE NUM_NODES NUM_EDGES HEADS
 (MODE ``off``: no attention dropout; ``on``: ``attention_dropout = 0.6``, the masks drawn
-inside the kernels; ``stored``: ``on`` while an ``[E, H]`` float32 copy of the masks is
-held, the control that shows the measurement sees such a tensor). Prints the RSS
-before a steady-state step (the second on the graph), its own peak (:mod:`ngra.memstat`)
-and the ``[E, H]`` size.
+inside the kernels). Prints the working memory of a steady-state step (the second on the
+graph: its peak above the RSS before it, :mod:`ngra.memstat`), the same of one more step
+while an ``[E, H]`` float32 tensor is held (the control that shows the measurement sees
+such a tensor) and the ``[E, H]`` size.
 """
 
 from __future__ import annotations
@@ -38,12 +38,15 @@ def main() -> None:
     # steady state, as from the second epoch: the graph keeps its edge counters in the
     # backward walk's order ([E] int64, made by the first call; not per call)
     step(g, x)
-    reset = reset_peak_rss()
-    before = rss_bytes()
-    held = torch.ones(g.num_edges, heads) if mode == "stored" else None
-    step(g, x)
-    del held
-    print(json.dumps({"before": before, "peak": peak_rss_bytes(), "peak_reset": reset,
+    used = []
+    for held in (None, g.num_edges):
+        reset = reset_peak_rss()
+        before = rss_bytes()
+        mask = None if held is None else torch.ones(held, heads)
+        step(g, x)
+        used.append(peak_rss_bytes() - before)
+        del mask
+    print(json.dumps({"used": used[0], "control_used": used[1], "peak_reset": reset,
                       "mask_bytes": g.num_edges * heads * 4}))
 
 
