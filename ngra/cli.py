@@ -1,5 +1,5 @@
 """The ``ngra`` command line: ``ngra train``, ``ngra partition``, ``ngra explain``,
-``ngra characterize``, ``ngra info``.
+``ngra characterize``, ``ngra plan``, ``ngra info``.
 
 Every ``train`` flag maps to one :class:`ngra.train.TrainConfig` field; the
 resolved configuration is logged and written into the JSON summary.
@@ -137,6 +137,12 @@ def _add_characterize(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
 
 
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    from ngra.planner.cli import add_parser
+
+    add_parser(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ngra", description="GNN training and analysis with ngra.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -145,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_partition(sub)
     _add_explain(sub)
     _add_characterize(sub)
+    _add_plan(sub)
     sub.add_parser("info", help="versions and available kernel backends")
     return parser
 
@@ -232,6 +239,12 @@ def _cmd_characterize(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from ngra.planner.cli import run
+
+    return run(args)
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     import torch
 
@@ -250,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     handlers = {"train": _cmd_train, "partition": _cmd_partition, "explain": _cmd_explain,
-                "info": _cmd_info, "characterize": _cmd_characterize}
+                "info": _cmd_info, "characterize": _cmd_characterize, "plan": _cmd_plan}
     from ngra.errors import DistributedError, TrainingDivergedError
 
     try:

@@ -13,9 +13,18 @@ Each operation ``op`` costs ``alpha + beta * x`` seconds, with ``x`` in bytes:
 * ``all_gather``: ``p - 1`` steps of ``n / p`` bytes for an ``n``-byte result;
 * ``broadcast``: ``x = n``.
 
-Besides the link, the model holds two compute rates measured the same way (all ranks
-at once, as in a run): ``gemm_flops`` (float32 matrix products) and ``gather_bytes``
-(random row gathers, the bound of a sparse aggregation).
+Besides the link, the model holds compute rates measured the same way (all ranks at
+once, as in a run, so that ranks sharing cores see the rate they will get):
+``gemm_flops`` (float32 matrix products), ``gather_bytes`` (random row gathers, the
+bound of a sparse aggregation), ``stream_bytes`` (element-wise ops) and ``gemm``, a
+fit of GEMM time by shape (:class:`GemmFit`: ``c + flops / F + bytes / W`` over a
+dozen shapes, so that a thin ``[4096, 16] x [16, 16]`` product is charged for its
+memory traffic and call overhead, not at the rate of a square one).
+
+A collective among ``p`` ranks of a larger world (the data- or tensor-parallel group
+of a planner's mesh) is measured too: ``groups[p]`` holds the fits of every op run in
+all ``world_size / p`` disjoint groups of ``p`` consecutive ranks at once, as those
+groups run in a plan. Without them, the world's fits stand in.
 
 :func:`link_model` is collective: rank 0 reads the cached calibration of this host,
 backend, device and world size (``$NGRA_CALIBRATION``, else ``~/.ngra/calibration``),
@@ -39,15 +48,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["AlphaBeta", "LinkModel", "OPS", "calibrate", "calibration_path", "link_model",
-           "load_link", "measure", "save_link"]
+__all__ = ["AlphaBeta", "GemmFit", "LinkModel", "OPS", "calibrate", "calibration_path",
+           "link_model", "load_link", "measure", "save_link"]
 
 log = logging.getLogger(__name__)
 
 OPS = ("p2p", "all_to_all", "all_reduce", "all_gather", "broadcast")
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 23)  # bytes each rank sends
 CALIBRATION_ENV = "NGRA_CALIBRATION"
-VERSION = 1
+VERSION = 2
+#: (m, k, n) GEMM shapes the compute fit is measured on: thin and wide, long reductions
+#: (the weight gradient's rows x rows product) and square ones, 1e5 to 2e9 FLOPs
+GEMM_SHAPES = ((4096, 16, 16), (4096, 64, 64), (8192, 128, 128), (1024, 256, 256),
+               (4096, 256, 64), (2048, 1024, 256), (512, 1024, 1024), (1024, 1024, 1024),
+               (64, 4096, 4096), (256, 4096, 256), (64, 8192, 1024), (128, 128, 8192),
+               (256, 256, 4096))
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,36 @@ class AlphaBeta:
 
 
 @dataclass(frozen=True)
+class GemmFit:
+    """Seconds of an ``[m, k] x [k, n]`` float32 product:
+    ``overhead + 2mkn * flop_s + 4(mk + kn + mn) * byte_s`` (all non-negative)."""
+
+    overhead: float
+    flop_s: float
+    byte_s: float
+
+    def __call__(self, m: float, k: float, n: float) -> float:
+        if min(m, k, n) <= 0:
+            return 0.0
+        return (self.overhead + 2.0 * m * k * n * self.flop_s
+                + 4.0 * (m * k + k * n + m * n) * self.byte_s)
+
+    @staticmethod
+    def fit(shapes: list[tuple[int, int, int]], ts: list[float]) -> GemmFit:
+        """Non-negative least squares on relative error (times span four decades)."""
+        import numpy as np
+        from scipy.optimize import nnls
+
+        a = np.array([[1.0, 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n)]
+                      for m, k, n in shapes])
+        t = np.asarray(ts, dtype=np.float64)
+        scale = a.max(axis=0)
+        coef, _ = nnls(a / t[:, None] / scale, np.ones_like(t))
+        c, f, b = (coef / scale).tolist()
+        return GemmFit(c, f, b)
+
+
+@dataclass(frozen=True)
 class LinkModel:
     """Measured costs of one machine's link (see the module docstring).
 
@@ -89,9 +134,13 @@ class LinkModel:
         backend, device, world_size, host: what was measured.
         ops: ``op -> AlphaBeta`` for each of :data:`OPS` (``alpha`` per step for the
             ring collectives).
-        gemm_flops: float32 GEMM rate per rank, FLOP/s.
+        gemm_flops: float32 GEMM rate per rank, FLOP/s (one square-ish shape).
         gather_bytes: random row-gather rate per rank, bytes/s.
         measured: when (ISO time); samples: the raw ``op -> [[bytes, seconds], ...]``.
+        gemm: GEMM time by shape (:class:`GemmFit`), or ``None`` (then ``gemm_flops``).
+        stream_bytes: element-wise (read + write) rate per rank, bytes/s (0: unknown,
+            then ``gather_bytes``).
+        groups: ``p -> op -> AlphaBeta`` for groups of ``p < world_size`` ranks.
     """
 
     backend: str
@@ -103,22 +152,33 @@ class LinkModel:
     gather_bytes: float
     measured: str = ""
     samples: dict[str, list] = field(default_factory=dict, compare=False)
+    gemm: GemmFit | None = None
+    stream_bytes: float = 0.0
+    groups: dict[int, dict[str, AlphaBeta]] = field(default_factory=dict)
 
     # ------------------------------------------------------------ collective costs
-    def p2p(self, nbytes: float) -> float:
-        """One ring step in which every rank sends ``nbytes``."""
-        return 0.0 if self.world_size < 2 else self.ops["p2p"](nbytes)
+    def op(self, name: str, p: int | None = None) -> AlphaBeta:
+        """The fit of collective ``name`` among ``p`` ranks (default: the whole world)."""
+        if p is not None and p != self.world_size and name in self.groups.get(p, {}):
+            return self.groups[p][name]
+        return self.ops[name]
 
-    def all_to_all(self, nbytes: float) -> float:
+    def p2p(self, nbytes: float, p: int | None = None) -> float:
+        """One ring step in which every rank sends ``nbytes``."""
+        p = self.world_size if p is None else p
+        return 0.0 if p < 2 else self.op("p2p", p)(nbytes)
+
+    def all_to_all(self, nbytes: float, p: int | None = None) -> float:
         """``all_to_all_single`` in which the busiest rank sends ``nbytes`` in all."""
-        return 0.0 if self.world_size < 2 else self.ops["all_to_all"](nbytes)
+        p = self.world_size if p is None else p
+        return 0.0 if p < 2 else self.op("all_to_all", p)(nbytes)
 
     def all_reduce(self, nbytes: float, p: int | None = None) -> float:
         """Ring all-reduce of ``nbytes``: ``2(p-1) alpha + 2(p-1)/p n beta``."""
         p = self.world_size if p is None else p
         if p < 2:
             return 0.0
-        ab = self.ops["all_reduce"]
+        ab = self.op("all_reduce", p)
         return 2 * (p - 1) * ab.alpha + 2 * (p - 1) / p * nbytes * ab.beta
 
     def all_gather(self, nbytes: float, p: int | None = None) -> float:
@@ -126,21 +186,34 @@ class LinkModel:
         p = self.world_size if p is None else p
         if p < 2:
             return 0.0
-        ab = self.ops["all_gather"]
+        ab = self.op("all_gather", p)
         return (p - 1) * ab.alpha + (p - 1) / p * nbytes * ab.beta
 
-    def broadcast(self, nbytes: float) -> float:
-        return 0.0 if self.world_size < 2 else self.ops["broadcast"](nbytes)
+    def broadcast(self, nbytes: float, p: int | None = None) -> float:
+        p = self.world_size if p is None else p
+        return 0.0 if p < 2 else self.op("broadcast", p)(nbytes)
 
+    # ------------------------------------------------------------ compute costs
     def gemm_time(self, flops: float) -> float:
         return float(flops) / self.gemm_flops
+
+    def matmul_time(self, m: float, k: float, n: float) -> float:
+        """Seconds of an ``[m, k] x [k, n]`` float32 product on one rank (by shape)."""
+        if self.gemm is None:
+            return 0.0 if min(m, k, n) <= 0 else self.gemm_time(2.0 * m * k * n)
+        return self.gemm(m, k, n)
 
     def gather_time(self, nbytes: float) -> float:
         return float(nbytes) / self.gather_bytes
 
+    def stream_time(self, nbytes: float) -> float:
+        """Seconds of element-wise work that reads and writes ``nbytes`` in all."""
+        return float(nbytes) / (self.stream_bytes or self.gather_bytes)
+
     # ------------------------------------------------------------ files
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        d["groups"] = {str(p): v for p, v in d["groups"].items()}
         d["version"] = VERSION
         return d
 
@@ -152,16 +225,30 @@ class LinkModel:
         missing = [op for op in OPS if op not in ops]
         if missing:
             raise ValueError(f"calibration lacks {missing}")
+        gemm = d.get("gemm")
+        groups = {int(p): {k: AlphaBeta(float(v["alpha"]), float(v["beta"]))
+                           for k, v in fits.items()}
+                  for p, fits in d.get("groups", {}).items()}
         return cls(str(d["backend"]), str(d["device"]), int(d["world_size"]), str(d["host"]),
                    ops, float(d["gemm_flops"]), float(d["gather_bytes"]),
-                   str(d.get("measured", "")), dict(d.get("samples", {})))
+                   str(d.get("measured", "")), dict(d.get("samples", {})),
+                   None if gemm is None else GemmFit(**{k: float(v) for k, v in gemm.items()}),
+                   float(d.get("stream_bytes", 0.0)), groups)
 
     def describe(self) -> str:
         parts = [f"{op} {ab.alpha * 1e6:.0f} us + {ab.bandwidth / 1e9:.2f} GB/s"
                  for op, ab in self.ops.items()]
-        return (f"link ({self.backend}, {self.device}, {self.world_size} ranks, {self.host}): "
+        text = (f"link ({self.backend}, {self.device}, {self.world_size} ranks, {self.host}): "
                 + "; ".join(parts) + f"; GEMM {self.gemm_flops / 1e9:.1f} GFLOP/s, gather "
                 f"{self.gather_bytes / 1e9:.1f} GB/s per rank")
+        if self.gemm is not None:
+            g = self.gemm
+            text += (f"; GEMM by shape {g.overhead * 1e6:.0f} us + "
+                     f"{1e-9 / g.flop_s if g.flop_s else float('inf'):.1f} GFLOP/s + "
+                     f"{1e-9 / g.byte_s if g.byte_s else float('inf'):.1f} GB/s")
+        if self.stream_bytes:
+            text += f"; element-wise {self.stream_bytes / 1e9:.1f} GB/s"
+        return text
 
 
 def calibration_path(backend: str, device: str, world_size: int) -> Path:
@@ -214,6 +301,8 @@ def _sync_time(fn: Any, repeats: int, device: torch.device) -> float:
 
 
 def _op(name: str, nbytes: int, p: int, rank: int, device: torch.device, group: Any) -> Any:
+    """``(run, bytes)``: one call of collective ``name`` on ``group`` (``rank``: the group
+    rank; peers are named by group rank, so that subgroups work too)."""
     import torch.distributed as dist
 
     n = max(nbytes // 4 // p * p, p)  # float32 elements, a multiple of p
@@ -221,8 +310,8 @@ def _op(name: str, nbytes: int, p: int, rank: int, device: torch.device, group: 
     out = torch.empty_like(buf)
     if name == "p2p":
         def run() -> None:
-            reqs = [dist.isend(buf, (rank + 1) % p, group=group),
-                    dist.irecv(out, (rank - 1) % p, group=group)]
+            reqs = [dist.isend(buf, group=group, group_dst=(rank + 1) % p),
+                    dist.irecv(out, group=group, group_src=(rank - 1) % p)]
             for r in reqs:
                 r.wait()
     elif name == "all_to_all":
@@ -238,7 +327,7 @@ def _op(name: str, nbytes: int, p: int, rank: int, device: torch.device, group: 
             dist.all_gather_single(out, part, group=group)
     else:
         def run() -> None:
-            dist.broadcast(buf, 0, group=group)
+            dist.broadcast(buf, group=group, group_src=0)
     return run, n * 4
 
 
@@ -255,40 +344,78 @@ def _steps(name: str, p: int) -> int:
     return {"all_reduce": 2 * (p - 1), "all_gather": p - 1}.get(name, 1)
 
 
-def measure(group: Any = None, sizes: tuple[int, ...] = SIZES, repeats: int = 5,
-            device: str = "cpu") -> LinkModel:
-    """Measure the link and the compute rates (collective: every rank of ``group`` calls)."""
+def _fit_ops(group: Any, sizes: tuple[int, ...], repeats: int, dev: torch.device,
+             samples: dict[str, list], prefix: str = "") -> dict[str, AlphaBeta]:
+    """Time every op of :data:`OPS` on ``group`` at ``sizes`` and fit ``alpha + beta x``."""
     import torch.distributed as dist
 
     p, rank = dist.get_world_size(group), dist.get_rank(group)
-    dev = torch.device(device if device != "cuda" else f"cuda:{torch.cuda.current_device()}")
-    samples: dict[str, list] = {}
     ops = {}
     for name in OPS:
         pts = []
         for size in sizes:
             run, nbytes = _op(name, size, p, rank, dev, group)
             pts.append([nbytes, _sync_time(run, repeats, dev)])
-        samples[name] = pts
-        steps = _steps(name, p)
+        samples[prefix + name] = pts
         ab = AlphaBeta.fit([_x(name, n, p) for n, _ in pts], [t for _, t in pts])
         # the fit's intercept covers every step of a ring collective: alpha per step
-        ops[name] = AlphaBeta(ab.alpha / steps, ab.beta)
+        ops[name] = AlphaBeta(ab.alpha / _steps(name, p), ab.beta)
+    return ops
+
+
+def _measure_compute(repeats: int, dev: torch.device,
+                     samples: dict[str, list]) -> dict[str, Any]:
+    """GEMM rate and fit by shape, random-gather and element-wise rates (all ranks at once)."""
     a = torch.randn(1024, 512, device=dev)
     b = torch.randn(512, 256, device=dev)
     t_mm = _sync_time(lambda: torch.mm(a, b), repeats, dev)
+    shapes, ts = [], []
+    for m, k, n in GEMM_SHAPES:
+        x, w = torch.randn(m, k, device=dev), torch.randn(k, n, device=dev)
+        out = torch.empty(m, n, device=dev)
+        shapes.append((m, k, n))
+        ts.append(_sync_time(lambda x=x, w=w, out=out: torch.mm(x, w, out=out), repeats, dev))
+    samples["gemm"] = [[*s, t] for s, t in zip(shapes, ts)]
     rows = torch.randn(1 << 16, 64, device=dev)
     idx = torch.randint(0, rows.shape[0], (1 << 18,), device=dev)
-    got = torch.empty(idx.numel(), 64, device=dev)
-    # into a reused buffer: a fresh 64 MiB result would time the kernel's first touch of
-    # its pages (about 2 GB/s here), not the gather (DESIGN.md, environment facts)
-    t_gather = _sync_time(lambda: torch.index_select(rows, 0, idx, out=got), repeats, dev)
+    t_gather = _sync_time(lambda: rows.index_select(0, idx), repeats, dev)
+    big = torch.randn(1 << 22, device=dev)
+    res = torch.empty_like(big)
+    t_stream = _sync_time(lambda: torch.mul(big, 2.0, out=res), repeats, dev)
+    return {"gemm_flops": 2 * 1024 * 512 * 256 / max(t_mm, 1e-9),
+            "gather_bytes": idx.numel() * 64 * 4 / max(t_gather, 1e-9),
+            "gemm": GemmFit.fit(shapes, ts),
+            "stream_bytes": 2 * big.numel() * 4 / max(t_stream, 1e-9)}
+
+
+def measure(group: Any = None, sizes: tuple[int, ...] = SIZES, repeats: int = 5,
+            device: str = "cpu") -> LinkModel:
+    """Measure the link and the compute rates (collective: every rank of ``group`` calls).
+
+    Besides the whole group, every divisor ``p`` of its size (``2 <= p < size``) is
+    measured in disjoint groups of ``p`` consecutive ranks running at once
+    (``LinkModel.groups``; only for the default group, whose subgroups every rank
+    can make)."""
+    import torch.distributed as dist
+
+    p = dist.get_world_size(group)
+    dev = torch.device(device if device != "cuda" else f"cuda:{torch.cuda.current_device()}")
+    samples: dict[str, list] = {}
+    ops = (_fit_ops(group, sizes, repeats, dev, samples) if p > 1
+           else {name: AlphaBeta(0.0, 0.0) for name in OPS})
+    groups = {}
+    if group is None:
+        for q in range(2, p):
+            if p % q == 0:
+                sub, subgroups = dist.new_subgroups(group_size=q)
+                groups[q] = _fit_ops(sub, sizes, repeats, dev, samples, prefix=f"p{q}:")
+                for g in subgroups:
+                    dist.destroy_process_group(g)
+    compute = _measure_compute(repeats, dev, samples)
     backend = dist.get_backend(group)
     return LinkModel(str(backend), dev.type, p, socket.gethostname(), ops,
-                     gemm_flops=2 * 1024 * 512 * 256 / max(t_mm, 1e-9),
-                     gather_bytes=idx.numel() * 64 * 4 / max(t_gather, 1e-9),
                      measured=datetime.datetime.now().isoformat(timespec="seconds"),
-                     samples=samples)
+                     samples=samples, groups=groups, **compute)
 
 
 def link_model(group: Any = None, *, refresh: bool = False, device: str = "cpu") -> LinkModel:
@@ -321,10 +448,11 @@ def _calibrate_rank(device: str, refresh: bool) -> dict[str, Any]:
 
 def calibrate(world_size: int, *, device: str = "cpu", refresh: bool = True) -> LinkModel:
     """Measure (or with ``refresh=False`` read) the link of ``world_size`` ranks on this
-    machine by starting them (:func:`ngra.distributed.launch`); cached for later runs."""
+    machine by starting them (:func:`ngra.distributed.launch`); cached for later runs.
+    One rank measures only the compute rates (its collectives cost nothing)."""
     from ngra.distributed.launch import launch
 
-    if world_size < 2:
-        raise ValueError(f"a link needs at least 2 ranks; got world_size={world_size}.")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1; got {world_size!r}.")
     out = launch(_calibrate_rank, world_size, device, refresh, device=device, threads=1)
     return LinkModel.from_json(out[0])

@@ -1,0 +1,18 @@
+"""ngra.planner: how the dense layers of a model run on several devices.
+
+A cost-model planner in the Piper / PipeDream-2BW family: a chain of dense layers
+(:mod:`~ngra.planner.chain`, from a traced ``torch.nn.Module`` or a GNN's compiled
+vertex-side stages) and a device description (:class:`Devices`: count, memory, the
+calibrated link of :mod:`ngra.distributed.link`) go in; a ranked list of
+:class:`Plan` s (data / tensor / pipeline parallel, micro-batches, recomputation) with
+predicted time and memory comes out (:func:`search`); :func:`apply_plan` and
+:class:`Runner` execute a plan with torch's own parallel APIs.
+"""
+
+from ngra.planner.chain import Chain, Layer
+from ngra.planner.cost import Devices, Shape
+from ngra.planner.plan import Breakdown, Plan, StagePlan, format_table, load_plans
+from ngra.planner.search import NoFeasiblePlan, evaluate, exhaustive, search
+
+__all__ = ["Breakdown", "Chain", "Devices", "Layer", "NoFeasiblePlan", "Plan", "Shape",
+           "StagePlan", "evaluate", "exhaustive", "format_table", "load_plans", "search"]

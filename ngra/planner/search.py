@@ -1,0 +1,322 @@
+"""Search: the best plan of every mesh shape, by dynamic programming (and exhaustively).
+
+For ``K`` devices the shapes are every ``(P, d, t)`` with ``P * d * t = K`` and
+``P`` at most the number of layers, times each micro-batch count ``m`` (a chain with
+graph layers runs ``P = m = 1``: a graph layer needs every row at once). For one
+shape, in the spirit of Piper:
+
+1. **Per stage** (every contiguous ``[i, j)``): a DP over the stage's layers in order,
+   the state being the layout of the tensor between two layers (whole, or split over
+   the ``t`` ranks), keeps every per-layer configuration that no other beats on all of
+   forward time, backward time, local parameter bytes and saved activation bytes (the
+   Pareto set: time and memory trade off, so the least-time choice alone could miss
+   the one that fits). Each survivor, with and without recomputation, is a stage option.
+2. **Over stages**: the step time ``(m - 1) max_s u_s + sum_s (u_s + a_s)`` couples the
+   stages through the max. For a threshold ``X`` a DP over (stages left, first layer)
+   minimizes ``sum_s (u_s + a_s)`` using only options with ``u_s <= X`` whose memory
+   fits at their position (stage ``s`` of ``P`` keeps ``min(m, P - s)`` micro-batches);
+   ``(m - 1) X`` plus that minimum bounds every plan whose slowest stage is at most
+   ``X`` and equals the optimum when ``X`` is the optimum's slowest stage, so the
+   minimum over the options' times ``X`` (ascending, stopping once ``(m - 1) X`` plus
+   the unconstrained minimum cannot win) is exact.
+
+:func:`exhaustive` enumerates every stage partition, per-layer configuration and
+recomputation choice of each shape with :func:`~ngra.planner.cost.stage_cost`: the
+test oracle for small chains. Both return the best plan of each shape, ranked.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+from collections.abc import Iterable
+
+from ngra.planner.chain import Chain
+from ngra.planner.cost import (
+    CONFIGS, Devices, Shape, StageCost, finish_stage, layer_configs, layer_cost, stage_cost,
+    stage_edges,
+)
+from ngra.planner.plan import Plan, build_plan
+
+__all__ = ["NoFeasiblePlan", "search", "exhaustive", "evaluate", "shapes",
+           "DEFAULT_MICRO_BATCHES"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
+
+# one stage option: its cost, per-layer configurations and whether it recomputes
+_Option = tuple[StageCost, tuple[str, ...], bool]
+
+
+class NoFeasiblePlan(ValueError):
+    """No plan fits the memory per device; ``min_memory_bytes`` is the least that would."""
+
+    def __init__(self, message: str, min_memory_bytes: float) -> None:
+        super().__init__(message)
+        self.min_memory_bytes = min_memory_bytes
+
+
+def shapes(chain: Chain, devices: Devices,
+           micro_batches: Iterable[int] = DEFAULT_MICRO_BATCHES) -> list[Shape]:
+    """Every mesh shape and micro-batch count the search considers (module docstring)."""
+    k = devices.count
+    ms = sorted({int(m) for m in micro_batches})
+    if not ms or ms[0] < 1:
+        raise ValueError(f"micro-batch counts must be >= 1; got {list(micro_batches)}.")
+    out = []
+    for p in range(1, min(k, len(chain)) + 1):
+        if k % p or (p > 1 and not chain.rows_independent):
+            continue
+        for d in range(1, k // p + 1):
+            if (k // p) % d or d > chain.rows:
+                continue
+            t = k // p // d
+            for m in ms:
+                if m * d > chain.rows or (m > 1 and not chain.rows_independent):
+                    continue
+                out.append(Shape(p, d, t, m))
+    return out
+
+
+# ---------------------------------------------------------------- stage options
+def _dominated(a: tuple, b: tuple) -> bool:
+    """``b`` is at least as good as ``a`` on every key (keys: the first four entries)."""
+    return all(y <= x for x, y in zip(a[:4], b[:4]))
+
+
+def _pareto(entries: list[tuple]) -> list[tuple]:
+    keep: list[tuple] = []
+    for e in sorted(entries, key=lambda e: e[:4]):
+        if not any(_dominated(e, k) for k in keep):
+            keep.append(e)
+    return keep
+
+
+def stage_options(chain: Chain, devices: Devices, shape: Shape, i: int,
+                  stops: Iterable[int], recompute: Iterable[bool] = (False, True)
+                  ) -> dict[tuple[int, int], list[_Option]]:
+    """For each ``j`` in ``stops``: the Pareto set of per-layer configurations of layers
+    ``[i, j)`` as one stage, each with every recomputation choice (module docstring).
+    The per-layer DP runs once from ``i`` to the last stop."""
+    recompute = tuple(recompute)
+    stops = set(stops)
+    out: dict[tuple[int, int], list[_Option]] = {}
+    # entry: (sum fwd, sum bwd, params, saved, fwd parts, bwd parts, configs)
+    states: dict[str, list[tuple]] = {"R": [(0.0, 0.0, 0.0, 0.0, (0.0,) * 6, (0.0,) * 6, ())]}
+    for k in range(i, max(stops)):
+        new: dict[str, list[tuple]] = {"R": [], "S": []}
+        for config in layer_configs(chain, k, shape.tensor):
+            lin, lout = CONFIGS[config]
+            f, b, p, s = layer_cost(chain, k, devices.link, shape, config)
+            for e in states.get(lin, []):
+                fwd = tuple(x + y for x, y in zip(e[4], f))
+                bwd = tuple(x + y for x, y in zip(e[5], b))
+                new[lout].append((sum(fwd), sum(bwd), e[2] + p, e[3] + s, fwd, bwd,
+                                  e[6] + (config,)))
+        states = {lay: _pareto(v) for lay, v in new.items() if v}
+        if k + 1 in stops:
+            edges = stage_edges(chain, devices, shape, i, k + 1)
+            out[(i, k + 1)] = [
+                (finish_stage(devices, shape, list(e[4]), list(e[5]), e[2], e[3], edges, rc),
+                 e[6], rc) for e in states.get("R", []) for rc in recompute]
+    return out
+
+
+# ---------------------------------------------------------------- the DP over stages
+class _Table:
+    """For each ``(i, j, stages left)``: the options that fit there, sorted by ``u``, with
+    the prefix minimum of ``u + a`` (the best option under a threshold by bisection)."""
+
+    def __init__(self, options: dict[tuple[int, int], list[_Option]], shape: Shape,
+                 devices: Devices, limit: float) -> None:
+        self.rows: dict[tuple[int, int, int], tuple[list[float], list[tuple]]] = {}
+        m, d = shape.micro_batches, shape.data
+        for (i, j), opts in options.items():
+            for left in range(1, shape.pipeline + 1):
+                k = min(m, left)
+                fits = sorted((o for o in opts
+                               if o[0].memory(k, d, devices.optimizer_states) <= limit),
+                              key=lambda o: o[0].time)
+                if not fits:
+                    continue
+                times, best, run = [], [], None
+                for o in fits:
+                    total = o[0].time + o[0].step_time
+                    if run is None or total < run[0]:
+                        run = (total, o)
+                    times.append(o[0].time)
+                    best.append(run)
+                self.rows[(i, j, left)] = (times, best)
+
+    def best(self, i: int, j: int, left: int, cap: float) -> tuple | None:
+        row = self.rows.get((i, j, left))
+        if row is None:
+            return None
+        n = bisect.bisect_right(row[0], cap)
+        return row[1][n - 1] if n else None
+
+
+def _dp(n: int, stages: int, table: _Table, cap: float) -> tuple[float, list] | None:
+    """Least ``sum_s (u_s + a_s)`` over ``stages`` contiguous stages of ``n`` layers, each
+    option's ``u <= cap``; returns ``(value, [(i, j, option), ...])`` or ``None``."""
+    inf = float("inf")
+    # best[left][i]: (value, j, option) for layers [i, n) in `left` stages
+    best: list[dict[int, tuple]] = [{n: (0.0, None, None)}]
+    for left in range(1, stages + 1):
+        row: dict[int, tuple] = {}
+        for i in range(n - left, -1, -1):
+            cand = (inf, None, None)
+            for j in range(i + 1, n - left + 2):
+                rest = best[left - 1].get(j)
+                if rest is None:
+                    continue
+                o = table.best(i, j, left, cap)
+                if o is not None and o[0] + rest[0] < cand[0]:
+                    cand = (o[0] + rest[0], j, o[1])
+            if cand[1] is not None:
+                row[i] = cand
+        best.append(row)
+    if 0 not in best[stages]:
+        return None
+    out, i = [], 0
+    for left in range(stages, 0, -1):
+        _, j, o = best[left][i]
+        out.append((i, j, o))
+        i = j
+    return best[stages][0][0], out
+
+
+def _best_of_shape(chain: Chain, devices: Devices, shape: Shape,
+                   options: dict[tuple[int, int], list[_Option]]) -> Plan | None:
+    table = _Table(options, shape, devices, devices.memory_bytes)
+    n, m = len(chain), shape.micro_batches
+    free = _dp(n, shape.pipeline, table, float("inf"))
+    if free is None:
+        return None
+    best_value, best = (m - 1) * max(o[0].time for _, _, o in free[1]) + free[0], free[1]
+    if m > 1:
+        caps = sorted({o[0].time for opts in options.values() for o in opts})
+        for cap in caps:
+            if (m - 1) * cap + free[0] >= best_value:
+                break
+            got = _dp(n, shape.pipeline, table, cap)
+            if got is None:
+                continue
+            value = (m - 1) * max(o[0].time for _, _, o in got[1]) + got[0]
+            if value < best_value:
+                best_value, best = value, got[1]
+    return build_plan(chain, devices, shape, [(i, j, o[1], o[2]) for i, j, o in best],
+                      [o[0] for _, _, o in best])
+
+
+def _min_memory(chain: Chain, devices: Devices, shape: Shape,
+                options: dict[tuple[int, int], list[_Option]]) -> float:
+    """The least peak memory per device over this shape's plans (no limit)."""
+    n, m, d = len(chain), shape.micro_batches, shape.data
+    best = [{n: 0.0}]
+    for left in range(1, shape.pipeline + 1):
+        row = {}
+        for i in range(n - left, -1, -1):
+            for j in range(i + 1, n - left + 2):
+                if j not in best[left - 1]:
+                    continue
+                for o in options.get((i, j), []):
+                    mem = max(o[0].memory(min(m, left), d, devices.optimizer_states),
+                              best[left - 1][j])
+                    row[i] = min(row.get(i, mem), mem)
+        best.append(row)
+    return best[shape.pipeline].get(0, float("inf"))
+
+
+def search(chain: Chain, devices: Devices,
+           micro_batches: Iterable[int] = DEFAULT_MICRO_BATCHES,
+           recompute: Iterable[bool] = (False, True)) -> list[Plan]:
+    """The best plan of every feasible shape, fastest first (module docstring).
+
+    Raises:
+        NoFeasiblePlan: no plan fits ``devices.memory_bytes``; the message names the
+            least memory per device that would fit, and the plan that needs it.
+    """
+    return _rank(chain, devices, micro_batches, recompute, _best_of_shape)
+
+
+def _rank(chain: Chain, devices: Devices, micro_batches: Iterable[int],
+          recompute: Iterable[bool], best_of_shape) -> list[Plan]:
+    recompute = tuple(recompute)
+    plans, least = [], (float("inf"), None)
+    for shape in shapes(chain, devices, micro_batches):
+        n, options = len(chain), {}
+        for i in range(n if shape.pipeline > 1 else 1):
+            stops = range(i + 1, n + 1) if shape.pipeline > 1 else (n,)
+            options.update(stage_options(chain, devices, shape, i, stops, recompute))
+        plan = best_of_shape(chain, devices, shape, options)
+        if plan is not None:
+            plans.append(plan)
+        elif not plans:
+            mem = _min_memory(chain, devices, shape, options)
+            if mem < least[0]:
+                least = (mem, shape)
+    if not plans:
+        mem, shape = least
+        raise NoFeasiblePlan(
+            f"no plan of {chain.name!r} on {devices.count} device(s) fits in "
+            f"{_mb(devices.memory_bytes)} per device; the smallest peak of any plan is "
+            f"{_mb(mem)} per device (pipeline {shape.pipeline}, data {shape.data}, tensor "
+            f"{shape.tensor}, {shape.micro_batches} micro-batch(es)): give each device at "
+            f"least that much memory, or use more devices.", mem)
+    plans.sort(key=lambda p: (p.predicted_time_s, p.devices, p.label))
+    return plans
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
+# ---------------------------------------------------------------- the oracle
+def evaluate(chain: Chain, devices: Devices, shape: Shape,
+             stages: list[tuple[int, int, tuple[str, ...], bool]]) -> Plan:
+    """The plan of explicit per-stage choices ``(start, stop, configs, recompute)``.
+
+    Raises:
+        ValueError: the stages do not cover the chain in order, or a configuration
+            is not allowed (:func:`~ngra.planner.cost.stage_cost`).
+    """
+    bounds = [(i, j) for i, j, _, _ in stages]
+    if (len(stages) != shape.pipeline or bounds[0][0] != 0 or bounds[-1][1] != len(chain)
+            or any(a[1] != b[0] or a[0] >= a[1] for a, b in zip(bounds, bounds[1:]))
+            or bounds[-1][0] >= bounds[-1][1]):
+        raise ValueError(f"stages {bounds} do not split the {len(chain)} layers into "
+                         f"{shape.pipeline} contiguous, non-empty stages.")
+    costs = [stage_cost(chain, devices, shape, i, j, tuple(c), rc) for i, j, c, rc in stages]
+    return build_plan(chain, devices, shape, stages, costs)
+
+
+def exhaustive(chain: Chain, devices: Devices,
+               micro_batches: Iterable[int] = DEFAULT_MICRO_BATCHES,
+               recompute: Iterable[bool] = (False, True)) -> list[Plan]:
+    """Like :func:`search`, by enumerating every plan of each shape (small chains only)."""
+    recompute = tuple(recompute)
+
+    def best_of_shape(chain, devices, shape, _options) -> Plan | None:
+        n, best = len(chain), None
+        for cuts in itertools.combinations(range(1, n), shape.pipeline - 1):
+            bounds = list(zip((0, *cuts), (*cuts, n)))
+            per_stage = []
+            for i, j in bounds:
+                configs = itertools.product(*(layer_configs(chain, k, shape.tensor)
+                                              for k in range(i, j)))
+                per_stage.append([(i, j, c, rc) for c in configs for rc in recompute])
+            for stages in itertools.product(*per_stage):
+                try:
+                    plan = evaluate(chain, devices, shape, list(stages))
+                except ValueError:  # layouts that do not chain
+                    continue
+                if plan.peak_memory_bytes > devices.memory_bytes:
+                    continue
+                if best is None or plan.predicted_time_s < best.predicted_time_s:
+                    best = plan
+        return best
+
+    return _rank(chain, devices, micro_batches, recompute, best_of_shape)
