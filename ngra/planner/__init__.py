@@ -12,7 +12,11 @@ predicted time and memory comes out (:func:`search`); :func:`apply_plan` and
 from ngra.planner.chain import Chain, Layer
 from ngra.planner.cost import Devices, Shape
 from ngra.planner.plan import Breakdown, Plan, StagePlan, format_table, load_plans
-from ngra.planner.search import NoFeasiblePlan, evaluate, exhaustive, search
+from ngra.planner.execute import Runner, apply_plan
+from ngra.planner.gnn import gnn_chain
+from ngra.planner.search import NoFeasiblePlan, choose_plan, evaluate, exhaustive, search
+from ngra.planner.trace import TraceError, trace_module
 
-__all__ = ["Breakdown", "Chain", "Devices", "Layer", "NoFeasiblePlan", "Plan", "Shape",
-           "StagePlan", "evaluate", "exhaustive", "format_table", "load_plans", "search"]
+__all__ = ["Breakdown", "Chain", "Devices", "Layer", "NoFeasiblePlan", "Plan", "Runner", "Shape",
+           "StagePlan", "TraceError", "apply_plan", "choose_plan", "evaluate", "exhaustive",
+           "format_table", "gnn_chain", "load_plans", "search", "trace_module"]

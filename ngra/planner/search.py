@@ -1,8 +1,9 @@
 """Search: the best plan of every mesh shape, by dynamic programming (and exhaustively).
 
 For ``K`` devices the shapes are every ``(P, d, t)`` with ``P * d * t = K`` and
-``P`` at most the number of layers, times each micro-batch count ``m`` (a chain with
-graph layers runs ``P = m = 1``: a graph layer needs every row at once). For one
+``P`` at most the number of layers, times each micro-batch count ``m >= P`` (1F1B
+fills every stage; a chain with graph layers runs ``P = m = 1``: a graph layer needs
+every row at once). For one
 shape, in the spirit of Piper:
 
 1. **Per stage** (every contiguous ``[i, j)``): a DP over the stage's layers in order,
@@ -39,7 +40,7 @@ from ngra.planner.cost import (
 )
 from ngra.planner.plan import Plan, build_plan
 
-__all__ = ["NoFeasiblePlan", "search", "exhaustive", "evaluate", "shapes",
+__all__ = ["NoFeasiblePlan", "search", "exhaustive", "evaluate", "shapes", "choose_plan",
            "DEFAULT_MICRO_BATCHES"]
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,8 @@ def shapes(chain: Chain, devices: Devices,
                 continue
             t = k // p // d
             for m in ms:
-                if m * d > chain.rows or (m > 1 and not chain.rows_independent):
-                    continue
+                if m * d > chain.rows or (m > 1 and not chain.rows_independent) or m < p:
+                    continue  # torch's 1F1B needs a micro-batch per stage at least
                 out.append(Shape(p, d, t, m))
     return out
 
@@ -320,3 +321,36 @@ def exhaustive(chain: Chain, devices: Devices,
         return best
 
     return _rank(chain, devices, micro_batches, recompute, best_of_shape)
+
+
+def choose_plan(spec: str, chain: Chain, devices: Devices,
+                micro_batches: Iterable[int] = DEFAULT_MICRO_BATCHES) -> Plan:
+    """The plan a run uses: ``"auto"`` the top of :func:`search`, else a path to a plans
+    file (``ngra plan --out``) whose first plan for ``devices.count`` devices and this
+    chain is taken (``ngra train --plan auto|FILE``).
+
+    Raises:
+        ValueError: the file holds no plan for this chain and device count (the message
+            says what it holds), or is not a plans file.
+        NoFeasiblePlan: ``"auto"`` and nothing fits.
+    """
+    import json
+    from pathlib import Path
+
+    from ngra.planner.plan import load_plans
+
+    if spec == "auto":
+        return search(chain, devices, micro_batches)[0]
+    try:
+        plans = load_plans(json.loads(Path(spec).read_text()))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--plan {spec}: cannot read a plans file ({exc}).") from None
+    names = tuple(layer.name for layer in chain.layers)
+    for plan in plans:
+        layers = tuple(n for s in plan.stages for n in s.layers)
+        if plan.devices == devices.count and layers == names:
+            return plan
+    held = sorted({(p.chain, p.devices) for p in plans})
+    raise ValueError(f"--plan {spec}: no plan for {chain.name!r} ({len(chain)} layers) on "
+                     f"{devices.count} devices; the file holds plans for {held}. Make one with "
+                     f"`ngra plan --devices {devices.count} --out FILE` for this model.")

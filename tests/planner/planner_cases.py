@@ -35,3 +35,10 @@ def random_chain(rnd: random.Random, n: int) -> Chain:
                             saved_width=width, splits=splits, module=str(i)))
         width = out
     return Chain("random", tuple(layers), rnd.choice([64, 512, 4096]), first)
+
+
+def lstm_net():
+    """A module factory for ``ngra plan --module``: a Linear, then what the planner refuses."""
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(8, 8), nn.LSTM(8, 8))

@@ -116,3 +116,19 @@ def test_bad_plans_and_stages(link):
         load_plans({"plans": [{"chain": "x"}]})
     with pytest.raises(ValueError, match="reads \\[3\\]"):
         Chain("bad", (Layer("a", "linear", 4, 4, inputs=(3,)),), 10, 4)
+
+
+def test_choose_plan_auto_or_from_a_file(tmp_path):
+    from ngra.planner import choose_plan
+
+    chain = random_chain(random.Random(3), 4)
+    devices = Devices(2, 1e12, make_link(2))
+    plans = search(chain, devices)
+    assert choose_plan("auto", chain, devices) == plans[0]
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps({"plans": [p.to_json() for p in plans[::-1]]}))
+    assert choose_plan(str(path), chain, devices) == plans[-1]  # the file's first
+    with pytest.raises(ValueError, match="no plan for 'random' .* on 4 devices"):
+        choose_plan(str(path), chain, Devices(4, 1e12, make_link(4)))
+    with pytest.raises(ValueError, match="cannot read a plans file"):
+        choose_plan(str(tmp_path / "missing.json"), chain, devices)
