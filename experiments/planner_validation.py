@@ -182,7 +182,9 @@ def report(runs: list[dict], args: argparse.Namespace, command: str) -> str:
              "so single times are noisy; each plan's time is the median of "
              f"{args.rounds} interleaved rounds x {args.steps} steps (after {args.warmup} "
              "warm-up steps per round) of a whole training step (forward, backward, gradient "
-             "all-reduce, Adam), the slowest rank's.", "",
+             "all-reduce, Adam), the slowest rank's. Peak memory is the largest rank's peak "
+             "RSS over its steps above its RSS before the model was built (allocator slack and "
+             "torch's workspaces included); it is reported, not a target.", "",
              "Kendall tau pools every pair of plans of the same case; regret is the worst "
              "case's measured(pick) / measured(best) - 1, the pick being the planner's top "
              "plan among the candidates.", ""]
@@ -199,12 +201,15 @@ def report(runs: list[dict], args: argparse.Namespace, command: str) -> str:
                          f"{c['best']} | {c['regret'] * 100:.1f}% |")
         for c in run["cases"]:
             lines += ["", f"### {c['case']} ({run['k']} processes)", "",
-                      "| plan | predicted ms | measured ms | predicted breakdown (ms) |",
-                      "|---|---|---|---|"]
+                      "| plan | predicted ms | measured ms | predicted breakdown (ms) | "
+                      "predicted / measured peak MB per device |",
+                      "|---|---|---|---|---|"]
             for r in c["rows"]:
                 parts = ", ".join(f"{k} {_ms(v)}" for k, v in r["breakdown"].items())
                 lines.append(f"| {r['label']} | {_ms(r['predicted_s'])} | "
-                             f"{_ms(r['measured_s'])} | {parts} |")
+                             f"{_ms(r['measured_s'])} | {parts} | "
+                             f"{r['predicted_peak_bytes'] / 2**20:.0f} / "
+                             f"{r['measured_peak_bytes'] / 2**20:.0f} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -227,12 +232,14 @@ def main(argv: list[str] | None = None) -> None:
     out.write_text(text + "\n")
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["processes", "case", "plan", "predicted_s", "measured_s", "times_s"])
+        w.writerow(["processes", "case", "plan", "predicted_s", "measured_s", "times_s",
+                    "predicted_peak_bytes", "measured_peak_bytes"])
         for one in runs:
             for c in one["cases"]:
                 for r in c["rows"]:
                     w.writerow([one["k"], c["case"], r["label"], r["predicted_s"],
-                                r["measured_s"], json.dumps(r["times_s"])])
+                                r["measured_s"], json.dumps(r["times_s"]),
+                                r["predicted_peak_bytes"], r["measured_peak_bytes"]])
     print(text)
 
 

@@ -378,7 +378,10 @@ def _measure_compute(repeats: int, dev: torch.device,
     samples["gemm"] = [[*s, t] for s, t in zip(shapes, ts)]
     rows = torch.randn(1 << 16, 64, device=dev)
     idx = torch.randint(0, rows.shape[0], (1 << 18,), device=dev)
-    t_gather = _sync_time(lambda: rows.index_select(0, idx), repeats, dev)
+    got = torch.empty(idx.numel(), 64, device=dev)
+    # into a reused buffer: a fresh 64 MiB result would time the kernel's first touch of
+    # its pages (about 2 GB/s here), not the gather (DESIGN.md, environment facts)
+    t_gather = _sync_time(lambda: torch.index_select(rows, 0, idx, out=got), repeats, dev)
     big = torch.randn(1 << 22, device=dev)
     res = torch.empty_like(big)
     t_stream = _sync_time(lambda: torch.mul(big, 2.0, out=res), repeats, dev)

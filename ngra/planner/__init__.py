@@ -11,9 +11,9 @@ predicted time and memory comes out (:func:`search`); :func:`apply_plan` and
 
 from ngra.planner.chain import Chain, Layer
 from ngra.planner.cost import Devices, Shape
-from ngra.planner.plan import Breakdown, Plan, StagePlan, format_table, load_plans
 from ngra.planner.execute import Runner, apply_plan
 from ngra.planner.gnn import gnn_chain
+from ngra.planner.plan import Breakdown, Plan, StagePlan, format_table, load_plans
 from ngra.planner.search import NoFeasiblePlan, choose_plan, evaluate, exhaustive, search
 from ngra.planner.trace import TraceError, trace_module
 

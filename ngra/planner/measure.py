@@ -15,6 +15,9 @@ plans run too.
 rounds (plan A, B, C, then A, B, C again), each plan's model built afresh per round,
 so that a machine whose load changes affects every plan alike; a step's time is the
 slowest rank's, between barriers; each plan gets the median over all its timed steps.
+Its memory is the largest rank's peak RSS over the steps above the RSS before its model
+was built (``ngra.memstat``: a resettable VmHWM), which includes allocator slack and
+torch's workspaces beside the tensors the cost model counts.
 """
 
 from __future__ import annotations
@@ -160,11 +163,18 @@ def row_ranges(chain: Chain, graph: tuple[torch.Tensor, torch.Tensor] | None,
 
 
 def _timed_steps(chain: Chain, plan: Plan, graph: Any, steps: int, warmup: int,
-                 seed: int) -> list[float]:
+                 seed: int) -> tuple[list[float], float]:
+    """``(step seconds, peak bytes)``: the slowest rank's times and the largest rank's
+    memory growth (peak RSS over the steps above the RSS before the model was built)."""
+    import gc
+
     import torch.distributed as dist
 
+    from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
     from ngra.planner.execute import Runner, plan_mesh
 
+    gc.collect()
+    base = rss_bytes()
     mesh = plan_mesh(plan)
     replica = mesh["dp"].get_local_rank()
     ranges = row_ranges(chain, graph, plan.data)
@@ -173,9 +183,12 @@ def _timed_steps(chain: Chain, plan: Plan, graph: Any, steps: int, warmup: int,
                          group=mesh["dp"].get_group())
     runner = Runner(model, plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-4),
                     modules=[str(i) for i in range(len(chain))], row_ranges=ranges, mesh=mesh)
+    del model  # a pipeline stage keeps its own children; the rest goes
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(chain.rows, chain.input_width, generator=g)
     y = torch.randn(chain.rows, chain.layers[-1].out_width, generator=g)
+    base += x.nbytes + y.nbytes  # the global batch is the harness's, not the plan's
+    reset_peak_rss()
     times = []
     for k in range(warmup + steps):
         dist.barrier()
@@ -185,20 +198,25 @@ def _timed_steps(chain: Chain, plan: Plan, graph: Any, steps: int, warmup: int,
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if k >= warmup:
             times.append(float(t))
-    return times
+    peak = torch.tensor([float(peak_rss_bytes() - base)], dtype=torch.float64)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return times, float(peak)
 
 
 def _measure_rank(cases: list[tuple[dict, list[dict], Any]], steps: int, warmup: int,
-                  rounds: int) -> list[list[list[float]]]:
+                  rounds: int) -> list[list[tuple[list[float], float]]]:
     out = []
     for chain_json, plans_json, graph in cases:
         chain = Chain.from_json(chain_json)
         plans = [Plan.from_json(p) for p in plans_json]
         times: list[list[float]] = [[] for _ in plans]
+        peaks = [0.0] * len(plans)
         for r in range(rounds):
             for k, plan in enumerate(plans):
-                times[k] += _timed_steps(chain, plan, graph, steps, warmup, seed=r)
-        out.append(times)
+                t, peak = _timed_steps(chain, plan, graph, steps, warmup, seed=r)
+                times[k] += t
+                peaks[k] = max(peaks[k], peak)
+        out.append(list(zip(times, peaks)))
     return out
 
 
@@ -206,8 +224,8 @@ def measure_cases(cases: Sequence[tuple[Chain, Sequence[Plan], Any]], *, steps: 
                   warmup: int = 2, rounds: int = 3, threads: int = 1
                   ) -> list[list[dict[str, Any]]]:
     """Run every case's plans (all for one device count) in one launch of that many gloo
-    ranks; per case and plan its predicted and measured (median) step seconds and the
-    raw step times.
+    ranks; per case and plan its predicted and measured (median) step seconds, the raw
+    step times, and predicted and measured peak bytes per device.
 
     Args:
         cases: ``(chain, plans, graph)``; ``graph``: ``(indptr, indices)`` of the CSC
@@ -223,7 +241,9 @@ def measure_cases(cases: Sequence[tuple[Chain, Sequence[Plan], Any]], *, steps: 
     times = launch(_measure_rank, counts.pop(), payload, steps, warmup, rounds,
                    threads=threads)[0]
     return [[{"label": p.label, "predicted_s": p.predicted_time_s,
-              "measured_s": statistics.median(t), "times_s": t} for p, t in zip(plans, ts)]
+              "measured_s": statistics.median(t), "times_s": t,
+              "predicted_peak_bytes": p.peak_memory_bytes, "measured_peak_bytes": peak}
+             for p, (t, peak) in zip(plans, ts)]
             for (_, plans, _), ts in zip(cases, times)]
 
 

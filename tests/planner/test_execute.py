@@ -34,7 +34,8 @@ def _mlp_plans(k: int) -> list[dict]:
                  (Shape(1, 4, 1, 2), [(0, n, rep, True)]),
                  (Shape(1, 1, 4, 1), [(0, n, SPLIT, True)]),
                  (Shape(2, 2, 1, 2), [(0, 3, rep[:3], False), (3, n, rep[3:], False)]),
-                 (Shape(2, 1, 2, 4), [(0, 3, SPLIT[:3], True), (3, n, ("rep", "row_slice"), False)]),
+                 (Shape(2, 1, 2, 4), [(0, 3, SPLIT[:3], True),
+                                      (3, n, ("rep", "row_slice"), False)]),
                  (Shape(4, 1, 1, 4), [(0, 1, rep[:1], False), (1, 2, rep[:1], False),
                                       (2, 4, rep[:2], False), (4, 5, rep[:1], False)])]
     return [evaluate(chain, devices, s, st).to_json() for s, st in cases]
