@@ -20,9 +20,9 @@ per process count; plans interleaved in rounds), and compare:
 
 GNN cases run each rank's part of the real graph (edge-balanced destination ranges) and
 exchange the busiest rank's halo row count (:class:`ngra.planner.measure.ChainModule`).
-The "exchange" pair is one G-GCN on two graphs of equal size and degree: a banded graph
-(neighbours are nearby ids: a halo of a few rows) and a random one (a halo of most
-rows): the exchange bytes change the pick.
+The "exchange" pair is one G-GCN on two graphs of equal size and degree (4): a banded
+graph (neighbours are nearby ids: a halo of a few rows) and a random one (a halo of
+several times a rank's own rows): the exchange bytes change the pick.
 
 The machine has 2 cores: each rank runs one torch thread, so 4 ranks share 2 cores.
 """
@@ -49,6 +49,7 @@ from ngra.planner.trace import trace_module
 RESULTS = Path(__file__).resolve().parent / "results"
 NODES = 16384
 DEGREE = 16
+EXCHANGE_NODES = 65536
 
 
 def _mlp(widths: list[int]) -> torch.nn.Module:
@@ -89,19 +90,24 @@ def gnn_case(name: str, model: str, graph: Graph, f_in: int, hidden: int, k: int
 def cases(k: int, quick: bool) -> list[tuple[str, Chain, Any]]:
     out = [("mlp 256-2048-2048-256, 1024 rows",
             trace_module(_mlp([256, 2048, 2048, 256]), 1024), None),
-           ("mlp 512-1024x4-512, 2048 rows",
-            trace_module(_mlp([512, 1024, 1024, 1024, 1024, 512]), 2048), None),
+           ("mlp 512-1024x4-512, 1024 rows",
+            trace_module(_mlp([512, 1024, 1024, 1024, 1024, 512]), 1024), None),
            ("mlp 1024-4096-1024, 256 rows", trace_module(_mlp([1024, 4096, 1024]), 256), None)]
     if quick:
         out = out[:1]
     n = NODES // (4 if quick else 1)
-    rand, band = random_graph(n, DEGREE), banded_graph(n, DEGREE)
+    rand = random_graph(n, DEGREE)
     out += [gnn_case("gcn 1024-256-16, random graph", "gcn", rand, 1024, 256, k),
-            gnn_case("gat 256-8x8-16, random graph", "gat", rand, 256, 8, k, heads=8),
-            gnn_case("ggcn 64-64-16, banded graph (exchange)", "ggcn", band, 64, 64, k),
-            gnn_case("ggcn 64-64-16, random graph (exchange)", "ggcn", rand, 64, 64, k)]
+            gnn_case("gat 256-8x8-16, random graph", "gat", rand, 256, 8, k, heads=8)]
     if not quick:
         out.append(gnn_case("ggcn 16-64-16, random graph", "ggcn", rand, 16, 64, k))
+    # the exchange pair: 4 in-edges a vertex, so the halo of a random graph is several
+    # times a rank's own rows, that of a banded graph a few rows
+    n = EXCHANGE_NODES // (4 if quick else 1)
+    out += [gnn_case("ggcn 32-32-16, banded graph, degree 4 (exchange)", "ggcn",
+                     banded_graph(n, 4), 32, 32, k),
+            gnn_case("ggcn 32-32-16, random graph, degree 4 (exchange)", "ggcn",
+                     random_graph(n, 4), 32, 32, k)]
     return out
 
 

@@ -21,6 +21,12 @@ fit of GEMM time by shape (:class:`GemmFit`: ``c + flops / F + bytes / W`` over 
 dozen shapes, so that a thin ``[4096, 16] x [16, 16]`` product is charged for its
 memory traffic and call overhead, not at the rate of a square one).
 
+Two more numbers let the planner predict what torch's parallel modules do on this
+machine: ``shared``, how much slower a rank computes when all ranks compute at once
+than alone (ranks that share a host's cores: a pipeline's idle stages leave their
+cores to the busy ones), and ``tp_layer``, what a DTensor (tensor-parallel) Linear
+costs beyond its GEMMs and its collective (dispatch, layouts), per layer.
+
 A collective among ``p`` ranks of a larger world (the data- or tensor-parallel group
 of a planner's mesh) is measured too: ``groups[p]`` holds the fits of every op run in
 all ``world_size / p`` disjoint groups of ``p`` consecutive ranks at once, as those
@@ -58,11 +64,11 @@ SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 23)  # bytes each rank sends
 CALIBRATION_ENV = "NGRA_CALIBRATION"
 VERSION = 2
 #: (m, k, n) GEMM shapes the compute fit is measured on: thin and wide, long reductions
-#: (the weight gradient's rows x rows product) and square ones, 1e5 to 2e9 FLOPs
+#: (the weight gradient's rows x rows product) and square ones, 1e5 to 1e9 FLOPs
 GEMM_SHAPES = ((4096, 16, 16), (4096, 64, 64), (8192, 128, 128), (1024, 256, 256),
-               (4096, 256, 64), (2048, 1024, 256), (512, 1024, 1024), (1024, 1024, 1024),
-               (64, 4096, 4096), (256, 4096, 256), (64, 8192, 1024), (128, 128, 8192),
-               (256, 256, 4096))
+               (4096, 256, 64), (2048, 1024, 256), (512, 1024, 1024), (64, 4096, 2048),
+               (256, 4096, 256), (128, 128, 8192), (256, 256, 4096))
+GEMM_REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,12 @@ class LinkModel:
         stream_bytes: element-wise (read + write) rate per rank, bytes/s (0: unknown,
             then ``gather_bytes``).
         groups: ``p -> op -> AlphaBeta`` for groups of ``p < world_size`` ranks.
+        shared: a rank's GEMM time when every rank computes over its time when it
+            computes alone (1: ranks have their own devices; about ``world_size / cores``
+            where ranks share a host's cores).
+        tp_layer: what a tensor-parallel Linear of torch's DTensor costs beyond its local
+            GEMMs and its all-reduce, per layer, on its output's bytes (``None``: not
+            measured).
     """
 
     backend: str
@@ -155,6 +167,8 @@ class LinkModel:
     gemm: GemmFit | None = None
     stream_bytes: float = 0.0
     groups: dict[int, dict[str, AlphaBeta]] = field(default_factory=dict)
+    shared: float = 1.0
+    tp_layer: AlphaBeta | None = None
 
     # ------------------------------------------------------------ collective costs
     def op(self, name: str, p: int | None = None) -> AlphaBeta:
@@ -233,7 +247,8 @@ class LinkModel:
                    ops, float(d["gemm_flops"]), float(d["gather_bytes"]),
                    str(d.get("measured", "")), dict(d.get("samples", {})),
                    None if gemm is None else GemmFit(**{k: float(v) for k, v in gemm.items()}),
-                   float(d.get("stream_bytes", 0.0)), groups)
+                   float(d.get("stream_bytes", 0.0)), groups, float(d.get("shared", 1.0)),
+                   None if d.get("tp_layer") is None else AlphaBeta(**d["tp_layer"]))
 
     def describe(self) -> str:
         parts = [f"{op} {ab.alpha * 1e6:.0f} us + {ab.bandwidth / 1e9:.2f} GB/s"
@@ -248,6 +263,11 @@ class LinkModel:
                      f"{1e-9 / g.byte_s if g.byte_s else float('inf'):.1f} GB/s")
         if self.stream_bytes:
             text += f"; element-wise {self.stream_bytes / 1e9:.1f} GB/s"
+        if self.shared != 1.0:
+            text += f"; all ranks computing at once: {self.shared:.2f}x a rank alone"
+        if self.tp_layer is not None:
+            text += (f"; DTensor Linear {self.tp_layer.alpha * 1e6:.0f} us + "
+                     f"{self.tp_layer.bandwidth / 1e9:.2f} GB/s")
         return text
 
 
@@ -374,7 +394,8 @@ def _measure_compute(repeats: int, dev: torch.device,
         x, w = torch.randn(m, k, device=dev), torch.randn(k, n, device=dev)
         out = torch.empty(m, n, device=dev)
         shapes.append((m, k, n))
-        ts.append(_sync_time(lambda x=x, w=w, out=out: torch.mm(x, w, out=out), repeats, dev))
+        ts.append(_sync_time(lambda x=x, w=w, out=out: torch.mm(x, w, out=out),
+                             min(repeats, GEMM_REPEATS), dev))
     samples["gemm"] = [[*s, t] for s, t in zip(shapes, ts)]
     rows = torch.randn(1 << 16, 64, device=dev)
     idx = torch.randint(0, rows.shape[0], (1 << 18,), device=dev)
@@ -389,6 +410,65 @@ def _measure_compute(repeats: int, dev: torch.device,
             "gather_bytes": idx.numel() * 64 * 4 / max(t_gather, 1e-9),
             "gemm": GemmFit.fit(shapes, ts),
             "stream_bytes": 2 * big.numel() * 4 / max(t_stream, 1e-9)}
+
+
+def _solo_ratio(repeats: int, dev: torch.device) -> float:
+    """A GEMM's time with every rank computing over its time on rank 0 alone."""
+    import torch.distributed as dist
+
+    a, b = torch.randn(1024, 1024, device=dev), torch.randn(1024, 512, device=dev)
+    out = torch.empty(1024, 512, device=dev)
+    together = _sync_time(lambda: torch.mm(a, b, out=out), repeats, dev)
+    times = []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        if dist.get_rank() == 0:
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            times.append(time.perf_counter() - t0)
+    ratio = torch.tensor([together / statistics.median(times[1:]) if times else 1.0],
+                         dtype=torch.float64, device=dev)
+    dist.broadcast(ratio, 0)
+    return max(1.0, float(ratio.item()))
+
+
+#: (rows, width) of the column -> row Linear pairs the DTensor cost is measured on
+TP_SIZES = ((256, 256), (1024, 512), (2048, 1024))
+
+
+def _tp_layer(ops: dict[str, AlphaBeta], repeats: int, device: str) -> AlphaBeta:
+    """Fit DTensor's cost per tensor-parallel Linear beyond its local GEMMs and all-reduce:
+    a ``ColwiseParallel`` -> ``RowwiseParallel`` pair on all ranks, forward and backward,
+    against plain Linears of the local shapes plus the ring all-reduce of the output."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, RowwiseParallel, parallelize_module,
+    )
+
+    p = dist.get_world_size()
+    dev = torch.device(device if device != "cuda" else f"cuda:{torch.cuda.current_device()}")
+    mesh = init_device_mesh(dev.type, (p,))
+    ar = ops["all_reduce"]
+    xs, ys = [], []
+    for rows, w in TP_SIZES:
+        x = torch.randn(rows, w, device=dev)
+
+        def step(m: nn.Module, x: torch.Tensor = x) -> None:
+            m.zero_grad(set_to_none=True)
+            m(x).sum().backward()
+
+        tp = nn.Sequential(nn.Linear(w, w), nn.Linear(w, w)).to(dev)
+        parallelize_module(tp, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        local = nn.Sequential(nn.Linear(w, w // p), nn.Linear(w // p, w)).to(dev)
+        t_tp = _sync_time(lambda: step(tp), repeats, dev)
+        t_local = _sync_time(lambda: step(local), repeats, dev)
+        nbytes = rows * w * 4
+        reduce = 2 * (p - 1) * ar.alpha + 2 * (p - 1) / p * nbytes * ar.beta
+        xs.append(float(nbytes))
+        ys.append(max(0.0, (t_tp - t_local - reduce) / 2))
+    return AlphaBeta.fit(xs, ys)
 
 
 def measure(group: Any = None, sizes: tuple[int, ...] = SIZES, repeats: int = 5,
@@ -415,6 +495,9 @@ def measure(group: Any = None, sizes: tuple[int, ...] = SIZES, repeats: int = 5,
                 for g in subgroups:
                     dist.destroy_process_group(g)
     compute = _measure_compute(repeats, dev, samples)
+    if group is None and p > 1:
+        compute["shared"] = _solo_ratio(repeats, dev)
+        compute["tp_layer"] = _tp_layer(ops, min(repeats, GEMM_REPEATS), device)
     backend = dist.get_backend(group)
     return LinkModel(str(backend), dev.type, p, socket.gethostname(), ops,
                      measured=datetime.datetime.now().isoformat(timespec="seconds"),

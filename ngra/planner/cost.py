@@ -29,16 +29,23 @@ rows at once (one micro-batch, one stage) and runs whole on each tensor-parallel
 
 A stage's micro-batch time ``u = forward + backward`` (plus the forward again under
 activation recomputation, plus the point-to-point sends of the activation and its
-gradient at the stage's cuts). The step is the 1F1B makespan plus what follows the
-pipeline flush::
+gradient at the stage's cuts, plus DTensor's measured cost per split Linear). The
+step is the 1F1B makespan plus what follows the pipeline flush::
 
-    T = (m - 1) max_s u_s + sum_s u_s + sum_s (allreduce_s + optimizer_s)
+    T = max((m - 1) max_s u'_s + sum_s u'_s,  m / P * sum_s u_s)
+        + sum_s (allreduce_s + optimizer_s + accumulate_s)
 
-(``(m + P - 1)(t_f + t_b)`` for ``P`` equal stages), where ``allreduce_s`` is DDP's
-ring all-reduce of the stage's local gradient among ``d`` replicas, in buckets
-(:func:`ddp_all_reduce`), and ``optimizer_s`` Adam's passes over the local parameters.
-The stages' all-reduces are counted one after the other: on one host the ranks share
-the cores and the loopback link (on separate links this overestimates them).
+The first term is the makespan (``(m + P - 1)(t_f + t_b)`` for ``P`` equal stages)
+with ``u'`` computing at the rate of a rank alone; the second the work of all ranks
+spread over all of them at the rate of all computing at once: where ranks share a
+host's cores (``LinkModel.shared > 1``) the cores an idle stage leaves serve the busy
+ones, so a pipeline takes the longer of the two; with a device per rank the makespan
+is always the longer. ``allreduce_s`` is DDP's ring all-reduce of the stage's local
+gradient among ``d`` replicas, in buckets (:func:`ddp_all_reduce`), ``optimizer_s``
+Adam's passes over the local parameters and ``accumulate_s`` adding ``m - 1`` further
+micro-batches' gradients. The stages' flush terms are counted one after the other: on
+one host the ranks share the cores and the loopback link (on separate links this
+overestimates them).
 
 Memory per device of stage ``s`` (:class:`StageCost.memory`): the local parameters
 with their gradient, optimizer states and (``d > 1``) DDP's gradient buckets, plus
@@ -58,15 +65,16 @@ from ngra.distributed.link import LinkModel
 from ngra.planner.chain import Chain
 
 __all__ = ["Devices", "Shape", "StageCost", "CONFIGS", "PARTS", "STEP_PARTS", "layer_configs",
-           "layer_cost", "stage_cost", "ddp_all_reduce", "makespan_1f1b", "memory_bytes",
-           "BYTES"]
+           "layer_cost", "stage_cost", "ddp_all_reduce", "makespan_1f1b", "pipeline_time",
+           "memory_bytes", "BYTES"]
 
 BYTES = 4  # float32
 #: per-microbatch time parts of a stage; STEP_PARTS follow the pipeline flush
 PARTS = ("compute", "recompute", "tp_all_reduce", "tp_all_gather", "graph_exchange",
-         "pipeline_p2p")
-STEP_PARTS = ("dp_all_reduce", "optimizer")
-_C, _RC, _AR, _AG, _EX, _P2P = range(6)
+         "pipeline_p2p", "tp_overhead")
+STEP_PARTS = ("dp_all_reduce", "optimizer", "grad_accumulation")
+_C, _RC, _AR, _AG, _EX, _P2P, _TPO = range(7)
+_N = len(PARTS)
 #: tensor-parallel configurations: name -> (input layout, output layout); R whole, S split
 CONFIGS = {"rep": ("R", "R"), "col": ("R", "S"), "col_gather": ("R", "R"),
            "row": ("S", "R"), "row_slice": ("R", "R"), "shard": ("S", "S")}
@@ -118,6 +126,20 @@ def makespan_1f1b(u: list[float], m: int) -> float:
     return (m - 1) * max(u) + sum(u)
 
 
+def pipeline_time(costs: list[StageCost], m: int) -> tuple[float, float]:
+    """``(critical path, shared work)`` of ``m`` micro-batches through ``costs``' stages.
+
+    The critical path is the 1F1B makespan with each stage computing at the rate of a
+    rank alone; the shared work is every rank's work spread over all ranks at the rate
+    of all ranks computing (where ranks share cores, an idle stage's cores serve the
+    busy ones). The pipeline takes the longer: with a device each (``shared == 1``)
+    always the makespan; a single stage always the shared work, ``m`` micro-batches of
+    its time."""
+    path = makespan_1f1b([c.solo_time for c in costs], m)
+    work = m / len(costs) * sum(c.time for c in costs)
+    return path, work
+
+
 def ddp_all_reduce(link: LinkModel, nbytes: float, d: int) -> float:
     """DDP's all-reduce of ``nbytes`` of gradient among ``d`` replicas, in buckets: each
     bucket pays the ring's ``2(d-1)`` latency steps."""
@@ -166,8 +188,8 @@ def layer_cost(chain: Chain, i: int, link: LinkModel, shape: Shape,
     d, t = shape.data, shape.tensor
     r = shape.rows(chain)
     grad = chain.grad_flows[i]
-    f = [0.0] * 6
-    b = [0.0] * 6
+    f = [0.0] * _N
+    b = [0.0] * _N
     params = float(layer.param_bytes)
     saved = float(r * layer.saved_width * BYTES)
     if layer.kind == "linear":
@@ -188,6 +210,8 @@ def layer_cost(chain: Chain, i: int, link: LinkModel, shape: Shape,
                 b[_AG] = link.all_gather(r * layer.in_width * BYTES, t)
         f[_C] = link.matmul_time(r, a, o)
         b[_C] = link.matmul_time(o, r, a) + (link.matmul_time(r, o, a) if grad else 0.0)
+        if config != "rep" and link.tp_layer is not None:  # measured forward + backward
+            f[_TPO] = b[_TPO] = link.tp_layer(r * layer.out_width * BYTES) / 2
     elif layer.kind == "graph":
         f[_C] = link.gather_time(layer.edges / d * layer.read_width * BYTES)
         f[_EX] = link.all_to_all(chain.halo_rows(d) * layer.exchange_width * BYTES, d)
@@ -225,10 +249,20 @@ class StageCost:
     stage_input: float
     transient: float
     recompute: bool
+    shared: float = 1.0
 
     @property
     def time(self) -> float:
         return sum(self.parts)
+
+    @property
+    def solo_parts(self) -> tuple[float, ...]:
+        """:attr:`parts` with the compute at the rate of a rank computing alone."""
+        return tuple(v / self.shared if k in (_C, _RC) else v for k, v in enumerate(self.parts))
+
+    @property
+    def solo_time(self) -> float:
+        return sum(self.solo_parts)
 
     @property
     def step_time(self) -> float:
@@ -267,9 +301,10 @@ def finish_stage(devices: Devices, shape: Shape, fwd: list[float], bwd: list[flo
     parts[_P2P] += send + back
     link = devices.link
     step = (ddp_all_reduce(link, params, shape.data),
-            link.stream_time(params * ADAM_PASSES))
+            link.stream_time(params * ADAM_PASSES),
+            (shape.micro_batches - 1) * link.stream_time(3 * params))
     return StageCost(tuple(parts), forward, backward, step, params, saved, stage_input,
-                     transient, recompute)
+                     transient, recompute, link.shared)
 
 
 def stage_cost(chain: Chain, devices: Devices, shape: Shape, i: int, j: int,
@@ -282,7 +317,7 @@ def stage_cost(chain: Chain, devices: Devices, shape: Shape, i: int, j: int,
     """
     if len(configs) != j - i:
         raise ValueError(f"stage [{i}, {j}) needs {j - i} configurations; got {len(configs)}.")
-    fwd, bwd = [0.0] * 6, [0.0] * 6
+    fwd, bwd = [0.0] * _N, [0.0] * _N
     params = saved = 0.0
     layout = "R"
     for k, config in zip(range(i, j), configs):

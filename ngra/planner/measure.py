@@ -95,13 +95,14 @@ class _Graph(nn.Module):
 
         h = torch.cat(xs, -1) if len(xs) > 1 else xs[0]
         if self.d > 1:
-            import torch.distributed.nn.functional as dnn
+            import torch.distributed._functional_collectives as funcol
 
             rows = torch.arange(self.per_peer) % max(h.shape[0], 1)
             send = h[:, :self.exchange].index_select(0, rows).repeat(self.d - 1, 1)
             sizes = [0 if j == self.replica else self.per_peer for j in range(self.d)]
-            got = torch.empty_like(send)
-            got = dnn.all_to_all_single(got, send, sizes, sizes, group=self.group)
+            # differentiable: backward sends the halo rows' gradients back the same way
+            got = funcol.wait_tensor(funcol.all_to_all_single_autograd(send, sizes, sizes,
+                                                                       self.group))
             halo = F.pad(got[:self.halo], (0, h.shape[1] - self.exchange))
             h = torch.cat([h, halo])
         return _fit_width(gspmm(self.indptr, self.indices, h, reduce="sum"), self.out)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ngra.planner.chain import Chain
-from ngra.planner.cost import PARTS, STEP_PARTS, Devices, Shape, StageCost, makespan_1f1b
+from ngra.planner.cost import PARTS, STEP_PARTS, Devices, Shape, StageCost, pipeline_time
 
 __all__ = ["Plan", "StagePlan", "Breakdown", "build_plan", "format_table", "load_plans"]
 
@@ -49,9 +49,12 @@ class StagePlan:
 class Breakdown:
     """A step's predicted seconds by cause; the parts sum to :attr:`total`.
 
-    ``compute`` .. ``pipeline_p2p`` are the bottleneck stage's, over all micro-batches;
-    ``pipeline_bubble`` what the other stages add to the 1F1B makespan; the last two
-    follow the pipeline flush (summed over stages).
+    ``compute`` .. ``tp_overhead`` (DTensor's cost beyond GEMMs and collectives) are the
+    bottleneck stage's, over all micro-batches, and ``pipeline_bubble`` what the other
+    stages add to the 1F1B makespan; or, where ranks sharing cores make the pipeline's
+    work the longer term (:func:`ngra.planner.cost.pipeline_time`), every stage's parts
+    spread over the stages, with no bubble. The last three follow the pipeline flush
+    (summed over stages).
     """
 
     compute: float = 0.0
@@ -60,9 +63,11 @@ class Breakdown:
     tp_all_gather: float = 0.0
     graph_exchange: float = 0.0
     pipeline_p2p: float = 0.0
+    tp_overhead: float = 0.0
     pipeline_bubble: float = 0.0
     dp_all_reduce: float = 0.0
     optimizer: float = 0.0
+    grad_accumulation: float = 0.0
 
     @property
     def total(self) -> float:
@@ -154,11 +159,15 @@ def build_plan(chain: Chain, devices: Devices, shape: Shape,
     """A :class:`Plan` from per-stage choices ``(start, stop, configs, recompute)`` and
     their :class:`~ngra.planner.cost.StageCost` s (breakdown and memory per stage)."""
     m, P = shape.micro_batches, shape.pipeline
-    u = [c.time for c in costs]
-    time = makespan_1f1b(u, m) + sum(c.step_time for c in costs)
-    slow = max(range(P), key=lambda s: u[s])
-    parts = {name: m * v for name, v in zip(PARTS, costs[slow].parts)}
-    parts["pipeline_bubble"] = sum(u) - u[slow]
+    path, work = pipeline_time(costs, m)
+    time = max(path, work) + sum(c.step_time for c in costs)
+    if path >= work:
+        u = [c.solo_time for c in costs]
+        slow = max(range(P), key=lambda s: u[s])
+        parts = {name: m * v for name, v in zip(PARTS, costs[slow].solo_parts)}
+        parts["pipeline_bubble"] = sum(u) - u[slow]
+    else:
+        parts = {name: m / P * sum(c.parts[k] for c in costs) for k, name in enumerate(PARTS)}
     for k, name in enumerate(STEP_PARTS):
         parts[name] = sum(c.step_parts[k] for c in costs)
     out = []
@@ -181,8 +190,9 @@ def format_table(plans: list[Plan], top: int | None = None) -> str:
         b = p.breakdown
         lines.append(
             f"{k + 1:>3}  {p.label[:34]:<34} {p.predicted_time_s * 1e3:>9.2f} "
-            f"{(b.compute + b.recompute + b.optimizer) * 1e3:>8.2f} "
-            f"{(b.tp_all_reduce + b.tp_all_gather) * 1e3:>8.2f} {b.dp_all_reduce * 1e3:>8.2f} "
+            f"{(b.compute + b.recompute + b.optimizer + b.grad_accumulation) * 1e3:>8.2f} "
+            f"{(b.tp_all_reduce + b.tp_all_gather + b.tp_overhead) * 1e3:>8.2f} "
+            f"{b.dp_all_reduce * 1e3:>8.2f} "
             f"{b.graph_exchange * 1e3:>8.2f} {b.pipeline_bubble * 1e3:>8.2f} "
             f"{b.pipeline_p2p * 1e3:>7.2f} {p.peak_memory_bytes / 2**20:>8.1f}")
     return "\n".join(lines)

@@ -35,8 +35,8 @@ from collections.abc import Iterable
 
 from ngra.planner.chain import Chain
 from ngra.planner.cost import (
-    CONFIGS, Devices, Shape, StageCost, finish_stage, layer_configs, layer_cost, stage_cost,
-    stage_edges,
+    CONFIGS, PARTS, Devices, Shape, StageCost, finish_stage, layer_configs, layer_cost,
+    stage_cost, stage_edges,
 )
 from ngra.planner.plan import Plan, build_plan
 
@@ -105,7 +105,7 @@ def stage_options(chain: Chain, devices: Devices, shape: Shape, i: int,
     stops = set(stops)
     out: dict[tuple[int, int], list[_Option]] = {}
     # entry: (sum fwd, sum bwd, params, saved, fwd parts, bwd parts, configs)
-    states: dict[str, list[tuple]] = {"R": [(0.0, 0.0, 0.0, 0.0, (0.0,) * 6, (0.0,) * 6, ())]}
+    states: dict[str, list[tuple]] = {"R": [(0.0, 0.0, 0.0, 0.0, (0.0,) * len(PARTS), (0.0,) * len(PARTS), ())]}
     for k in range(i, max(stops)):
         new: dict[str, list[tuple]] = {"R": [], "S": []}
         for config in layer_configs(chain, k, shape.tensor):
@@ -126,67 +126,74 @@ def stage_options(chain: Chain, devices: Devices, shape: Shape, i: int,
 
 
 # ---------------------------------------------------------------- the DP over stages
+def _front(entries: list[tuple]) -> list[tuple]:
+    """The entries no other beats on both ``x`` and ``y`` (their first two fields)."""
+    out: list[tuple] = []
+    for e in sorted(entries, key=lambda e: (e[0], e[1])):
+        if not out or e[1] < out[-1][1]:
+            out.append(e)
+    return out
+
+
 class _Table:
-    """For each ``(i, j, stages left)``: the options that fit there, sorted by ``u``, with
-    the prefix minimum of ``u + a`` (the best option under a threshold by bisection)."""
+    """For each ``(i, j, stages left)``: the options that fit there, sorted by their
+    critical-path time ``u'``, with the front over ``(u' + a, m/P u + a)`` of every
+    prefix (the options under a threshold, by bisection)."""
 
     def __init__(self, options: dict[tuple[int, int], list[_Option]], shape: Shape,
                  devices: Devices, limit: float) -> None:
-        self.rows: dict[tuple[int, int, int], tuple[list[float], list[tuple]]] = {}
-        m, d = shape.micro_batches, shape.data
+        self.rows: dict[tuple[int, int, int], tuple[list[float], list[list[tuple]]]] = {}
+        m, d, share = shape.micro_batches, shape.data, shape.micro_batches / shape.pipeline
         for (i, j), opts in options.items():
             for left in range(1, shape.pipeline + 1):
                 k = min(m, left)
                 fits = sorted((o for o in opts
                                if o[0].memory(k, d, devices.optimizer_states) <= limit),
-                              key=lambda o: o[0].time)
+                              key=lambda o: o[0].solo_time)
                 if not fits:
                     continue
-                times, best, run = [], [], None
+                times, fronts, front = [], [], []
                 for o in fits:
-                    total = o[0].time + o[0].step_time
-                    if run is None or total < run[0]:
-                        run = (total, o)
-                    times.append(o[0].time)
-                    best.append(run)
-                self.rows[(i, j, left)] = (times, best)
+                    c = o[0]
+                    entry = (c.solo_time + c.step_time, share * c.time + c.step_time, o)
+                    front = _front([*front, entry])
+                    times.append(c.solo_time)
+                    fronts.append(front)
+                self.rows[(i, j, left)] = (times, fronts)
 
-    def best(self, i: int, j: int, left: int, cap: float) -> tuple | None:
+    def front(self, i: int, j: int, left: int, cap: float) -> list[tuple]:
         row = self.rows.get((i, j, left))
         if row is None:
-            return None
+            return []
         n = bisect.bisect_right(row[0], cap)
-        return row[1][n - 1] if n else None
+        return row[1][n - 1] if n else []
 
 
-def _dp(n: int, stages: int, table: _Table, cap: float) -> tuple[float, list] | None:
-    """Least ``sum_s (u_s + a_s)`` over ``stages`` contiguous stages of ``n`` layers, each
-    option's ``u <= cap``; returns ``(value, [(i, j, option), ...])`` or ``None``."""
-    inf = float("inf")
-    # best[left][i]: (value, j, option) for layers [i, n) in `left` stages
-    best: list[dict[int, tuple]] = [{n: (0.0, None, None)}]
+def _dp(n: int, stages: int, table: _Table, cap: float) -> list[tuple]:
+    """The front over ``(sum_s (u'_s + a_s), sum_s (m/P u_s + a_s))`` of ``stages``
+    contiguous stages of ``n`` layers, each option's ``u' <= cap``; each entry
+    ``(x, y, [(i, j, option), ...])``."""
+    # best[left][i]: front of (x, y, stages) for layers [i, n) in `left` stages
+    best: list[dict[int, list[tuple]]] = [{n: [(0.0, 0.0, ())]}]
     for left in range(1, stages + 1):
-        row: dict[int, tuple] = {}
+        row: dict[int, list[tuple]] = {}
         for i in range(n - left, -1, -1):
-            cand = (inf, None, None)
+            cand = []
             for j in range(i + 1, n - left + 2):
                 rest = best[left - 1].get(j)
-                if rest is None:
+                if not rest:
                     continue
-                o = table.best(i, j, left, cap)
-                if o is not None and o[0] + rest[0] < cand[0]:
-                    cand = (o[0] + rest[0], j, o[1])
-            if cand[1] is not None:
-                row[i] = cand
+                for x, y, o in table.front(i, j, left, cap):
+                    cand += [(x + rx, y + ry, ((i, j, o), *chosen)) for rx, ry, chosen in rest]
+            if cand:
+                row[i] = _front(cand)
         best.append(row)
-    if 0 not in best[stages]:
-        return None
-    out, i = [], 0
-    for left in range(stages, 0, -1):
-        _, j, o = best[left][i]
-        out.append((i, j, o))
-        i = j
-    return best[stages][0][0], out
+    return best[stages].get(0, [])
+
+
+def _true_cost(entry: tuple, m: int) -> float:
+    x, y, chosen = entry
+    return max((m - 1) * max(o[0].solo_time for _, _, o in chosen) + x, y)
 
 
 def _best_of_shape(chain: Chain, devices: Devices, shape: Shape,
@@ -194,22 +201,23 @@ def _best_of_shape(chain: Chain, devices: Devices, shape: Shape,
     table = _Table(options, shape, devices, devices.memory_bytes)
     n, m = len(chain), shape.micro_batches
     free = _dp(n, shape.pipeline, table, float("inf"))
-    if free is None:
+    if not free:
         return None
-    best_value, best = (m - 1) * max(o[0].time for _, _, o in free[1]) + free[0], free[1]
+    best = min(free, key=lambda e: _true_cost(e, m))
+    best_value = _true_cost(best, m)
     if m > 1:
-        caps = sorted({o[0].time for opts in options.values() for o in opts})
+        floor = min(e[0] for e in free)
+        caps = sorted({o[0].solo_time for opts in options.values() for o in opts})
         for cap in caps:
-            if (m - 1) * cap + free[0] >= best_value:
+            if (m - 1) * cap + floor >= best_value:
                 break
-            got = _dp(n, shape.pipeline, table, cap)
-            if got is None:
-                continue
-            value = (m - 1) * max(o[0].time for _, _, o in got[1]) + got[0]
-            if value < best_value:
-                best_value, best = value, got[1]
-    return build_plan(chain, devices, shape, [(i, j, o[1], o[2]) for i, j, o in best],
-                      [o[0] for _, _, o in best])
+            for entry in _dp(n, shape.pipeline, table, cap):
+                value = _true_cost(entry, m)
+                if value < best_value:
+                    best_value, best = value, entry
+    chosen = best[2]
+    return build_plan(chain, devices, shape, [(i, j, o[1], o[2]) for i, j, o in chosen],
+                      [o[0] for _, _, o in chosen])
 
 
 def _min_memory(chain: Chain, devices: Devices, shape: Shape,

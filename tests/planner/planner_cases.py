@@ -16,7 +16,9 @@ def make_link(p: int = 4, alpha: float = 2e-5, beta: float = 1e-9, *,
         gemm = GemmFit(rnd.uniform(0, 1e-4), 1 / rnd.uniform(1e9, 1e11),
                        1 / rnd.uniform(1e9, 1e11))
         return LinkModel("gloo", "cpu", p, "host", ops, gemm_flops=1e10, gather_bytes=1e10,
-                         gemm=gemm, stream_bytes=rnd.uniform(1e9, 2e10))
+                         gemm=gemm, stream_bytes=rnd.uniform(1e9, 2e10),
+                         shared=rnd.choice([1.0, rnd.uniform(1.0, 3.0)]),
+                         tp_layer=AlphaBeta(rnd.uniform(0, 1e-3), rnd.uniform(0, 1e-9)))
     return LinkModel("gloo", "cpu", p, "host", {op: AlphaBeta(alpha, beta) for op in OPS},
                      gemm_flops=1e10, gather_bytes=1e10, stream_bytes=1e10)
 

@@ -7,7 +7,7 @@ import pytest
 from ngra.planner import Chain, Devices, Layer, Shape, evaluate
 from ngra.planner.cost import (
     BYTES, DDP_BUCKET, DDP_FIRST_BUCKET, ddp_all_reduce, layer_configs, layer_cost,
-    makespan_1f1b, memory_bytes, stage_cost,
+    makespan_1f1b, memory_bytes, pipeline_time, stage_cost,
 )
 
 from planner_cases import make_link
@@ -62,7 +62,7 @@ def test_uniform_pipeline_plan_time_is_the_1f1b_makespan():
     mid = plan.stages[1]
     # inner stages are alike (send forward, receive backward) and slowest
     assert plan.stages[2].forward_s == pytest.approx(mid.forward_s)
-    flush = plan.breakdown.optimizer
+    flush = plan.breakdown.optimizer + plan.breakdown.grad_accumulation
     assert plan.breakdown.dp_all_reduce == 0.0
     assert plan.predicted_time_s == pytest.approx(
         (m - 1) * (mid.forward_s + mid.backward_s)
@@ -141,3 +141,26 @@ def test_graph_layer_exchanges_the_halo():
     assert f[4] == 0.0
     with pytest.raises(ValueError, match="no halo size for a 8-way partition"):
         chain.halo_rows(8)
+
+
+def test_ranks_sharing_cores_take_the_longer_of_path_and_work():
+    import dataclasses
+
+    chain = _mlp((256, 1024, 256), rows=512)  # an unbalanced two-stage split
+    stages = [(0, 2, ("rep", "rep"), False), (2, 3, ("rep",), False)]
+    own = make_link(2)
+    shape = Shape(2, 1, 1, 4)
+    for shared in (1.0, 2.0, 8.0):
+        devices = Devices(2, 1e12, dataclasses.replace(own, shared=shared))
+        plan = evaluate(chain, devices, shape, stages)
+        costs = [stage_cost(chain, devices, shape, i, j, c, rc) for i, j, c, rc in stages]
+        path, work = pipeline_time(costs, 4)
+        assert path == pytest.approx(makespan_1f1b([c.solo_time for c in costs], 4))
+        assert work == pytest.approx(4 / 2 * sum(c.time for c in costs))
+        flush = sum(c.step_time for c in costs)
+        assert plan.predicted_time_s == pytest.approx(max(path, work) + flush)
+        assert plan.breakdown.total == pytest.approx(plan.predicted_time_s)
+        if shared == 1.0:  # a device per rank: the makespan, as ever
+            assert path >= work
+        if shared == 8.0:  # compute 8x faster alone: the shared work decides
+            assert work > path and plan.breakdown.pipeline_bubble == 0
