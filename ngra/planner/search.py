@@ -105,7 +105,8 @@ def stage_options(chain: Chain, devices: Devices, shape: Shape, i: int,
     stops = set(stops)
     out: dict[tuple[int, int], list[_Option]] = {}
     # entry: (sum fwd, sum bwd, params, saved, fwd parts, bwd parts, configs)
-    states: dict[str, list[tuple]] = {"R": [(0.0, 0.0, 0.0, 0.0, (0.0,) * len(PARTS), (0.0,) * len(PARTS), ())]}
+    zero = (0.0,) * len(PARTS)
+    states: dict[str, list[tuple]] = {"R": [(0.0, 0.0, 0.0, 0.0, zero, zero, ())]}
     for k in range(i, max(stops)):
         new: dict[str, list[tuple]] = {"R": [], "S": []}
         for config in layer_configs(chain, k, shape.tensor):
