@@ -188,9 +188,9 @@ def report(runs: list[dict], args: argparse.Namespace, command: str) -> str:
              "so single times are noisy; each plan's time is the median of "
              f"{args.rounds} interleaved rounds x {args.steps} steps (after {args.warmup} "
              "warm-up steps per round) of a whole training step (forward, backward, gradient "
-             "all-reduce, Adam), the slowest rank's. Peak memory is the largest rank's peak "
-             "RSS over its steps above its RSS before the model was built (allocator slack and "
-             "torch's workspaces included); it is reported, not a target.", "",
+             "all-reduce, Adam), the slowest rank's. Peak memory per device is the largest "
+             "rank's peak of live tensors in one more (profiled) step plus its parameters and "
+             "Adam states (ngra.planner.measure); it is reported, not a target.", "",
              "Kendall tau pools every pair of plans of the same case; regret is the worst "
              "case's measured(pick) / measured(best) - 1, the pick being the planner's top "
              "plan among the candidates.", ""]

@@ -15,9 +15,11 @@ plans run too.
 rounds (plan A, B, C, then A, B, C again), each plan's model built afresh per round,
 so that a machine whose load changes affects every plan alike; a step's time is the
 slowest rank's, between barriers; each plan gets the median over all its timed steps.
-Its memory is the largest rank's peak RSS over the steps above the RSS before its model
-was built (``ngra.memstat``: a resettable VmHWM), which includes allocator slack and
-torch's workspaces beside the tensors the cost model counts.
+Its memory (first round) is the largest rank's peak of live tensors during one more
+step, from torch's memory profiler, plus the parameters and optimizer states alive
+before it: the tensors the cost model counts, without allocator slack (DDP's gradient
+buckets, which the model counts, are not among the tensors the profiler sees before
+the step).
 """
 
 from __future__ import annotations
@@ -164,18 +166,16 @@ def row_ranges(chain: Chain, graph: tuple[torch.Tensor, torch.Tensor] | None,
 
 
 def _timed_steps(chain: Chain, plan: Plan, graph: Any, steps: int, warmup: int,
-                 seed: int) -> tuple[list[float], float]:
-    """``(step seconds, peak bytes)``: the slowest rank's times and the largest rank's
-    memory growth (peak RSS over the steps above the RSS before the model was built)."""
-    import gc
-
+                 seed: int, memory: bool) -> tuple[list[float], float]:
+    """``(step seconds, peak bytes)``: the slowest rank's step times, and (``memory``) the
+    largest rank's peak of live tensors in one more step, counted as the profiler sees
+    them (:func:`ngra.memstat.tensor_peak_bytes`) on top of the parameters and optimizer
+    states alive before it (else 0)."""
     import torch.distributed as dist
 
-    from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from ngra.memstat import tensor_peak_bytes
     from ngra.planner.execute import Runner, plan_mesh
 
-    gc.collect()
-    base = rss_bytes()
     mesh = plan_mesh(plan)
     replica = mesh["dp"].get_local_rank()
     ranges = row_ranges(chain, graph, plan.data)
@@ -184,12 +184,9 @@ def _timed_steps(chain: Chain, plan: Plan, graph: Any, steps: int, warmup: int,
                          group=mesh["dp"].get_group())
     runner = Runner(model, plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-4),
                     modules=[str(i) for i in range(len(chain))], row_ranges=ranges, mesh=mesh)
-    del model  # a pipeline stage keeps its own children; the rest goes
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(chain.rows, chain.input_width, generator=g)
     y = torch.randn(chain.rows, chain.layers[-1].out_width, generator=g)
-    base += x.nbytes + y.nbytes  # the global batch is the harness's, not the plan's
-    reset_peak_rss()
     times = []
     for k in range(warmup + steps):
         dist.barrier()
@@ -199,9 +196,23 @@ def _timed_steps(chain: Chain, plan: Plan, graph: Any, steps: int, warmup: int,
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if k >= warmup:
             times.append(float(t))
-    peak = torch.tensor([float(peak_rss_bytes() - base)], dtype=torch.float64)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    return times, float(peak)
+    peak = 0.0
+    if memory:
+        kept = sum(_local(p).nbytes for p in runner.params.values())
+        if runner.optimizer is not None:
+            kept += sum(_local(v).nbytes for state in runner.optimizer.state.values()
+                        for v in state.values() if isinstance(v, torch.Tensor) and v.dim())
+        dist.barrier()
+        peak = float(kept + tensor_peak_bytes(lambda: runner.step(x, y)))
+    top = torch.tensor([peak], dtype=torch.float64)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return times, float(top)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _measure_rank(cases: list[tuple[dict, list[dict], Any]], steps: int, warmup: int,
@@ -214,7 +225,8 @@ def _measure_rank(cases: list[tuple[dict, list[dict], Any]], steps: int, warmup:
         peaks = [0.0] * len(plans)
         for r in range(rounds):
             for k, plan in enumerate(plans):
-                t, peak = _timed_steps(chain, plan, graph, steps, warmup, seed=r)
+                t, peak = _timed_steps(chain, plan, graph, steps, warmup, seed=r,
+                                       memory=r == 0)
                 times[k] += t
                 peaks[k] = max(peaks[k], peak)
         out.append(list(zip(times, peaks)))
