@@ -1,7 +1,7 @@
 """Planner validation: predicted vs measured step times of candidate plans on gloo ranks.
 
     flock /tmp/ngra-bench.lock .venv/bin/python experiments/planner_validation.py
-    # -> experiments/results/planner.md and planner.csv
+    # -> experiments/results/planner.md, planner.csv and planner.json (the raw runs)
 
 For each process count (2 and 4): calibrate this machine's link and compute rates
 afresh (``ngra plan --calibrate``), then for each case -- MLP stacks of widths
@@ -231,11 +231,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(RESULTS / "planner.md"))
     args = ap.parse_args(argv)
     command = " ".join(["python experiments/planner_validation.py", *(argv or sys.argv[1:])])
-    runs = [validate(int(k), args) for k in args.nprocs.split(",")]
-    text = report(runs, args, command)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    runs = []
+    for k in args.nprocs.split(","):
+        runs.append(validate(int(k), args))
+        text = report(runs, args, command)  # after each process count: nothing is lost
+        out.write_text(text + "\n")
+        out.with_suffix(".json").write_text(json.dumps(runs, indent=1) + "\n")
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["processes", "case", "plan", "predicted_s", "measured_s", "times_s",
