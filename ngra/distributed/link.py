@@ -16,10 +16,9 @@ Each operation ``op`` costs ``alpha + beta * x`` seconds, with ``x`` in bytes:
 Besides the link, the model holds compute rates measured the same way (all ranks at
 once, as in a run, so that ranks sharing cores see the rate they will get):
 ``gemm_flops`` (float32 matrix products), ``gather_bytes`` (random row gathers, the
-bound of a sparse aggregation), ``stream_bytes`` (element-wise ops) and ``gemm``, a
-fit of GEMM time by shape (:class:`GemmFit`: ``c + flops / F + bytes / W`` over a
-dozen shapes, so that a thin ``[4096, 16] x [16, 16]`` product is charged for its
-memory traffic and call overhead, not at the rate of a square one).
+bound of a sparse aggregation), ``stream_bytes`` (element-wise ops) and ``gemm``, GEMM
+rates by shape (:class:`GemmTable`: about 40 shapes of rows x in x out, interpolated:
+a thin or cache-sized product runs at another rate than a large square one).
 
 Two more numbers let the planner predict what torch's parallel modules do on this
 machine: ``shared``, how much slower a rank computes when all ranks compute at once
@@ -44,6 +43,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import socket
 import statistics
@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["AlphaBeta", "GemmFit", "LinkModel", "OPS", "calibrate", "calibration_path",
+__all__ = ["AlphaBeta", "GemmTable", "LinkModel", "OPS", "calibrate", "calibration_path",
            "link_model", "load_link", "measure", "save_link"]
 
 log = logging.getLogger(__name__)
@@ -62,12 +62,7 @@ log = logging.getLogger(__name__)
 OPS = ("p2p", "all_to_all", "all_reduce", "all_gather", "broadcast")
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 23)  # bytes each rank sends
 CALIBRATION_ENV = "NGRA_CALIBRATION"
-VERSION = 2
-#: (m, k, n) GEMM shapes the compute fit is measured on: thin and wide, long reductions
-#: (the weight gradient's rows x rows product) and square ones, 1e5 to 1e9 FLOPs
-GEMM_SHAPES = ((4096, 16, 16), (4096, 64, 64), (8192, 128, 128), (1024, 256, 256),
-               (4096, 256, 64), (2048, 1024, 256), (512, 1024, 1024), (64, 4096, 2048),
-               (256, 4096, 256), (128, 128, 8192), (256, 256, 4096))
+VERSION = 3
 GEMM_REPEATS = 3
 
 
@@ -103,33 +98,51 @@ class AlphaBeta:
 
 
 @dataclass(frozen=True)
-class GemmFit:
-    """Seconds of an ``[m, k] x [k, n]`` float32 product:
-    ``overhead + 2mkn * flop_s + 4(mk + kn + mn) * byte_s`` (all non-negative)."""
+class GemmTable:
+    """Seconds of an ``[m, k] x [k, n]`` float32 product, from measured shapes.
 
-    overhead: float
-    flop_s: float
-    byte_s: float
+    ``samples`` are ``(m, k, n, seconds)``; a shape's FLOP rate is the inverse-distance
+    weighted mean of the log rates of its four nearest samples in ``(log m, log k,
+    log n)``. A rate, not a formula: small products that stay in cache run several
+    times faster per FLOP than large ones here, which no ``c + flops / F + bytes / W``
+    fit of a dozen shapes followed.
+    """
+
+    samples: tuple[tuple[float, float, float, float], ...]
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __call__(self, m: float, k: float, n: float) -> float:
         if min(m, k, n) <= 0:
             return 0.0
-        return (self.overhead + 2.0 * m * k * n * self.flop_s
-                + 4.0 * (m * k + k * n + m * n) * self.byte_s)
+        key = (m, k, n)
+        if key not in self._cache:
+            self._cache[key] = 2.0 * m * k * n / self.rate(m, k, n)
+        return self._cache[key]
 
-    @staticmethod
-    def fit(shapes: list[tuple[int, int, int]], ts: list[float]) -> GemmFit:
-        """Non-negative least squares on relative error (times span four decades)."""
-        import numpy as np
-        from scipy.optimize import nnls
+    def rate(self, m: float, k: float, n: float) -> float:
+        """FLOP/s of an ``[m, k] x [k, n]`` product."""
+        at = (math.log2(m), math.log2(k), math.log2(n))
+        near = sorted(
+            (sum((a - math.log2(b)) ** 2 for a, b in zip(at, smp[:3])),
+             math.log(2.0 * smp[0] * smp[1] * smp[2] / smp[3]))
+            for smp in self.samples)[:4]
+        weights = [1.0 / (d + 0.05) for d, _ in near]
+        return math.exp(sum(w * r for w, (_, r) in zip(weights, near)) / sum(weights))
 
-        a = np.array([[1.0, 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n)]
-                      for m, k, n in shapes])
-        t = np.asarray(ts, dtype=np.float64)
-        scale = a.max(axis=0)
-        coef, _ = nnls(a / t[:, None] / scale, np.ones_like(t))
-        c, f, b = (coef / scale).tolist()
-        return GemmFit(c, f, b)
+
+def gemm_shapes(max_flops: float = 5e8) -> list[tuple[int, int, int]]:
+    """The shapes :func:`measure` times: rows x in x out over the widths a planner sees,
+    the rows halved until a product is at most ``max_flops``."""
+    out: list[tuple[int, int, int]] = []
+    for m in (64, 512, 4096):
+        for k in (16, 128, 1024, 4096):
+            for n in (16, 128, 1024, 4096):
+                rows = m
+                while rows > 16 and 2 * rows * k * n > max_flops:
+                    rows //= 2
+                if (rows, k, n) not in out:
+                    out.append((rows, k, n))
+    return out
 
 
 @dataclass(frozen=True)
@@ -143,7 +156,7 @@ class LinkModel:
         gemm_flops: float32 GEMM rate per rank, FLOP/s (one square-ish shape).
         gather_bytes: random row-gather rate per rank, bytes/s.
         measured: when (ISO time); samples: the raw ``op -> [[bytes, seconds], ...]``.
-        gemm: GEMM time by shape (:class:`GemmFit`), or ``None`` (then ``gemm_flops``).
+        gemm: GEMM time by shape (:class:`GemmTable`), or ``None`` (then ``gemm_flops``).
         stream_bytes: element-wise (read + write) rate per rank, bytes/s (0: unknown,
             then ``gather_bytes``).
         groups: ``p -> op -> AlphaBeta`` for groups of ``p < world_size`` ranks.
@@ -164,7 +177,7 @@ class LinkModel:
     gather_bytes: float
     measured: str = ""
     samples: dict[str, list] = field(default_factory=dict, compare=False)
-    gemm: GemmFit | None = None
+    gemm: GemmTable | None = None
     stream_bytes: float = 0.0
     groups: dict[int, dict[str, AlphaBeta]] = field(default_factory=dict)
     shared: float = 1.0
@@ -228,6 +241,8 @@ class LinkModel:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["groups"] = {str(p): v for p, v in d["groups"].items()}
+        d["gemm"] = None if self.gemm is None else {"samples": [list(x) for x in
+                                                                self.gemm.samples]}
         d["version"] = VERSION
         return d
 
@@ -246,7 +261,8 @@ class LinkModel:
         return cls(str(d["backend"]), str(d["device"]), int(d["world_size"]), str(d["host"]),
                    ops, float(d["gemm_flops"]), float(d["gather_bytes"]),
                    str(d.get("measured", "")), dict(d.get("samples", {})),
-                   None if gemm is None else GemmFit(**{k: float(v) for k, v in gemm.items()}),
+                   None if gemm is None else GemmTable(tuple(tuple(float(v) for v in smp)
+                                                             for smp in gemm["samples"])),
                    float(d.get("stream_bytes", 0.0)), groups, float(d.get("shared", 1.0)),
                    None if d.get("tp_layer") is None else AlphaBeta(**d["tp_layer"]))
 
@@ -257,10 +273,9 @@ class LinkModel:
                 + "; ".join(parts) + f"; GEMM {self.gemm_flops / 1e9:.1f} GFLOP/s, gather "
                 f"{self.gather_bytes / 1e9:.1f} GB/s per rank")
         if self.gemm is not None:
-            g = self.gemm
-            text += (f"; GEMM by shape {g.overhead * 1e6:.0f} us + "
-                     f"{1e-9 / g.flop_s if g.flop_s else float('inf'):.1f} GFLOP/s + "
-                     f"{1e-9 / g.byte_s if g.byte_s else float('inf'):.1f} GB/s")
+            rates = [2 * m * k * n / t for m, k, n, t in self.gemm.samples]
+            text += (f"; GEMM by shape {min(rates) / 1e9:.0f}-{max(rates) / 1e9:.0f} GFLOP/s "
+                     f"({len(rates)} shapes)")
         if self.stream_bytes:
             text += f"; element-wise {self.stream_bytes / 1e9:.1f} GB/s"
         if self.shared != 1.0:
@@ -385,18 +400,17 @@ def _fit_ops(group: Any, sizes: tuple[int, ...], repeats: int, dev: torch.device
 
 def _measure_compute(repeats: int, dev: torch.device,
                      samples: dict[str, list]) -> dict[str, Any]:
-    """GEMM rate and fit by shape, random-gather and element-wise rates (all ranks at once)."""
+    """GEMM rate and rates by shape, random-gather and element-wise rates (all ranks at once)."""
     a = torch.randn(1024, 512, device=dev)
     b = torch.randn(512, 256, device=dev)
     t_mm = _sync_time(lambda: torch.mm(a, b), repeats, dev)
-    shapes, ts = [], []
-    for m, k, n in GEMM_SHAPES:
+    table = []
+    for m, k, n in gemm_shapes():
         x, w = torch.randn(m, k, device=dev), torch.randn(k, n, device=dev)
         out = torch.empty(m, n, device=dev)
-        shapes.append((m, k, n))
-        ts.append(_sync_time(lambda x=x, w=w, out=out: torch.mm(x, w, out=out),
-                             min(repeats, GEMM_REPEATS), dev))
-    samples["gemm"] = [[*s, t] for s, t in zip(shapes, ts)]
+        t = _sync_time(lambda x=x, w=w, out=out: torch.mm(x, w, out=out),
+                       min(repeats, GEMM_REPEATS), dev)
+        table.append((float(m), float(k), float(n), max(t, 1e-9)))
     rows = torch.randn(1 << 16, 64, device=dev)
     idx = torch.randint(0, rows.shape[0], (1 << 18,), device=dev)
     got = torch.empty(idx.numel(), 64, device=dev)
@@ -408,7 +422,7 @@ def _measure_compute(repeats: int, dev: torch.device,
     t_stream = _sync_time(lambda: torch.mul(big, 2.0, out=res), repeats, dev)
     return {"gemm_flops": 2 * 1024 * 512 * 256 / max(t_mm, 1e-9),
             "gather_bytes": idx.numel() * 64 * 4 / max(t_gather, 1e-9),
-            "gemm": GemmFit.fit(shapes, ts),
+            "gemm": GemmTable(tuple(table)),
             "stream_bytes": 2 * big.numel() * 4 / max(t_stream, 1e-9)}
 
 

@@ -9,9 +9,10 @@ shape, in the spirit of Piper:
 1. **Per stage** (every contiguous ``[i, j)``): a DP over the stage's layers in order,
    the state being the layout of the tensor between two layers (whole, or split over
    the ``t`` ranks), keeps every per-layer configuration that no other beats on all of
-   forward time, backward time, local parameter bytes and saved activation bytes (the
-   Pareto set: time and memory trade off, so the least-time choice alone could miss
-   the one that fits). Each survivor, with and without recomputation, is a stage option.
+   forward and backward compute, forward and backward other time (collectives, which
+   a lone rank does not speed up), local parameter bytes and saved activation bytes
+   (the Pareto set: time and memory trade off, so the least-time choice alone could
+   miss the one that fits). Each survivor, with and without recomputation, is a stage option.
 2. **Over stages**: the step time ``(m - 1) max_s u_s + sum_s (u_s + a_s)`` couples the
    stages through the max. For a threshold ``X`` a DP over (stages left, first layer)
    minimizes ``sum_s (u_s + a_s)`` using only options with ``u_s <= X`` whose memory
@@ -83,16 +84,23 @@ def shapes(chain: Chain, devices: Devices,
 
 # ---------------------------------------------------------------- stage options
 def _dominated(a: tuple, b: tuple) -> bool:
-    """``b`` is at least as good as ``a`` on every key (keys: the first four entries)."""
-    return all(y <= x for x, y in zip(a[:4], b[:4]))
+    """``b`` is at least as good as ``a`` on every key (their first fields)."""
+    return all(y <= x for x, y in zip(a[0], b[0]))
 
 
 def _pareto(entries: list[tuple]) -> list[tuple]:
     keep: list[tuple] = []
-    for e in sorted(entries, key=lambda e: e[:4]):
+    for e in sorted(entries, key=lambda e: e[0]):
         if not any(_dominated(e, k) for k in keep):
             keep.append(e)
     return keep
+
+
+def _keys(fwd: tuple, bwd: tuple, params: float, saved: float) -> tuple:
+    """What a stage's cost grows with: forward and backward compute and the rest apart
+    (a lone rank computes faster; the rest does not change), parameters, activations."""
+    cf, cb = fwd[0] + fwd[1], bwd[0] + bwd[1]
+    return (sum(fwd) - cf, cf, sum(bwd) - cb, cb, params, saved)
 
 
 def stage_options(chain: Chain, devices: Devices, shape: Shape, i: int,
@@ -104,25 +112,26 @@ def stage_options(chain: Chain, devices: Devices, shape: Shape, i: int,
     recompute = tuple(recompute)
     stops = set(stops)
     out: dict[tuple[int, int], list[_Option]] = {}
-    # entry: (sum fwd, sum bwd, params, saved, fwd parts, bwd parts, configs)
+    # entry: (keys, fwd parts, bwd parts, params, saved, configs)
     zero = (0.0,) * len(PARTS)
-    states: dict[str, list[tuple]] = {"R": [(0.0, 0.0, 0.0, 0.0, zero, zero, ())]}
+    states: dict[str, list[tuple]] = {"R": [(_keys(zero, zero, 0, 0), zero, zero, 0.0, 0.0,
+                                              ())]}
     for k in range(i, max(stops)):
         new: dict[str, list[tuple]] = {"R": [], "S": []}
         for config in layer_configs(chain, k, shape.tensor):
             lin, lout = CONFIGS[config]
             f, b, p, s = layer_cost(chain, k, devices.link, shape, config)
             for e in states.get(lin, []):
-                fwd = tuple(x + y for x, y in zip(e[4], f))
-                bwd = tuple(x + y for x, y in zip(e[5], b))
-                new[lout].append((sum(fwd), sum(bwd), e[2] + p, e[3] + s, fwd, bwd,
-                                  e[6] + (config,)))
+                fwd = tuple(x + y for x, y in zip(e[1], f))
+                bwd = tuple(x + y for x, y in zip(e[2], b))
+                new[lout].append((_keys(fwd, bwd, e[3] + p, e[4] + s), fwd, bwd, e[3] + p,
+                                  e[4] + s, e[5] + (config,)))
         states = {lay: _pareto(v) for lay, v in new.items() if v}
         if k + 1 in stops:
             edges = stage_edges(chain, devices, shape, i, k + 1)
             out[(i, k + 1)] = [
-                (finish_stage(devices, shape, list(e[4]), list(e[5]), e[2], e[3], edges, rc),
-                 e[6], rc) for e in states.get("R", []) for rc in recompute]
+                (finish_stage(devices, shape, list(e[1]), list(e[2]), e[3], e[4], edges, rc),
+                 e[5], rc) for e in states.get("R", []) for rc in recompute]
     return out
 
 

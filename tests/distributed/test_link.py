@@ -57,3 +57,19 @@ def test_calibrate_measures_once_and_caches():
     path = calibration_path("gloo", "cpu", 2)
     assert load_link(path) == m
     assert calibrate(2, refresh=False) == m  # read back, not measured again
+
+
+def test_gemm_rates_by_shape_interpolate_the_samples():
+    from ngra.distributed.link import GemmTable, gemm_shapes
+
+    shapes = gemm_shapes()
+    # a made-up machine: small products at 80 GFLOP/s, large ones at 20
+    table = GemmTable(tuple((m, k, n, 2 * m * k * n / (80e9 if m * k * n < 1e7 else 20e9))
+                            for m, k, n in shapes))
+    for m, k, n, t in table.samples:
+        assert table(m, k, n) == pytest.approx(t, rel=0.05)
+    assert table.rate(3000, 2000, 3000) == pytest.approx(20e9, rel=0.05)
+    assert table(0, 16, 16) == 0.0
+    m = LinkModel("gloo", "cpu", 2, "h", {op: AlphaBeta(0, 0) for op in OPS}, 1e10, 1e10,
+                  gemm=table)
+    assert LinkModel.from_json(json.loads(json.dumps(m.to_json()))) == m

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from ngra.distributed.link import OPS, AlphaBeta, GemmFit, LinkModel
+from ngra.distributed.link import OPS, AlphaBeta, GemmTable, LinkModel, gemm_shapes
 from ngra.planner import Chain, Layer
 
 
@@ -13,8 +13,8 @@ def make_link(p: int = 4, alpha: float = 2e-5, beta: float = 1e-9, *,
     """A link model with the same ``alpha + beta x`` for every op (or random ones)."""
     if rnd is not None:
         ops = {op: AlphaBeta(rnd.uniform(1e-6, 1e-3), rnd.uniform(1e-11, 1e-8)) for op in OPS}
-        gemm = GemmFit(rnd.uniform(0, 1e-4), 1 / rnd.uniform(1e9, 1e11),
-                       1 / rnd.uniform(1e9, 1e11))
+        gemm = GemmTable(tuple((m, k, n, 2 * m * k * n / rnd.uniform(1e9, 1e11))
+                               for m, k, n in gemm_shapes()))
         return LinkModel("gloo", "cpu", p, "host", ops, gemm_flops=1e10, gather_bytes=1e10,
                          gemm=gemm, stream_bytes=rnd.uniform(1e9, 2e10),
                          shared=rnd.choice([1.0, rnd.uniform(1.0, 3.0)]),
