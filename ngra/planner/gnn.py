@@ -186,7 +186,7 @@ def gnn_chain(model: nn.Module, graph: Any, x: torch.Tensor, edge_data: Any = No
         ValueError: a layer runs on the generic executor or its ApplyVertex was not traced.
     """
     from ngra.compiler.driver import compile_layer
-    from ngra.compiler.explain import _capture
+    from ngra.runtime.explain import _capture
     from ngra.models.zoo import GNN
     from ngra.runtime.executor import edge_data_csc
 
