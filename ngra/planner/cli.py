@@ -30,6 +30,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--module", default=None, metavar="PKG.MOD:FACTORY",
                    help="plan any nn.Module: FACTORY() builds it (traced with torch.fx)")
     p.add_argument("--dataset", default="sbm", help="dataset spec for a GNN (default: sbm)")
+    p.add_argument("--partition", default=None, metavar="DIR",
+                   help="a GNN's partition book (`ngra partition --out DIR`): its halo rows "
+                        "price the graph exchange of data parallel over its parts (default: "
+                        "the book `ngra train --nprocs` caches beside the dataset, built if "
+                        "missing)")
+    p.add_argument("--partition-method", default="metis", choices=("metis", "range"),
+                   help="how books that are not given are built (default: metis, as ngra "
+                        "train)")
     p.add_argument("--rows", type=int, default=8192,
                    help="global batch rows of an MLP / --module (default: 8192)")
     p.add_argument("--devices", type=int, default=None, help="devices (ranks) to plan for")
@@ -105,8 +113,37 @@ def model_chain(args: argparse.Namespace) -> Any:
                       heads=args.heads, num_layers=args.num_layers,
                       num_edge_types=ds.num_edge_types)
     parts = [p for p in range(2, (args.devices or 1) + 1) if args.devices % p == 0]
-    return gnn_chain(net, graph, ds.x, edge_data, parts=parts,
+    return gnn_chain(net, graph, ds.x, edge_data, halo=book_halos(args, ds, parts),
                      name=f"{args.model} on {args.dataset}")
+
+
+def book_halos(args: argparse.Namespace, ds: Any, parts: list[int]) -> dict[int, int]:
+    """``parts -> rows`` the busiest rank receives, from the partition books multi-device
+    training uses: ``--partition DIR`` for its part count, the cached book of the dataset
+    (``ngra train --nprocs p``'s, built and cached if missing) for the other counts."""
+    from types import SimpleNamespace
+
+    from ngra.distributed.trainer import partition_for
+    from ngra.partition import load_book
+    from ngra.planner.gnn import book_halo
+
+    given = None
+    if args.partition:
+        given = load_book(args.partition).num_parts
+        if given not in parts:
+            raise ValueError(f"the partition book in {args.partition} has {given} parts; "
+                             f"--devices {args.devices} splits rows {parts} ways. Give "
+                             f"--devices a multiple of {given}.")
+    halo = {}
+    for p in parts:
+        cfg = SimpleNamespace(dataset=args.dataset, data_root=args.data_root, nprocs=p,
+                              partition=args.partition if p == given else None,
+                              reorder="none", partition_method=args.partition_method)
+        book, folder = partition_for(cfg, ds)
+        halo[p] = book_halo(book)
+        log.info("%d-way partition (%s, %s): busiest rank's halo %d rows", p, book.method,
+                 folder, halo[p])
+    return halo
 
 
 def device_link(devices: int, refresh: bool = False) -> Any:
@@ -154,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
           f"{chain.param_bytes / 2**20:.1f} MiB of parameters; {k} device(s) of "
           f"{memory / 2**30:.1f} GiB")
     print(link.describe())
+    if chain.halo:
+        print("graph exchange: halo rows of the busiest rank (partition book), "
+              + ", ".join(f"{p}-way {r:,}" for p, r in chain.halo))
     print(format_table(plans, args.top))
     if args.out:
         record = {"command": "ngra " + " ".join(sys.argv[1:]), "chain": chain.to_json(),

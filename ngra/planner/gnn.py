@@ -16,8 +16,9 @@ them (:func:`ngra.planner.apply_plan`); Linears the compiled plan evaluates from
 their weights (hoisted to ``pre``, rewritten ApplyVertex, the sink) run whole.
 
 The halo of each ``d``-way row partition (the source rows the busiest rank receives)
-comes from ``halo``, or is measured on contiguous, edge-balanced destination ranges
-(:func:`range_halo`), the partition multi-device training uses.
+comes from ``halo`` -- ``ngra plan`` reads it from the partition books multi-device
+training uses (:func:`book_halo`) -- or from a book built here (:func:`partition_halo`;
+edge-balanced ranges by default, what :mod:`ngra.planner.measure` runs).
 """
 
 from __future__ import annotations
@@ -26,32 +27,28 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from ngra.compiler.ir import ELEMENTWISE, INPUTS, SHAPE_OPS, UNARY, Op
 from ngra.planner.chain import Chain, Layer
 
-__all__ = ["gnn_chain", "range_halo"]
+__all__ = ["book_halo", "gnn_chain", "partition_halo"]
 
 
-def range_halo(graph: Any, parts: int) -> int:
-    """Distinct source rows the busiest of ``parts`` ranks needs from other ranks when
-    each owns a contiguous, edge-balanced range of destinations (its in-edges)."""
-    from ngra.partition.kway import edge_balanced_ranges
+def book_halo(book: Any) -> int:
+    """Source rows the busiest rank of partition book ``book`` receives before each graph
+    layer (its halo; :class:`ngra.partition.PartitionBook`)."""
+    sizes = book.halo_ptr[1:] - book.halo_ptr[:-1]
+    return int(sizes.max()) if sizes.numel() else 0
 
-    if parts <= 1:
-        return 0
-    indptr = graph.indptr.to(torch.int64)
-    bounds = edge_balanced_ranges(indptr, parts).tolist()
-    indices = graph.indices.numpy()
-    ptr = indptr.numpy()
-    worst = 0
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        src = np.unique(indices[ptr[lo]:ptr[hi]])
-        worst = max(worst, int(((src < lo) | (src >= hi)).sum()))
-    return worst
+
+def partition_halo(graph: Any, parts: int, method: str = "range") -> int:
+    """:func:`book_halo` of a ``parts``-way partition book of ``graph`` built by ``method``
+    (``"range"``: contiguous, edge-balanced destination ranges; ``"metis"``)."""
+    from ngra.partition import build_book
+
+    return book_halo(build_book(graph, parts, method)) if parts > 1 else 0
 
 
 def _width(node: Any, fallback: int = 1) -> int:
@@ -178,8 +175,8 @@ def gnn_chain(model: nn.Module, graph: Any, x: torch.Tensor, edge_data: Any = No
         model: a :class:`ngra.models.zoo.GNN` (``build_model``).
         graph, x, edge_data: what the model trains on (``prepare``'s graph and edge data).
         halo: ``parts -> rows`` the busiest rank receives before each graph layer under
-            a ``parts``-way partition (the partition book's halo); default: measured by
-            :func:`range_halo` for each of ``parts``.
+            a ``parts``-way partition (:func:`book_halo` of the partition book); default:
+            :func:`partition_halo` (edge-balanced ranges) for each of ``parts``.
         name: the chain's name (default: the model's name).
 
     Raises:
@@ -227,7 +224,7 @@ def gnn_chain(model: nn.Module, graph: Any, x: torch.Tensor, edge_data: Any = No
     if model.head_out is not None:
         cur = linear(model.head_out, "head_out", cur)
     if halo is None:
-        halo = {p: range_halo(graph, p) for p in sorted(set(parts)) if p > 1}
+        halo = {p: partition_halo(graph, p) for p in sorted(set(parts)) if p > 1}
     return Chain(name or model.name, tuple(layers), int(graph.num_nodes), width,
                  tuple(sorted(halo.items())))
 

@@ -7,7 +7,7 @@ width, plus its parameters), and for a graph layer what a rank of a row-partitio
 GNN does: receive the halo (an ``all_to_all`` among the ``d`` replicas, the busiest
 rank's row count from every rank, differentiable) and sum its own in-edges' source
 rows with :func:`ngra.kernels.gspmm` over its part of the real graph (contiguous,
-edge-balanced destination ranges, as :func:`~ngra.planner.gnn.range_halo` assumes).
+edge-balanced destination ranges, as :func:`~ngra.planner.gnn.partition_halo` assumes by default).
 A chain without graph layers or branches becomes an ``nn.Sequential``, so pipeline
 plans run too.
 

@@ -37,11 +37,31 @@ def test_plan_an_mlp(calibrated, tmp_path, capsys):
 def test_plan_a_gnn(calibrated, tmp_path, capsys):
     out = tmp_path / "plans.json"
     assert main(["plan", "--model", "ggcn", "--dataset", "sbm:nodes=300", "--devices", "2",
-                 "--out", str(out)]) == 0
+                 "--data-root", str(tmp_path), "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert {p["pipeline"] for p in data["plans"]} == {1}
     assert any(p["breakdown"]["graph_exchange"] > 0 for p in data["plans"])
     assert [h[0] for h in data["chain"]["halo"]] == [2]
+
+
+def test_plan_a_gnn_reads_the_partition_books(calibrated, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("NGRA_CACHE", raising=False)
+    spec, book = "sbm:nodes=300", tmp_path / "book"
+    assert main(["partition", "--dataset", spec, "--parts", "2", "--method", "range",
+                 "--out", str(book), "--data-root", str(tmp_path)]) == 0
+    figures = json.loads((book / "book.json").read_text())["figures"]
+    out = tmp_path / "plans.json"
+    assert main(["plan", "--model", "gcn", "--dataset", spec, "--devices", "4", "--partition",
+                 str(book), "--data-root", str(tmp_path), "--out", str(out)]) == 0
+    halo = dict(map(tuple, json.loads(out.read_text())["chain"]["halo"]))
+    assert halo[2] == max(figures["halo_rows"]) > 0  # the given book's busiest rank
+    cached = list(tmp_path.rglob("*metis-k4*/book.json"))  # what train caches
+    assert len(cached) == 1
+    assert halo[4] == max(json.loads(cached[0].read_text())["figures"]["halo_rows"])
+    assert "graph exchange: halo rows of the busiest rank" in capsys.readouterr().out
+    assert main(["plan", "--model", "gcn", "--dataset", spec, "--devices", "3", "--partition",
+                 str(book), "--data-root", str(tmp_path)]) == 2
+    assert "has 2 parts; --devices 3" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [
