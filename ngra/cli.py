@@ -82,6 +82,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "fly, cached beside the dataset cache)")
     d.add_argument("--partition-method", default="metis", choices=["metis", "range"],
                    help="how an on-the-fly partition is made (default: metis)")
+    d.add_argument("--plan", default=None, metavar="auto|FILE",
+                   help="how the processes split the dense layers: auto (the planner's pick, "
+                        "ngra plan) or a plans file from `ngra plan --out`; recorded in the "
+                        "summary's `plan`")
     d.add_argument("--dist-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="a collective waiting longer than this fails the run (default: 300)")
 

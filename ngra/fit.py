@@ -458,6 +458,7 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
         "history": history,
     }
     summary.update(s.extra(times))
+    summary.update(cfg.extra)
     if plans is not None:
         summary["explain"] = plans
     return summary

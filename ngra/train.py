@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -82,6 +82,8 @@ class TrainConfig:
     partition: str | None = None
     partition_method: str = "metis"
     dist_timeout: float = 300.0
+    plan: str | None = None
+    #: entries the run adds to its JSON summary (the dense layers' plan); not configuration
     extra: dict = field(default_factory=dict)
 
     def hyper_parameters(self) -> dict[str, Any]:
@@ -91,6 +93,7 @@ class TrainConfig:
     def resolved(self) -> dict[str, Any]:
         """Every field, hyper-parameters filled in from the model's defaults."""
         d = asdict(self)
+        del d["extra"]
         d.update({k: h and h.value for k, h in self.hyper_parameters().items()})
         spec = MODELS[self.model]
         d["weight_decay_on"] = "first layer" if spec.decay_first_layer_only else "every layer"
@@ -195,6 +198,15 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
     if os.environ.get("RANK", "0") == "0":  # once, not on every torchrun rank
         log.info("ngra train config: %s", json.dumps(resolved, sort_keys=True))
         (echo or log.info)(describe_run(cfg))
+    if cfg.plan is not None:
+        from ngra.planner.zoo import training_plan
+
+        if in_worker():
+            raise ValueError("--plan is not supported under torchrun; start the processes "
+                             "with ngra train --nprocs K --plan ...")
+        cfg = replace(cfg, extra={**cfg.extra, "plan": training_plan(cfg)})
+        (echo or log.info)(f"dense layers: plan {cfg.extra['plan']['used']['label']} "
+                           f"(--plan {cfg.plan})")
     if cfg.nprocs > 1 or in_worker():
         from ngra.distributed.trainer import train_distributed
 
@@ -252,5 +264,11 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.partition_method not in BOOK_METHODS:
         raise ValueError(f"--partition-method must be one of {BOOK_METHODS}; "
                          f"got {cfg.partition_method!r}.")
+    if cfg.plan is not None and cfg.nprocs < 2:
+        raise ValueError(f"--plan {cfg.plan} chooses how --nprocs K processes split the dense "
+                         "layers; give --nprocs 2 or more.")
+    if cfg.plan not in (None, "auto") and not Path(cfg.plan).is_file():
+        raise ValueError(f"--plan {cfg.plan}: expected auto or a plans file (ngra plan --out "
+                         "FILE); no such file.")
     if not cfg.dist_timeout > 0:
         raise ValueError(f"--dist-timeout must be > 0 seconds; got {cfg.dist_timeout}.")

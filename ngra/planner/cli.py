@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "run", "model_chain", "device_link"]
+__all__ = ["add_parser", "model_chain", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -100,72 +99,17 @@ def model_chain(args: argparse.Namespace) -> Any:
         return trace_module(_factory(args.module), args.rows, name=args.module)
     if args.model.startswith("mlp:"):
         return trace_module(_mlp(args.model), args.rows, name=args.model)
-    from ngra.datasets import load
-    from ngra.models import MODELS, build_model, prepare
-    from ngra.planner.gnn import gnn_chain
+    from ngra.planner.zoo import zoo_chain
 
-    if args.model not in MODELS:
-        raise ValueError(f"unknown model {args.model!r}; choose one of {sorted(MODELS)} or "
-                         "mlp:W0,W1,...")
-    ds = load(args.dataset, root=args.data_root)
-    graph, edge_data = prepare(args.model, ds.graph, ds.edge_type, ds.num_edge_types)
-    net = build_model(args.model, ds.x.shape[1], ds.num_classes, hidden=args.hidden,
-                      heads=args.heads, num_layers=args.num_layers,
-                      num_edge_types=ds.num_edge_types)
-    parts = [p for p in range(2, (args.devices or 1) + 1) if args.devices % p == 0]
-    return gnn_chain(net, graph, ds.x, edge_data, halo=book_halos(args, ds, parts),
-                     name=f"{args.model} on {args.dataset}")
-
-
-def book_halos(args: argparse.Namespace, ds: Any, parts: list[int]) -> dict[int, int]:
-    """``parts -> rows`` the busiest rank receives, from the partition books multi-device
-    training uses: ``--partition DIR`` for its part count, the cached book of the dataset
-    (``ngra train --nprocs p``'s, built and cached if missing) for the other counts."""
-    from types import SimpleNamespace
-
-    from ngra.distributed.trainer import partition_for
-    from ngra.partition import load_book
-    from ngra.planner.gnn import book_halo
-
-    given = None
-    if args.partition:
-        given = load_book(args.partition).num_parts
-        if given not in parts:
-            raise ValueError(f"the partition book in {args.partition} has {given} parts; "
-                             f"--devices {args.devices} splits rows {parts} ways. Give "
-                             f"--devices a multiple of {given}.")
-    halo = {}
-    for p in parts:
-        cfg = SimpleNamespace(dataset=args.dataset, data_root=args.data_root, nprocs=p,
-                              partition=args.partition if p == given else None,
-                              reorder="none", partition_method=args.partition_method)
-        book, folder = partition_for(cfg, ds)
-        halo[p] = book_halo(book)
-        log.info("%d-way partition (%s, %s): busiest rank's halo %d rows", p, book.method,
-                 folder, halo[p])
-    return halo
-
-
-def device_link(devices: int, refresh: bool = False) -> Any:
-    """The calibrated link of ``devices`` ranks on this machine: cached, else measured."""
-    from ngra.distributed.link import calibrate, calibration_path, load_link
-
-    cached = None if refresh else load_link(calibration_path("gloo", "cpu", devices))
-    if cached is not None:
-        return cached
-    log.warning("measuring the link and compute rates of %d rank(s) (once per machine)",
-                devices)
-    return calibrate(devices)
-
-
-def _default_memory(devices: int) -> float:
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return total / devices
+    return zoo_chain(args.model, args.dataset, args.devices or 1, hidden=args.hidden,
+                     heads=args.heads, num_layers=args.num_layers, data_root=args.data_root,
+                     partition=args.partition, method=args.partition_method)
 
 
 def run(args: argparse.Namespace) -> int:
     from ngra.partition import parse_bytes
     from ngra.planner import Devices, format_table, search
+    from ngra.planner.zoo import default_memory, device_link
 
     k = args.devices
     if k is None or isinstance(k, bool) or k < 1:
@@ -178,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     chain = model_chain(args)
     if not args.calibrate:
         link = device_link(k)
-    memory = parse_bytes(args.memory) if args.memory else _default_memory(k)
+    memory = parse_bytes(args.memory) if args.memory else default_memory(k)
     try:
         micro = [int(m) for m in args.micro_batches.split(",") if m.strip()]
     except ValueError:

@@ -1,0 +1,157 @@
+"""A zoo GNN on a dataset as a chain, priced with the partition books training uses, and
+the plan ``ngra train --nprocs K --plan auto|FILE`` runs.
+
+The graph exchange of a ``d``-way data-parallel plan is the halo of the busiest rank of
+a ``d``-way partition book: ``--partition DIR`` for its part count, else the book
+``ngra train --nprocs d`` caches beside the dataset (built and cached here if missing;
+:func:`ngra.distributed.trainer.partition_for`), so that the planner and the run read
+the same figures.
+
+Full-graph training (:mod:`ngra.distributed.trainer`) runs the dense layers data
+parallel over the partition: every rank holds the whole weights and its owned rows
+(``pp1 dpK tp1 m1``). A plan of another shape (tensor-parallel Linears, pipeline
+stages, micro-batches, recomputation) runs through :class:`ngra.planner.Runner`, not
+the graph trainer: ``--plan FILE`` naming one is refused, and ``--plan auto`` whose
+top pick is one runs the data-parallel plan and records both in the summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+from typing import Any
+
+from ngra.planner.chain import Chain
+from ngra.planner.cost import Devices, Shape
+from ngra.planner.plan import Plan
+
+__all__ = ["book_halos", "default_memory", "device_link", "training_plan", "zoo_chain"]
+
+log = logging.getLogger(__name__)
+
+
+def book_halos(ds: Any, dataset: str, parts: list[int], *, partition: str | None = None,
+               method: str = "metis", data_root: str | None = None) -> dict[int, int]:
+    """``parts -> rows`` the busiest rank receives, from the partition books of training:
+    the book in folder ``partition`` for its part count, the cached book of ``dataset``
+    (``method``) for the other counts.
+
+    Raises:
+        ValueError: ``partition``'s part count is not among ``parts``.
+        BookError: the book belongs to another graph, or is stale.
+    """
+    from ngra.distributed.trainer import partition_for
+    from ngra.partition import load_book
+    from ngra.planner.gnn import book_halo
+
+    given = None
+    if partition:
+        given = load_book(partition).num_parts
+        if given not in parts:
+            raise ValueError(f"the partition book in {partition} has {given} parts; the "
+                             f"devices split rows {parts} ways. Give a multiple of {given} "
+                             "devices, or another book.")
+    halo = {}
+    for p in parts:
+        cfg = SimpleNamespace(dataset=dataset, data_root=data_root, nprocs=p,
+                              partition=partition if p == given else None, reorder="none",
+                              partition_method=method)
+        book, folder = partition_for(cfg, ds)
+        halo[p] = book_halo(book)
+        log.info("%d-way partition (%s, %s): busiest rank's halo %d rows", p, book.method,
+                 folder, halo[p])
+    return halo
+
+
+def zoo_chain(model: str, dataset: str, devices: int, *, hidden: int | None = None,
+              heads: int | None = None, num_layers: int = 2, data_root: str | None = None,
+              partition: str | None = None, method: str = "metis") -> Chain:
+    """The dense layers of zoo GNN ``model`` on ``dataset`` (:func:`ngra.planner.gnn_chain`),
+    its exchange priced for every data-parallel degree of ``devices`` by :func:`book_halos`."""
+    from ngra.datasets import load
+    from ngra.models import MODELS, build_model, prepare
+    from ngra.planner.gnn import gnn_chain
+
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)} or "
+                         "mlp:W0,W1,...")
+    ds = load(dataset, root=data_root)
+    graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
+    net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=heads,
+                      num_layers=num_layers, num_edge_types=ds.num_edge_types)
+    parts = [p for p in range(2, devices + 1) if devices % p == 0]
+    halo = book_halos(ds, dataset, parts, partition=partition, method=method,
+                      data_root=data_root)
+    return gnn_chain(net, graph, ds.x, edge_data, halo=halo, name=f"{model} on {dataset}")
+
+
+def device_link(devices: int, refresh: bool = False, *, measure: bool = True) -> Any:
+    """The calibrated link of ``devices`` ranks on this machine: cached, else measured
+    (``measure=False``: a clear error instead, for callers that cannot start ranks)."""
+    from ngra.distributed.link import calibrate, calibration_path, load_link
+
+    cached = None if refresh else load_link(calibration_path("gloo", "cpu", devices))
+    if cached is not None:
+        return cached
+    if not measure:
+        raise ValueError(f"no link calibration of {devices} ranks on this machine; run "
+                         f"`ngra plan --calibrate --devices {devices}` first.")
+    log.warning("measuring the link and compute rates of %d rank(s) (once per machine)",
+                devices)
+    return calibrate(devices)
+
+
+def default_memory(devices: int) -> float:
+    """This machine's RAM shared by ``devices`` devices (bytes)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / devices
+
+
+def _data_parallel(plan: Plan) -> bool:
+    return (plan.pipeline == 1 and plan.tensor == 1 and plan.micro_batches == 1
+            and not any(s.recompute for s in plan.stages))
+
+
+def training_plan(cfg: Any, *, can_measure: bool = True) -> dict[str, Any]:
+    """The plan a ``ngra train`` run ``cfg`` (``cfg.plan``: ``"auto"`` or a plans file)
+    uses for its dense layers, as the summary's ``plan`` record: ``used`` (what runs),
+    ``planner_top`` (the planner's pick for ``auto``), ``note`` when they differ.
+
+    Raises:
+        ValueError: a plans file holding no plan for this model and process count, or one
+            the graph trainer does not run (module docstring).
+        NoFeasiblePlan: nothing fits the memory (``--memory-budget`` per process, else this
+            machine's RAM shared by the processes).
+    """
+    from ngra.partition import parse_bytes
+    from ngra.planner.search import choose_plan, evaluate
+
+    k = cfg.nprocs
+    resolved = cfg.resolved()
+    chain = zoo_chain(cfg.model, cfg.dataset, k, hidden=resolved["hidden"],
+                      heads=resolved["heads"], num_layers=cfg.num_layers,
+                      data_root=cfg.data_root, partition=cfg.partition,
+                      method=cfg.partition_method)
+    memory = parse_bytes(cfg.memory_budget) if cfg.memory_budget else default_memory(k)
+    devices = Devices(k, memory, device_link(k, measure=can_measure))
+    chosen = choose_plan(cfg.plan, chain, devices)
+    record: dict[str, Any] = {"source": cfg.plan}
+    if _data_parallel(chosen):
+        record["used"] = chosen.record()
+        return record
+    if cfg.plan != "auto":
+        raise ValueError(
+            f"--plan {cfg.plan}: its plan for {chain.name!r} is {chosen.label!r}; ngra train "
+            f"runs the dense layers data parallel over the partition (pp1 dp{k} tp1 m1, "
+            "no recomputation). Tensor-parallel and pipeline plans run through "
+            "ngra.planner.Runner; give a data-parallel plan or --plan auto.")
+    layers = len(chain)
+    used = evaluate(chain, devices, Shape(1, k, 1, 1), [(0, layers, ("rep",) * layers, False)])
+    log.warning("the planner's top pick for %s on %d processes is %s (predicted %.1f ms a "
+                "step); ngra train runs the data-parallel plan (predicted %.1f ms)",
+                chain.name, k, chosen.label, chosen.predicted_time_s * 1e3,
+                used.predicted_time_s * 1e3)
+    record.update(used=used.record(), planner_top=chosen.record(),
+                  note="the graph trainer runs data-parallel plans only; the top pick "
+                       "runs through ngra.planner.Runner")
+    return record

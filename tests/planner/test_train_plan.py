@@ -1,0 +1,88 @@
+"""``ngra train --nprocs K --plan auto|FILE``: the plan the run takes and its record."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from ngra.cli import main
+from ngra.distributed.link import calibration_path, save_link
+from ngra.planner import load_plans
+from ngra.planner.zoo import training_plan
+from ngra.train import TrainConfig
+
+from planner_cases import make_link
+
+SPEC = "sbm:nodes=300"
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    monkeypatch.setenv("NGRA_CACHE", str(tmp_path / "cache"))
+    for k in (1, 2):
+        save_link(make_link(k), calibration_path("gloo", "cpu", k))
+    return TrainConfig(model="gcn", dataset=SPEC, data_root=str(tmp_path), nprocs=2,
+                       epochs=2, progress=False, plan="auto")
+
+
+def _plans_file(cfg, tmp_path, capsys):
+    out = tmp_path / "plans.json"
+    assert main(["plan", "--model", "gcn", "--dataset", SPEC, "--devices", "2",
+                 "--data-root", cfg.data_root, "--out", str(out)]) == 0
+    capsys.readouterr()
+    return out, load_plans(json.loads(out.read_text()))
+
+
+def test_auto_takes_the_top_data_parallel_plan(cfg, tmp_path, capsys):
+    record = training_plan(cfg)
+    assert record["source"] == "auto"
+    used = record["used"]
+    assert (used["pipeline"], used["data"], used["tensor"], used["micro_batches"]) == (1, 2, 1, 1)
+    _, plans = _plans_file(cfg, tmp_path, capsys)
+    top = plans[0]
+    if (top.pipeline, top.tensor) == (1, 1):  # the planner's pick runs as it is
+        assert used["label"] == top.label and "planner_top" not in record
+    else:  # recorded beside the data-parallel plan that runs
+        assert record["planner_top"]["label"] == top.label and "note" in record
+    dp = next(p for p in plans if p.label == used["label"])
+    assert used["predicted_time_s"] == pytest.approx(dp.predicted_time_s)
+
+
+def test_a_plans_file_gives_its_plan_or_a_clear_error(cfg, tmp_path, capsys):
+    path, plans = _plans_file(cfg, tmp_path, capsys)
+    data = json.loads(path.read_text())
+    dp = [p for p in data["plans"] if p["tensor"] == 1][:1]
+    tp = [p for p in data["plans"] if p["tensor"] == 2][:1]
+    assert dp and tp
+    path.write_text(json.dumps({"plans": dp + tp}))
+    record = training_plan(dataclasses.replace(cfg, plan=str(path)))
+    assert record["used"]["label"] == dp[0]["label"]
+    path.write_text(json.dumps({"plans": tp}))
+    with pytest.raises(ValueError, match="runs the dense layers data parallel"):
+        training_plan(dataclasses.replace(cfg, plan=str(path)))
+
+
+@pytest.mark.slow  # two ranks train (about 20 s on a busy 2-core machine)
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_train_records_the_plan(cfg, tmp_path, capsys):
+    out = tmp_path / "summary.json"
+    assert main(["train", "--model", "gcn", "--dataset", SPEC, "--data-root", cfg.data_root,
+                 "--nprocs", "2", "--epochs", "2", "--no-progress", "--plan", "auto",
+                 "--out", str(out)]) == 0
+    assert "dense layers: plan pp1 dp2 tp1 m1" in capsys.readouterr().out
+    summary = json.loads(out.read_text())
+    assert summary["plan"]["used"]["data"] == 2 and summary["world_size"] == 2
+    assert "extra" not in summary["config"] and summary["config"]["plan"] == "auto"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--plan", "auto"], "give --nprocs 2 or more"),
+    (["--nprocs", "2", "--plan", "nowhere.json"], "expected auto or a plans file"),
+])
+def test_bad_plan_flags(cfg, capsys, argv, message):
+    assert main(["train", "--model", "gcn", "--dataset", SPEC, "--data-root", cfg.data_root,
+                 "--epochs", "1", *argv]) == 2
+    assert message in capsys.readouterr().err
