@@ -49,9 +49,9 @@ def book_halos(ds: Any, dataset: str, parts: list[int], *, partition: str | None
     if partition:
         given = load_book(partition).num_parts
         if given not in parts:
-            raise ValueError(f"the partition book in {partition} has {given} parts; the "
-                             f"devices split rows {parts} ways. Give a multiple of {given} "
-                             "devices, or another book.")
+            raise ValueError(f"the partition book in {partition} has {given} parts; "
+                             f"{max(parts, default=1)} devices split rows {parts} ways. Give "
+                             f"a multiple of {given} devices, or another book.")
     halo = {}
     for p in parts:
         cfg = SimpleNamespace(dataset=dataset, data_root=data_root, nprocs=p,

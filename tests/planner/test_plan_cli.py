@@ -61,7 +61,7 @@ def test_plan_a_gnn_reads_the_partition_books(calibrated, tmp_path, capsys, monk
     assert "graph exchange: halo rows of the busiest rank" in capsys.readouterr().out
     assert main(["plan", "--model", "gcn", "--dataset", spec, "--devices", "3", "--partition",
                  str(book), "--data-root", str(tmp_path)]) == 2
-    assert "has 2 parts; --devices 3" in capsys.readouterr().err
+    assert "has 2 parts; 3 devices split rows [3] ways" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [
