@@ -32,10 +32,12 @@ log = logging.getLogger(__name__)
 
 
 def book_halos(ds: Any, dataset: str, parts: list[int], *, partition: str | None = None,
-               method: str = "metis", data_root: str | None = None) -> dict[int, int]:
+               method: str = "metis", data_root: str | None = None,
+               reorder: str = "none") -> dict[int, int]:
     """``parts -> rows`` the busiest rank receives, from the partition books of training:
     the book in folder ``partition`` for its part count, the cached book of ``dataset``
-    (``method``) for the other counts.
+    (``method``; ``reorder``: how ``ds`` was relabeled, part of the cache key) for the
+    other counts.
 
     Raises:
         ValueError: ``partition``'s part count is not among ``parts``.
@@ -55,7 +57,7 @@ def book_halos(ds: Any, dataset: str, parts: list[int], *, partition: str | None
     halo = {}
     for p in parts:
         cfg = SimpleNamespace(dataset=dataset, data_root=data_root, nprocs=p,
-                              partition=partition if p == given else None, reorder="none",
+                              partition=partition if p == given else None, reorder=reorder,
                               partition_method=method)
         book, folder = partition_for(cfg, ds)
         halo[p] = book_halo(book)
@@ -66,9 +68,11 @@ def book_halos(ds: Any, dataset: str, parts: list[int], *, partition: str | None
 
 def zoo_chain(model: str, dataset: str, devices: int, *, hidden: int | None = None,
               heads: int | None = None, num_layers: int = 2, data_root: str | None = None,
-              partition: str | None = None, method: str = "metis") -> Chain:
+              partition: str | None = None, method: str = "metis", reorder: str = "none",
+              seed: int = 0) -> Chain:
     """The dense layers of zoo GNN ``model`` on ``dataset`` (:func:`ngra.planner.gnn_chain`),
-    its exchange priced for every data-parallel degree of ``devices`` by :func:`book_halos`."""
+    its exchange priced for every data-parallel degree of ``devices`` by :func:`book_halos`
+    (on the dataset relabeled by ``reorder`` with ``seed``, as ``ngra train`` does)."""
     from ngra.datasets import load
     from ngra.models import MODELS, build_model, prepare
     from ngra.planner.gnn import gnn_chain
@@ -77,12 +81,16 @@ def zoo_chain(model: str, dataset: str, devices: int, *, hidden: int | None = No
         raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)} or "
                          "mlp:W0,W1,...")
     ds = load(dataset, root=data_root)
+    if reorder != "none":
+        from ngra.fit import reorder_dataset
+
+        ds = reorder_dataset(ds, reorder, seed=seed)
     graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
     net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=heads,
                       num_layers=num_layers, num_edge_types=ds.num_edge_types)
     parts = [p for p in range(2, devices + 1) if devices % p == 0]
     halo = book_halos(ds, dataset, parts, partition=partition, method=method,
-                      data_root=data_root)
+                      data_root=data_root, reorder=reorder)
     return gnn_chain(net, graph, ds.x, edge_data, halo=halo, name=f"{model} on {dataset}")
 
 
@@ -131,7 +139,7 @@ def training_plan(cfg: Any, *, can_measure: bool = True) -> dict[str, Any]:
     chain = zoo_chain(cfg.model, cfg.dataset, k, hidden=resolved["hidden"],
                       heads=resolved["heads"], num_layers=cfg.num_layers,
                       data_root=cfg.data_root, partition=cfg.partition,
-                      method=cfg.partition_method)
+                      method=cfg.partition_method, reorder=cfg.reorder, seed=cfg.seed)
     memory = parse_bytes(cfg.memory_budget) if cfg.memory_budget else default_memory(k)
     devices = Devices(k, memory, device_link(k, measure=can_measure))
     chosen = choose_plan(cfg.plan, chain, devices)

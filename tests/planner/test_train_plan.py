@@ -86,3 +86,8 @@ def test_bad_plan_flags(cfg, capsys, argv, message):
     assert main(["train", "--model", "gcn", "--dataset", SPEC, "--data-root", cfg.data_root,
                  "--epochs", "1", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_reordered_run_reads_the_book_of_the_reordered_graph(cfg, tmp_path):
+    training_plan(dataclasses.replace(cfg, reorder="degree"))
+    assert list((tmp_path / "cache").rglob("*-degree-metis-k2-*/book.json"))  # the run's key
