@@ -487,6 +487,7 @@ def _summarize_runs(cfg: TrainConfig, results: list[dict[str, Any]]) -> dict[str
     summary["epoch_time_s"] = statistics.median(r["epoch_time_s"] for r in results)
     summary["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
     summary.update({k: first[k] for k in _SHARED if k in first})
+    summary.update(cfg.extra)
     if "explain" in first:
         summary["explain"] = first.pop("explain")
     summary["results"] = results
