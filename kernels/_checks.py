@@ -34,6 +34,7 @@ __all__ = [
     "check_range",
     "check_rev",
     "check_same_device",
+    "kernel_offsets",
     "sddmm_layout",
     "spmm_layout",
     "tensor_version",
@@ -243,14 +244,38 @@ def check_csc(
     return num_dst
 
 
+def kernel_offsets(indptr: torch.Tensor) -> torch.Tensor:
+    """Offsets as kernels take them: int32 or int64 as given on the host (numba compiles
+    both, and a graph keeps int32 offsets while ``E < 2**31``, see :mod:`ngra.idtype`);
+    int64 on other devices, whose kernels index with int64."""
+    if indptr.device.type != "cpu" and indptr.dtype != torch.int64:
+        indptr = indptr.to(torch.int64)
+    return indptr.contiguous()
+
+
 def check_rev(
     rev: object, num_src: int, num_dst: int, num_edges: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> object:
     """Validate the reverse (CSR over sources) structure ``(indptr, indices, perm)``.
 
     ``perm`` is checked for range only, not for being a permutation: pass what
-    :meth:`ngra.Graph.csr` or :func:`ngra.kernels.transpose_csc` returns.
+    :meth:`ngra.Graph.csr` or :func:`ngra.kernels.transpose_csc` returns. A
+    :class:`ngra.graph.CSR` (whose arrays ngra built) comes back as it is, its lazily
+    built ``perm`` untouched, so that backward passes that read no edge data never
+    build it; a tuple comes back as a tuple.
     """
+    lazy = hasattr(rev, "indptr") and hasattr(rev, "indices") and hasattr(rev, "has_perm")
+    if lazy:
+        n = check_csc(rev.indptr, rev.indices, num_dst, names=("rev_indptr", "rev_indices"))
+        if n != num_src or rev.indices.numel() != num_edges:
+            raise ValueError(
+                f"rev describes {n} sources and {rev.indices.numel()} edges; expected "
+                f"{num_src} and {num_edges} (pass the CSR of this graph)."
+            )
+        for name, t in (("rev_indptr", rev.indptr), ("rev_indices", rev.indices)):
+            if t.device != device:
+                raise ValueError(f"{name} must be on {device} like the graph; got {t.device}.")
+        return rev
     if hasattr(rev, "indptr") and hasattr(rev, "indices") and hasattr(rev, "perm"):
         rev = (rev.indptr, rev.indices, rev.perm)
     if not isinstance(rev, (tuple, list)) or len(rev) != 3:
@@ -279,7 +304,7 @@ def check_rev(
         if t.device != device:
             raise ValueError(f"{name} must be on {device} like the graph; got {t.device}.")
     return (
-        rindptr.to(torch.int64).contiguous(),
+        kernel_offsets(rindptr),
         rindices.contiguous(),
         rperm.contiguous(),
     )

@@ -44,6 +44,7 @@ from ngra.kernels._checks import (
     check_rev,
     check_same_device,
     check_slope,
+    kernel_offsets,
     sole_owner_uses,
     storage_uses,
 )
@@ -134,7 +135,7 @@ def attention_aggregate(
             raise TypeError(f"recompute must be an ngra.kernels.Recompute; got "
                             f"{type(recompute).__name__}.")
         value, inputs = value.detach(), tuple(recompute.inputs)
-    return _AttentionAggregate.apply(indptr.to(torch.int64).contiguous(), indices.contiguous(),
+    return _AttentionAggregate.apply(kernel_offsets(indptr), indices.contiguous(),
                                      value.contiguous(), w_src, w_dst, negative_slope, rev,
                                      recompute, dropout, *inputs)
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import check_feat, check_indptr, check_same_device
+from ngra.kernels._checks import check_feat, check_indptr, check_same_device, kernel_offsets
 from ngra.kernels.registry import current_backend, lookup, use_backend
 
 __all__ = ["edge_softmax"]
@@ -35,7 +35,7 @@ def edge_softmax(indptr: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     check_indptr(indptr, scores.shape[0])
     check_same_device(indptr, scores=scores)
     flat = scores.reshape(scores.shape[0], math.prod(scores.shape[1:])).contiguous()
-    out = _EdgeSoftmax.apply(indptr.to(torch.int64).contiguous(), flat)
+    out = _EdgeSoftmax.apply(kernel_offsets(indptr), flat)
     return out.view(scores.shape)
 
 

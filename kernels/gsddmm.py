@@ -19,6 +19,7 @@ from ngra.kernels._checks import (
     check_range,
     check_rev,
     check_same_device,
+    kernel_offsets,
     sddmm_layout,
 )
 from ngra.kernels.registry import current_backend, lookup, use_backend
@@ -109,7 +110,7 @@ def gsddmm(
     lhs3 = lhs.reshape(lhs.shape[0], heads, dim_l).contiguous()
     rhs3 = rhs.reshape(rhs.shape[0], heads, dim_r).contiguous()
     out = _GSDDMM.apply(
-        indptr.to(torch.int64).contiguous(),
+        kernel_offsets(indptr),
         indices.contiguous(),
         lhs3,
         rhs3,

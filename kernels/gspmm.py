@@ -20,6 +20,7 @@ from ngra.kernels._checks import (
     check_feat,
     check_rev,
     check_same_device,
+    kernel_offsets,
     spmm_layout,
 )
 from ngra.kernels.registry import current_backend, forward_skipped, lookup, use_backend
@@ -36,6 +37,7 @@ def gspmm(
     *,
     reduce: str = "sum",
     rev: Rev | None = None,
+    scale: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     r"""Generalized sparse-dense matrix multiplication over a CSC graph.
 
@@ -59,6 +61,10 @@ def gspmm(
             [E], rev_perm [E])`` as returned by :meth:`ngra.Graph.csr` or
             :func:`ngra.kernels.transpose_csc`; built (and cached) on demand by the
             backward pass when ``None``. (default: ``None``)
+        scale: optional ``(src_scale [num_src], dst_scale [num_dst])``: edge weights
+            that are a product of per-vertex factors, :math:`w_e = s_u d_v` (GCN's
+            normalization), applied on the fly; sum/mean without ``edge_feat`` only,
+            and the factors get no gradient. (default: ``None``)
 
     Returns:
         ``[num_dst, *F]`` tensor.
@@ -88,9 +94,15 @@ def gspmm(
         edge3 = edge_feat.reshape(num_edges, heads, edge_dim).contiguous()
     if rev is not None:
         rev = check_rev(rev, num_src, num_dst, num_edges, indices.device)
+    if scale is not None:
+        s_src, s_dst = _check_scale(scale, num_src, num_dst, edge_feat, reduce, src_feat)
+        out = _GSpMMScaled.apply(kernel_offsets(indptr), indices.contiguous(),
+                                 src_feat.reshape(num_src, 1, -1).contiguous(), s_src, s_dst,
+                                 reduce, rev)
+        return out.view((num_dst,) + feat_shape)
     src3 = src_feat.reshape(num_src, heads, dim).contiguous()
     out = _GSpMM.apply(
-        indptr.to(torch.int64).contiguous(), indices.contiguous(), src3, edge3, reduce, rev
+        kernel_offsets(indptr), indices.contiguous(), src3, edge3, reduce, rev
     )
     return out.view((num_dst,) + feat_shape)
 
@@ -128,7 +140,9 @@ class _GSpMM(torch.autograd.Function):
         indptr, indices, src, edge, arg = ctx.saved_tensors
         need_src, need_edge = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
         grad_out = grad_out.contiguous()
-        rev = reverse_of(indptr, indices, ctx.num_src, ctx.rev) if need_src else None
+        # edge ids (the CSR's perm) are read only with edge features or arg routing
+        need_perm = edge is not None or ctx.reduce in ("max", "min")
+        rev = reverse_of(indptr, indices, ctx.num_src, ctx.rev, need_perm) if need_src else None
         if ctx.reduce in ("max", "min"):
             grad_src, grad_edge = lookup("gspmm_arg_backward", src.device)(
                 indptr, indices, rev, grad_out, src, edge, arg, need_src, need_edge
@@ -143,3 +157,56 @@ class _GSpMM(torch.autograd.Function):
             indptr, indices, rev, grad_out, src, edge, need_src, need_edge
         )
         return None, None, grad_src, grad_edge, None, None
+
+
+def _check_scale(scale: object, num_src: int, num_dst: int, edge_feat: object, reduce: str,
+                 src_feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if edge_feat is not None or reduce not in ("sum", "mean"):
+        raise ValueError("gspmm scale=(src_scale, dst_scale) takes reduce 'sum' or 'mean' and "
+                         f"no edge_feat; got reduce={reduce!r} and "
+                         f"{'an' if edge_feat is not None else 'no'} edge_feat.")
+    if not isinstance(scale, (tuple, list)) or len(scale) != 2:
+        raise TypeError(f"scale must be a pair (src_scale, dst_scale); got {type(scale).__name__}.")
+    out = []
+    for name, t, rows in (("src_scale", scale[0], num_src), ("dst_scale", scale[1], num_dst)):
+        t = check_feat(t, name)
+        if t.shape != (rows,):
+            raise ValueError(f"{name} must have shape [{rows}]; got {list(t.shape)}.")
+        if t.requires_grad:
+            raise ValueError(f"{name} must not require grad (pass the weights as edge_feat).")
+        check_same_device(src_feat, **{name: t})
+        out.append(t.to(src_feat.dtype).contiguous())
+    return out[0], out[1]
+
+
+class _GSpMMScaled(torch.autograd.Function):
+    """Sum/mean g-SpMM with ``w_e = s[u] d[v]``: backward is the same op over the reverse
+    graph with the factors swapped (``grad_src[u] = s[u] sum_v d[v] grad_out[v]``)."""
+
+    @staticmethod
+    def forward(ctx, indptr, indices, src, s_src, s_dst, reduce, rev):
+        ctx.backend = current_backend()
+        if forward_skipped(reduce):
+            out = src.new_zeros(()).expand((indptr.numel() - 1,) + tuple(src.shape[1:]))
+        else:
+            out = lookup("gspmm_scaled", src.device)(indptr, indices, src, s_src, s_dst, reduce)
+        ctx.reduce, ctx.rev, ctx.num_src = reduce, rev, src.shape[0]
+        ctx.save_for_backward(indptr, indices, s_src, s_dst)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        if not ctx.needs_input_grad[2]:
+            return (None,) * 7
+        indptr, indices, s_src, s_dst = ctx.saved_tensors
+        with use_backend(ctx.backend):
+            grad_out = grad_out.contiguous()
+            if ctx.reduce == "mean":
+                deg = (indptr[1:] - indptr[:-1]).clamp(min=1).to(grad_out.dtype)
+                grad_out = grad_out / deg.view(-1, 1, 1)
+            rev_indptr, rev_indices, _ = reverse_of(indptr, indices, ctx.num_src, ctx.rev,
+                                                    need_perm=False)
+            grad = lookup("gspmm_scaled", grad_out.device)(
+                kernel_offsets(rev_indptr), rev_indices, grad_out, s_dst, s_src, "sum")
+        return None, None, grad, None, None, None, None

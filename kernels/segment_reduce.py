@@ -7,7 +7,14 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import REDUCES, check_choice, check_feat, check_indptr, check_same_device
+from ngra.kernels._checks import (
+    REDUCES,
+    check_choice,
+    check_feat,
+    check_indptr,
+    check_same_device,
+    kernel_offsets,
+)
 from ngra.kernels.registry import current_backend, lookup, use_backend
 
 __all__ = ["segment_reduce"]
@@ -33,7 +40,7 @@ def segment_reduce(indptr: torch.Tensor, values: torch.Tensor, reduce: str = "su
     num_seg = check_indptr(indptr, values.shape[0])
     check_same_device(indptr, values=values)
     flat = values.reshape(values.shape[0], math.prod(values.shape[1:])).contiguous()
-    out = _SegmentReduce.apply(indptr.to(torch.int64).contiguous(), flat, reduce)
+    out = _SegmentReduce.apply(kernel_offsets(indptr), flat, reduce)
     return out.view((num_seg,) + tuple(values.shape[1:]))
 
 

@@ -32,6 +32,7 @@ from ngra.kernels._checks import (
     check_rev,
     check_same_device,
     check_slope,
+    kernel_offsets,
 )
 from ngra.kernels.dropout import EdgeDropout, check_edge_dropout
 from ngra.kernels.registry import lookup
@@ -138,7 +139,7 @@ def softmax_aggregate(
         rev = check_rev(rev, num_src, num_dst, indices.numel(), indices.device)
     dropout = check_edge_dropout(dropout, indices.numel(), indices.device)
     out, lse = _SoftmaxAggregate.apply(
-        indptr.to(torch.int64).contiguous(), indices.contiguous(), score_src.contiguous(),
+        kernel_offsets(indptr), indices.contiguous(), score_src.contiguous(),
         score_dst.contiguous(), value.contiguous(), float(negative_slope), rev, dropout,
     )
     return (out, lse) if return_lse else out
@@ -196,7 +197,7 @@ def softmax_aggregate_backward(
     rev = reverse_of(indptr, indices, num_src,
                      None if rev is None else check_rev(rev, num_src, num_dst, indices.numel(),
                                                         indices.device))
-    return bwd(indptr.to(torch.int64).contiguous(), indices.contiguous(), rev,
+    return bwd(kernel_offsets(indptr), indices.contiguous(), rev,
                score_src.contiguous(), score_dst.contiguous(), value.contiguous(),
                out.to(value.dtype).contiguous(), lse, grad_out.to(value.dtype).contiguous(),
                float(negative_slope), drop=dropout)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Any
 
 import torch
 
-from ngra.kernels._checks import check_csc, tensor_version
+from ngra.kernels._checks import check_csc, kernel_offsets, tensor_version
 from ngra.kernels.registry import lookup
 
-__all__ = ["reverse_of", "transpose_csc"]
+__all__ = ["rev_arrays", "reverse_of", "transpose_csc"]
 
 Rev = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -29,37 +30,58 @@ _cache: list[tuple[weakref.ref, weakref.ref, int, int, int, Rev]] = []
 _lock = threading.Lock()
 
 
-def transpose_csc(indptr: torch.Tensor, indices: torch.Tensor, num_src: int) -> Rev:
+def transpose_csc(indptr: torch.Tensor, indices: torch.Tensor, num_src: int, *,
+                  with_perm: bool = True) -> Rev:
     """The reverse (CSR over sources) of a CSC graph.
 
     Args:
         indptr: ``[num_dst + 1]`` offsets over destinations.
         indices: ``[E]`` source of each CSC edge, in ``[0, num_src)``.
         num_src: number of sources.
+        with_perm: also return ``rev_perm`` (default); ``False`` returns ``None`` in
+            its place (the lean transpose, for backward passes that read no edge data).
 
     Returns:
-        ``(rev_indptr [num_src + 1] int64, rev_indices [E] destination of each
-        CSR edge (dtype of ``indices``), rev_perm [E] int64 CSC position of each
-        CSR edge)``, the same fields as :meth:`ngra.Graph.csr`. Edges of one
-        source keep their CSC order.
+        ``(rev_indptr [num_src + 1], rev_indices [E] destination of each CSR edge
+        (dtype of ``indices``), rev_perm [E] CSC position of each CSR edge)``, the same
+        fields as :meth:`ngra.Graph.csr`; offsets and positions are int32 while
+        ``E < 2**31`` (:func:`ngra.idtype.offsets_dtype`). Edges of one source keep
+        their CSC order.
     """
     check_csc(indptr, indices, num_src)
     return lookup("transpose_csc", indices.device)(
-        indptr.to(torch.int64).contiguous(), indices.contiguous(), int(num_src)
+        kernel_offsets(indptr), indices.contiguous(), int(num_src), with_perm
     )
 
 
-def reverse_of(indptr: torch.Tensor, indices: torch.Tensor, num_src: int, rev: Rev | None) -> Rev:
-    """``rev`` when given, else the (cached) transpose of the validated CSC graph."""
+def rev_arrays(rev: Any, need_perm: bool = True) -> Rev:
+    """``(rev_indptr, rev_indices, rev_perm)`` of a tuple or a :class:`ngra.graph.CSR`;
+    without ``need_perm`` a CSR's ``perm`` is not built (``None`` when not built yet)."""
+    if isinstance(rev, (tuple, list)):
+        return tuple(rev)
+    if need_perm or rev.has_perm:
+        return rev.indptr, rev.indices, rev.perm
+    return rev.indptr, rev.indices, None
+
+
+def reverse_of(indptr: torch.Tensor, indices: torch.Tensor, num_src: int, rev: Any,
+               need_perm: bool = True) -> Rev:
+    """``rev`` when given, else the (cached) transpose of the validated CSC graph.
+
+    ``need_perm=False`` leaves a given CSR's ``perm`` unbuilt, and builds a missing
+    transpose without one.
+    """
     if rev is not None:
-        return rev
+        return rev_arrays(rev, need_perm)
     key = (tensor_version(indptr), tensor_version(indices), num_src)
     cacheable = None not in key
     with _lock:
         for ref_p, ref_i, vp, vi, ns, hit in _cache:
-            if cacheable and ref_p() is indptr and ref_i() is indices and (vp, vi, ns) == key:
+            if (cacheable and ref_p() is indptr and ref_i() is indices and (vp, vi, ns) == key
+                    and (hit[2] is not None or not need_perm)):
                 return hit
-    built = lookup("transpose_csc", indices.device)(indptr, indices, int(num_src))
+    built = lookup("transpose_csc", indices.device)(kernel_offsets(indptr), indices, int(num_src),
+                                                    need_perm)
     if not cacheable:
         return built
     with _lock:

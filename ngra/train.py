@@ -218,13 +218,17 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
     ds = load(cfg.dataset, root=cfg.data_root)
     check_trainable(ds, cfg.dataset)
     ds = prepare_dataset(cfg, ds)
+    about = {"reciprocity": ds.reciprocity, "dataset_summary": ds.summary()}  # the data's graph
     graph, edge_data = prepare(cfg.model, ds.graph, ds.edge_type, ds.num_edge_types)
+    num_nodes, num_edges, num_edge_types = ds.graph.num_nodes, ds.graph.num_edges, ds.num_edge_types
+    if graph is not ds.graph:  # the model's graph replaces the dataset's: one copy alive
+        ds = replace(ds, graph=graph, edge_type=None, num_edge_types=1)
     masks = {"train": ds.train_mask, "val": ds.val_mask, "test": ds.test_mask}
 
     def session(seed: int) -> Session:  # one run's model, seeded by fit_runs
         model = build_model(cfg.model, ds.x.shape[1], ds.num_classes, hidden=resolved["hidden"],
                             heads=resolved["heads"], num_layers=cfg.num_layers,
-                            num_edge_types=ds.num_edge_types, dropout=resolved["dropout"],
+                            num_edge_types=num_edge_types, dropout=resolved["dropout"],
                             attention_dropout=resolved["attention_dropout"])
         placement = _placement(device, cfg, graph, ds.x, model,
                                [ds.y, edge_data, *masks.values()])
@@ -234,9 +238,8 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
             g, x, y, e, model = move_to(device, g, x, y, e, model)
             m = dict(zip(m, move_to(device, *m.values())))
         check_predictions_vary(model, g, x, e, cfg.model, cfg.dataset)
-        return Session(model, g, x, e, y, m, cfg.memory_budget, ds.graph.num_nodes,
-                       ds.graph.num_edges, device, placement,
-                       {"reciprocity": ds.reciprocity, "dataset_summary": ds.summary()})
+        return Session(model, g, x, e, y, m, cfg.memory_budget, num_nodes, num_edges,
+                       device, placement, about)
 
     return fit_runs(cfg, session, echo)
 

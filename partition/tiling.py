@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from ngra.graph import Graph
+from ngra.idtype import idtype_for
 from ngra.partition.kway import degree_indptr, edge_balanced_ranges
 
 __all__ = [
@@ -453,7 +454,7 @@ def tile_graph(
     n, num_edges = graph.num_nodes, graph.num_edges
     if index_dtype not in _INDEX_DTYPES:
         raise ValueError(f"index_dtype must be torch.int64 or torch.int32; got {index_dtype}.")
-    if index_dtype == torch.int32 and max(n, num_edges) >= 2**31:
+    if index_dtype == torch.int32 and idtype_for(max(n, num_edges)) != torch.int32:
         raise ValueError(
             f"index_dtype=torch.int32 cannot address {n} vertices / {num_edges} edges; use torch.int64."
         )

@@ -13,8 +13,9 @@ Conventions every CPU kernel follows:
 * Rows are split into ranges of about equal *work* (edges + rows), not equal
   row counts, because real graphs are skewed (R-MAT puts most edges on low
   ids); the pool hands ranges to whichever thread is free.
-* ``indptr`` is always int64 (callers normalize it; it is short) while
-  ``indices`` may be int32 or int64 without conversion. Features are float32
+* ``indptr`` and ``indices`` may be int32 or int64 without conversion (a graph keeps
+  32-bit offsets and ids where they fit, :mod:`ngra.idtype`; numba promotes index
+  arithmetic to 64 bits, so int32 inputs cannot overflow inside). Features are float32
   or float64. Absent optional arrays are passed as small typed dummies so that
   one compiled specialization serves every call with the same dtypes.
 

@@ -3,8 +3,10 @@
 :func:`_spmm_sum` serves the sum/mean forward (CSC), the sum/mean backward
 (the same kernel over the reverse CSR, edge ids through ``eperm``) and the
 max/min backward w.r.t. sources (``MASKED_SUM``: only the arg-extreme edge
-contributes); :func:`_spmm_extreme` the max/min forward. Each compiles for
-{float32, float64} x {int32, int64 indices}.
+contributes); :func:`_spmm_extreme` the max/min forward; :func:`_spmm_scaled` a
+sum/mean whose edge weight is a product of per-vertex factors (GCN's normalization),
+forward and, over the reverse CSR with the factors swapped, backward. Each compiles
+for {float32, float64} x {int32, int64 offsets} x {int32, int64 indices}.
 """
 
 from __future__ import annotations
@@ -96,6 +98,31 @@ def _spmm_sum(
             inv = out.dtype.type(1) / out.dtype.type(hi - lo)
             for f in range(nf):
                 out[v, f] *= inv
+
+
+@njit(cache=True, nogil=True)
+def _spmm_scaled(indptr, indices, src, sscale, dscale, out, mean, pf, v0, v1):
+    """``out[v] = dscale[v] * sum_j sscale[u] * src[u]`` (``u = indices[j]``; MEAN also
+    divides by the in-degree) for ``v`` in ``[v0, v1)``: a weighted sum whose weight is a
+    product of per-vertex factors, read per edge instead of stored per edge."""
+    nf = src.shape[1]
+    num_edges = indices.shape[0]
+    for v in range(v0, v1):
+        lo, hi = indptr[v], indptr[v + 1]
+        for f in range(nf):
+            out[v, f] = 0
+        for j in range(lo, hi):
+            if j + pf < num_edges:
+                prefetch_row(src, indices[j + pf])
+            u = indices[j]
+            w = sscale[u]
+            for f in range(nf):
+                out[v, f] += w * src[u, f]
+        scale = dscale[v]
+        if mean and hi > lo:
+            scale = scale / (hi - lo)
+        for f in range(nf):
+            out[v, f] *= scale
 
 
 @njit(cache=True, nogil=True)
@@ -260,6 +287,34 @@ def gspmm(
         row_bytes=src_np.strides[0],
     )
     return out, None
+
+
+@register("gspmm_scaled", "cpu")
+def gspmm_scaled(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    src: torch.Tensor,
+    src_scale: torch.Tensor,
+    dst_scale: torch.Tensor,
+    reduce: str,
+) -> torch.Tensor:
+    """See :func:`ngra.kernels.ref.gspmm.gspmm_scaled` (same contract)."""
+    out = torch.empty((indptr.numel() - 1,) + tuple(src.shape[1:]), dtype=src.dtype)
+    ip, src_np = as_numpy(indptr), _flat(src)
+    run_rows(
+        _spmm_scaled,
+        ip,
+        ip,
+        as_numpy(indices),
+        src_np,
+        as_numpy(src_scale.to(src.dtype).contiguous()),
+        as_numpy(dst_scale.to(src.dtype).contiguous()),
+        _flat(out),
+        reduce == "mean",
+        prefetch_distance(src_np.strides[0]),
+        row_bytes=src_np.strides[0],
+    )
+    return out
 
 
 @register("gspmm_backward", "cpu")

@@ -8,7 +8,7 @@ from ngra.kernels.registry import register
 
 
 @register("transpose_csc", "gpu")
-def transpose_csc(indptr, indices, num_src):
+def transpose_csc(indptr, indices, num_src, with_perm=True):
     """See :func:`ngra.kernels.ref.transpose.transpose_csc`."""
     require_cuda(indptr, indices)
-    return _ref.transpose_csc(indptr, indices, num_src)
+    return _ref.transpose_csc(indptr, indices, num_src, with_perm)

@@ -9,7 +9,7 @@ def dst_ids(indptr: torch.Tensor) -> torch.Tensor:
     """``[E]`` int64 segment (destination) id of every edge of a CSC ``indptr``."""
     # The one-argument form repeats arange(len(counts)); on CPU it is ~100x faster
     # than repeat_interleave(arange, counts, output_size=...) in torch 2.13.
-    return torch.repeat_interleave(indptr[1:] - indptr[:-1])
+    return torch.repeat_interleave((indptr[1:] - indptr[:-1]).long())
 
 
 def scatter_extreme(

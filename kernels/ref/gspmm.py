@@ -40,6 +40,23 @@ def gspmm(
     return scatter_extreme(seg, msg, num_dst, reduce, eids)
 
 
+@register("gspmm_scaled", "ref")
+def gspmm_scaled(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    src: torch.Tensor,
+    src_scale: torch.Tensor,
+    dst_scale: torch.Tensor,
+    reduce: str,
+) -> torch.Tensor:
+    """``out[v] = dst_scale[v] * reduce_{j in [indptr[v], indptr[v+1])} src_scale[u] src[u]``
+    with ``u = indices[j]`` and ``reduce`` sum or mean: a sum/mean g-SpMM whose edge weight
+    is a product of per-vertex factors. ``src`` [N, H, D], scales [N] / [M]."""
+    w = src_scale.index_select(0, indices.long()) * dst_scale.index_select(0, dst_ids(indptr))
+    out, _ = gspmm(indptr, indices, src, w.to(src.dtype).view(-1, 1, 1), reduce)
+    return out
+
+
 @register("gspmm_backward", "ref")
 def gspmm_backward(
     indptr: torch.Tensor,

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ngra.graph import EdgeFactors
 from ngra.compiler.lower import CompiledPlan, FallbackPlan, lower
 from ngra.compiler.passes import PassNote
 from ngra.compiler.pipeline import compile_program
@@ -86,6 +87,9 @@ def compile_layer(layer: Any, graph: Any, x: Any, edata: Any) -> Any:
     """
     if not _enabled:
         return FallbackPlan(layer, "compilation disabled (ngra.compiler.disabled())")
+    if isinstance(edata, EdgeFactors):
+        # traced as the [E] weight it stands for; the plan applies the factors at run time
+        edata = edata.src
     key = signature(layer, x, edata)
     with _lock:
         plans = _CACHE.get(layer)

@@ -16,6 +16,7 @@ import torch
 from ngra import probes
 from ngra.compiler.gather import make_accumulator
 from ngra.edge import Edge
+from ngra.graph import EdgeFactors
 
 if TYPE_CHECKING:  # types only: the runtime builds tiles and runs plans, it is not imported
     from ngra.runtime.tiles import TileView
@@ -44,6 +45,8 @@ class GenericPlan:
         """The tile's partial state from its staged source / destination rows and edge data
         (``drop``: a softmax gather's attention dropout on the tile's edges, or ``None``)."""
         edge_view = _ProbedEdge if probes.active() else Edge
+        if isinstance(edata, EdgeFactors):  # the UDF reads one weight per edge
+            edata = edata.per_edge(tile.src_idx, tile.dst_idx)
         with probes.stage("apply_edge") as s:
             msg = s.outputs(self.layer.apply_edge(
                 edge_view(src, dst, tile.src_idx, tile.dst_idx, edata)))

@@ -50,11 +50,15 @@ from ngra.compiler.passes.fuse import (
     SoftmaxMatch,
     describe_match,
 )
+from ngra.graph import EdgeFactors
 
 if TYPE_CHECKING:  # types only: the runtime builds tiles and runs plans, it is not imported
     from ngra.runtime.tiles import TileView
 
 __all__ = ["CompiledPlan", "FallbackPlan", "lower"]
+
+# ops that only reshape a per-edge scalar ([E] <-> [E, 1, ...])
+_SHAPE_OPS = (Op.UNSQUEEZE, Op.VIEW, Op.RESHAPE, Op.SQUEEZE, Op.FLATTEN)
 
 
 class FallbackPlan(GenericPlan):
@@ -115,6 +119,8 @@ class _Tile:
             if n.op == Op.EDATA:
                 d = self.edata
                 v = d if n.attrs["key"] is None else d[n.attrs["key"]]
+                if isinstance(v, EdgeFactors):  # a per-edge weight made from vertex factors
+                    v = v.per_edge(self.tile.src_idx, self.tile.dst_idx)
             elif n.op == Op.SRC:
                 v = self.src[n.attrs["key"]].index_select(0, self.tile.src_idx)
             else:
@@ -313,9 +319,30 @@ class CompiledPlan:
                              self.resolver)[m.typed["type_node"]].reshape(-1)
             indices, rev = self._virtual(tile, types, t, src.shape[0])
             src = src.reshape(src.shape[0] * t, f)
+        scale = self._vertex_factors(ctx, m, reduce)
+        if scale is not None:  # w_e = s[u] d[v] applied on the fly: no [E] weight
+            out = kernels.gspmm(tile.indptr, indices, src, reduce=reduce, rev=rev, scale=scale)
+            return _shaped(out, (ctx.num_dst,) + m.out)
         ef = self._factor(ctx, m, tile.num_edges, src.dtype)
         out = kernels.gspmm(tile.indptr, indices, src, ef, reduce=reduce, rev=rev)
         return _shaped(out, (ctx.num_dst,) + m.out)
+
+    def _vertex_factors(self, ctx: _Tile, m: GspmmMatch, reduce: str) -> tuple | None:
+        """``(src_scale, dst_scale)`` when the message's only factor is the edge data and
+        that is an :class:`~ngra.graph.EdgeFactors` (reshaped to one scalar per edge)."""
+        if (m.typed is not None or len(m.factors) != 1 or m.factors[0][1] or m.edge_dims
+                or reduce not in ("sum", "mean")):
+            return None
+        stage, nid = self.program.edge, m.factors[0][0]
+        while stage.nodes[nid].op in _SHAPE_OPS:
+            nid = stage.nodes[nid].args[0]
+        n = stage.nodes[nid]
+        if n.op != Op.EDATA:
+            return None
+        d = ctx.edata if n.attrs["key"] is None else ctx.edata[n.attrs["key"]]
+        if not isinstance(d, EdgeFactors) or d.src.requires_grad or d.dst.requires_grad:
+            return None
+        return d.src, d.dst
 
     def _virtual(self, tile: TileView, types: torch.Tensor, num_types: int,
                  num_src: int) -> tuple[torch.Tensor, Any]:

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ngra.graph import Graph
+from ngra.idtype import idtype_for
 from ngra.kernels.registry import thread_setting
 from ngra.memstat import release_large_frees
 from ngra.partition import (GridChoice, TileCost, choose_grid, default_bounds, parse_bytes,
@@ -110,9 +111,8 @@ def executor_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tens
     """
     if dst_bounds.numel() == 2 and src_bounds.numel() == 2:
         return whole_graph_grid(graph)
-    wide = max(graph.num_nodes, graph.num_edges) >= 2**31
     tiles = tile_graph(graph, dst_bounds=dst_bounds, src_bounds=src_bounds,
-                       index_dtype=torch.int64 if wide else torch.int32)
+                       index_dtype=idtype_for(max(graph.num_nodes, graph.num_edges)))
     return grid_from_tiles(graph, tiles)
 
 

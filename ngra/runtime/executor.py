@@ -23,7 +23,7 @@ import torch
 
 from ngra import kernels, probes
 from ngra.compiler.driver import compile_layer
-from ngra.graph import Graph
+from ngra.graph import EdgeFactors, Graph
 from ngra.kernels.dropout import EdgeDropout, check_attention_p, check_p
 from ngra.runtime.budget import current_budget, forced_grid, grid_for
 from ngra.runtime.partitioned import Partitioned
@@ -229,9 +229,13 @@ def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> Grid
 
 
 def edge_data_csc(graph: Graph, edge_data: Any, who: str = "layer") -> Any:
-    """Edge data in CSC order; defaults to the graph's edge weights (already CSC)."""
+    """Edge data in CSC order; defaults to the graph's edge weights (already CSC), or to
+    its :class:`~ngra.graph.EdgeFactors` when the weights are factored (kernels apply
+    them per edge on the fly; no ``[E]`` tensor is made)."""
     if edge_data is None:
-        return graph.edge_weight
+        return graph.edge_factors if graph.edge_factors is not None else graph.edge_weight
+    if isinstance(edge_data, EdgeFactors):
+        return edge_data
     if isinstance(edge_data, Mapping):
         return {k: _permute_edges(graph, v, f"{who} edge_data[{k!r}]") for k, v in edge_data.items()}
     return _permute_edges(graph, edge_data, f"{who} edge_data")
@@ -245,7 +249,7 @@ def _permute_edges(graph: Graph, t: Any, name: str) -> torch.Tensor:
             f"{name} must have one row per edge ([{graph.num_edges}, ...], in the graph's "
             f"original edge order); got shape {list(t.shape)}."
         )
-    return t.index_select(0, graph.perm.to(t.device))
+    return graph.to_csc_order(t)
 
 
 def _check_vertex_data(layer: Any, graph: Any, x: Any) -> None:

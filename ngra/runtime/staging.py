@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from ngra.graph import EdgeFactors
 from ngra.kernels.registry import thread_setting
 from ngra.runtime.tiles import Grid, TileView
 
@@ -319,7 +320,9 @@ class Stager:
         st.dst = unflatten(self.t_spec, [
             self._leaf(i, self.t_leaves[i], dst_rows, st) if i in self.dst_slots else None
             for i in range(nt)], keep=self.dst_slots)
-        st.edata = unflatten(self.e_spec, [self._leaf(nt + j, t, edge_rows, st)
+        # factored edge weights stage like vertex data: source and destination factor rows
+        e_rows = (src_rows, dst_rows) if self.e_spec == "factors" else (edge_rows,) * 2
+        st.edata = unflatten(self.e_spec, [self._leaf(nt + j, t, e_rows[min(j, 1)], st)
                                            for j, t in enumerate(self.e_leaves)])
         if self.drop is not None:
             drop = self.drop.take(view.edge_ids)  # keeps the whole graph's reverse counters
@@ -447,11 +450,14 @@ def staging_summary(grid: Grid, mode: str | None = None) -> str:
 
 # ---------------------------------------------------------------- flat pytrees
 def flatten(tree: Any) -> tuple[list[torch.Tensor], Any]:
-    """Leaves and spec of vertex or edge data: ``None``, a tensor, or a dict of tensors."""
+    """Leaves and spec of vertex or edge data: ``None``, a tensor, a dict of tensors, or
+    :class:`~ngra.graph.EdgeFactors` (two leaves: source and destination factors)."""
     if tree is None:
         return [], None
     if isinstance(tree, torch.Tensor):
         return [tree], "t"
+    if isinstance(tree, EdgeFactors):
+        return [tree.src, tree.dst], "factors"
     if isinstance(tree, Mapping) and all(isinstance(v, torch.Tensor) for v in tree.values()):
         return list(tree.values()), tuple(tree)
     raise TypeError("streaming: vertex/edge data must be a tensor or a dict of tensors; got "
@@ -464,6 +470,8 @@ def unflatten(spec: Any, leaves: list[Any], keep: Any = None) -> Any:
         return None
     if spec == "t":
         return leaves[0]
+    if spec == "factors":
+        return EdgeFactors(leaves[0], leaves[1])
     return {k: v for i, (k, v) in enumerate(zip(spec, leaves)) if keep is None or i in keep}
 
 

@@ -38,7 +38,9 @@ class TileView:
         rev: the reverse (source-sorted) structure for backward kernels,
             ``(rev_indptr [S + 1] over the S staged source rows, rev_indices [E_t]
             local destinations, rev_perm [E_t] tile-CSC position of each CSR edge)``,
-            or ``None`` (kernels transpose on demand).
+            the graph's :class:`~ngra.graph.CSR` (the whole-graph tile; its ``perm`` is
+            built only for kernels that read edge data in backward), or ``None``
+            (kernels transpose on demand).
         key: ``(column, row)`` of the tile in its grid.
         whole: the tile holds every edge of the graph (the 1 x 1 grid): no other
             tile merges into its accumulator state.
@@ -60,7 +62,7 @@ class TileView:
     def dst_idx(self) -> torch.Tensor:
         """``[E_t]`` local destination (row of the staged destination rows) of each edge."""
         if self._dst_idx is None:
-            self._dst_idx = segment_ids(self.indptr)
+            self._dst_idx = segment_ids(self.indptr, dtype=self.src_idx.dtype)
         return self._dst_idx
 
     @property
@@ -100,9 +102,9 @@ def whole_graph_grid(graph: Graph) -> Grid:
     """The 1 x 1 grid: one tile holding every edge, with global ids (cached on the graph)."""
     key = "ngra.whole-grid"
     if key not in graph._cache:
-        csr = graph.csr()
+        # the graph's CSR itself: kernels build its perm only if they read edge data
         tile = TileView(0, graph.num_nodes, graph.indptr, graph.indices, None,
-                        (csr.indptr, csr.indices, csr.perm), whole=True, dst_idx=graph.dst_index())
+                        graph.csr(), whole=True)
         graph._cache[key] = Grid(((tile,),), ((tile,),), (1, 1))
     return graph._cache[key]
 

@@ -21,13 +21,17 @@ def test_cpu_matches_ref(case, index_dtype, gen):
     for a, b in zip(ref, cpu):
         assert torch.equal(a, b)
     rev_indptr, rev_indices, rev_perm = cpu
-    assert rev_indices.dtype == index_dtype and rev_perm.dtype == torch.int64
+    # offsets and positions are 32-bit while E < 2**31 (ngra.idtype)
+    assert rev_indices.dtype == index_dtype and rev_perm.dtype == rev_indptr.dtype == torch.int32
     assert rev_indptr.numel() == num_src + 1
     # Every CSR edge is the CSC edge rev_perm points to.
     dst = torch.repeat_interleave(indptr[1:] - indptr[:-1])
     src = torch.repeat_interleave(rev_indptr[1:] - rev_indptr[:-1])
     assert torch.equal(indices[rev_perm].long(), src)
     assert torch.equal(dst[rev_perm], rev_indices.long())
+    lean = transpose_csc(indptr, indices, num_src, with_perm=False)
+    assert lean[2] is None and torch.equal(lean[0], rev_indptr)
+    assert torch.equal(lean[1], rev_indices)
 
 
 def test_matches_graph_csr(gen):

@@ -24,12 +24,13 @@ def test_from_edge_index_any_int_dtype(dtype):
     ei = _rand_edges(40, 200).to(dtype)
     g = Graph.from_edge_index(ei, num_nodes=40)
     assert g.num_nodes == 40 and g.num_edges == 200
-    assert g.indptr.dtype == torch.int64 and g.indices.dtype == torch.int64
+    # 32-bit ids and offsets where they fit (ngra.idtype)
+    assert g.indptr.dtype == torch.int32 and g.indices.dtype == torch.int32
     # CSC invariants: destinations sorted, perm maps back to the original order
     dst = g.dst_index()
     assert torch.all(dst[1:] >= dst[:-1])
     assert torch.equal(g.edge_index(), ei.long())
-    assert torch.equal(g.edge_index("csc")[:, :], ei.long()[:, g.perm])
+    assert torch.equal(g.edge_index("csc")[:, :], ei.long()[:, g.perm.long()])
 
 
 def test_csr_matches_csc():
@@ -39,14 +40,15 @@ def test_csr_matches_csc():
     src = torch.repeat_interleave(torch.arange(50), csr.indptr[1:] - csr.indptr[:-1])
     assert _pairs(torch.stack([src, csr.indices])) == _pairs(ei)
     # perm: CSR edge -> CSC position with the same (src, dst)
-    assert torch.equal(g.indices[csr.perm], src)
+    assert not csr.has_perm  # built only when a kernel reads edge data in backward
+    assert torch.equal(g.indices[csr.perm].long(), src)
     assert torch.equal(g.dst_index()[csr.perm], csr.indices)
     assert csr is g.csr()  # cached
 
 
 def test_empty_and_isolated():
     g = Graph.from_edge_index(torch.zeros(2, 0, dtype=torch.long), num_nodes=5)
-    assert g.num_edges == 0 and g.indptr.tolist() == [0] * 6
+    assert g.num_edges == 0 and g.indptr.tolist() == [0] * 6 and not g.has_perm
     assert g.in_degrees().tolist() == [0] * 5
     assert Graph.from_edge_index(torch.zeros(2, 0, dtype=torch.long)).num_nodes == 0
     assert g.csr().indptr.tolist() == [0] * 6
@@ -120,13 +122,33 @@ def test_helpers():
     assert g.out_degrees().tolist() == [1, 2, 2, 0]
 
 
-def test_gcn_norm_matches_definition():
+@pytest.mark.parametrize("order", ["original", "csc"])
+def test_gcn_norm_matches_definition(order):
     ei = _rand_edges(20, 60)
-    g = Graph.from_edge_index(ei, num_nodes=20).gcn_norm()
+    g = Graph.from_edge_index(ei, num_nodes=20).gcn_norm(order=order)
+    # unweighted: two [N] factors, no [E] tensor; edge_weight is made from them
+    assert g.edge_factors is not None and g.has_perm == (order == "original")
     full = g.edge_index("csc")
     deg = torch.bincount(full[1], minlength=20).float()
     expect = deg[full[0]].rsqrt() * deg[full[1]].rsqrt()
     assert torch.allclose(g.edge_weight, expect)
+
+
+def test_self_loops_in_csc_order_need_no_perm():
+    ei = torch.tensor([[2, 0, 1, 2], [0, 1, 1, 2]])  # in CSC order, a loop at 2
+    g = Graph.from_edge_index(ei, num_nodes=4)
+    assert not g.has_perm
+    lean, kept = g.add_self_loops(order="csc"), g.add_self_loops()
+    assert not lean.has_perm and kept.has_perm
+    assert torch.equal(lean.edge_index("csc"), kept.edge_index("csc"))
+    # the loop of each vertex follows its in-edges; the original order appends the loops
+    assert lean.edge_index().tolist() == [[2, 0, 0, 1, 1, 2, 2, 3], [0, 0, 1, 1, 1, 2, 2, 3]]
+    assert kept.edge_index().tolist() == [[2, 0, 1, 2, 0, 1, 2, 3], [0, 1, 1, 2, 0, 1, 2, 3]]
+    w = torch.arange(4.0)
+    kept_w = Graph.from_edge_index(ei, num_nodes=4, edge_weight=w).add_self_loops(fill_value=9)
+    assert kept_w.edge_weight_original().tolist() == [0, 1, 2, 3, 9, 9, 9, 9]
+    no_loops = kept.remove_self_loops()
+    assert no_loops.edge_index().tolist() == [[2, 0], [0, 1]]
 
 
 def test_gcn_norm_matches_pyg():

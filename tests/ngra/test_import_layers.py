@@ -30,6 +30,7 @@ LAYERS = (
     "ngra.checkpoint",  # checkpoint files (torch and ngra.errors only)
     "ngra._compat",
     "ngra.memstat",
+    "ngra.idtype",  # index dtypes (32-bit ids where they fit); imports nothing of ngra
     "ngra.probes",
     "ngra.graph",
     "ngra.edge",
