@@ -21,6 +21,7 @@ import torch
 
 from ngra.errors import DamagedFileError, DatasetError, DatasetNotFoundError, SpecError
 from ngra.graph import Graph
+from ngra.memstat import release_mapped
 
 from .direction import add_missing_reverses, reciprocity
 
@@ -287,21 +288,29 @@ def csc_graph(
 
 
 def class_features(
-    y: np.ndarray, num_classes: int, num_features: int, noise: float, rng: np.random.Generator
+    y: np.ndarray, num_classes: int, num_features: int, noise: float, rng: np.random.Generator,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """``[N, F]`` float32 features ``centroid[y] + noise * eps`` with ``centroid, eps ~ N(0, 1)``.
 
     Features carry the label through a per-class mean; ``noise`` sets how hard the
     classes are to separate from features alone, so neighbor aggregation (which
     averages the noise away over same-class neighbors) is what makes them easy.
-    Unlabeled nodes (``y == -1``) get pure noise.
+    Unlabeled nodes (``y == -1``) get pure noise. Written a block of rows at a time
+    (into ``out`` when given: a cache entry's memory-mapped array).
     """
     n = y.shape[0]
     centroids = rng.standard_normal((max(num_classes, 1) + 1, num_features), dtype=np.float32)
     centroids[-1] = 0.0  # row for y == -1
-    x = rng.standard_normal((n, num_features), dtype=np.float32)
-    x *= np.float32(noise)
-    x += centroids[y]
+    x = np.empty((n, num_features), dtype=np.float32) if out is None else out
+    # Row blocks draw the same numbers as one draw (the generator's stream is sequential).
+    rows = max(1, (64 << 20) // max(4 * num_features, 1))
+    for r0 in range(0, n, rows):
+        block = x[r0:r0 + rows]
+        rng.standard_normal(block.shape, dtype=np.float32, out=block)
+        block *= np.float32(noise)
+        block += centroids[y[r0:r0 + rows]]
+        release_mapped(x, r0, r0 + block.shape[0])  # written through to the cache entry
     return x
 
 

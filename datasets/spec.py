@@ -19,11 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from .base import NodeDataset, SpecError, data_root
-from .cache import cache_key, cache_root, load_cached, save_cached, source_stamp
+from .cache import (
+    CacheError,
+    EntryWriter,
+    cache_key,
+    cache_root,
+    load_cached,
+    remove_entry,
+    save_cached,
+    source_stamp,
+)
 from .direction import loading_spec, symmetric_spec, warn_if_one_direction
 from .edgelist import TWITTER_FILE, load_edgelist, load_twitter
 from .ogb import load_ogb, ogb_source_files
 from .planetoid import load_planetoid
+from .store import STORAGES, choose_storage, entry_bytes
 from .synthetic import rmat, sbm
 
 __all__ = ["DatasetSpec", "available", "describe", "load", "parse_spec"]
@@ -100,6 +110,7 @@ class Entry:
     flags: tuple[str, ...] = ()  # bool keys a bare word turns on
     cacheable: bool = True
     sources: Callable[..., list[Path]] | None = None  # sources(root, **params): files to stamp
+    streams: bool = False  # build(..., out=EntryWriter) writes large arrays into the entry
 
     def param(self, key: str) -> Param | None:
         return next((p for p in self.params if p.name == key), None)
@@ -247,6 +258,7 @@ _REGISTRY: dict[str, Entry] = {
                 ),
             ),
             build=_build_rmat,
+            streams=True,
         ),
         Entry(
             name="sbm",
@@ -388,6 +400,8 @@ def load(
     *,
     download: bool = True,
     progress: bool | None = None,
+    storage: str = "memory",
+    budget: int | None = None,
 ) -> NodeDataset:
     """Load a dataset from a spec string.
 
@@ -404,10 +418,19 @@ def load(
             generated and parsed datasets; Planetoid is always parsed directly.
         download: fetch missing raw files (Planetoid, ego-Twitter) from their public home.
         progress: tqdm bars (default: when stderr is a terminal).
+        storage: ``"memory"`` reads the arrays; ``"disk"`` memory-maps the cache
+            entry's arrays (:mod:`ngra.datasets.store`); ``"auto"`` maps them when they
+            would take more than half the available memory, or more than ``budget``.
+        budget: the memory budget in bytes ``storage="auto"`` weighs the data against.
+
+    A damaged cache entry (a truncated or overwritten file, see
+    :mod:`ngra.datasets.cache`) is reported as a warning naming the file, deleted and
+    rebuilt.
 
     Returns:
-        The :class:`NodeDataset`; ``info["spec"]`` holds the canonical spec and
-        ``info["cache"]`` is ``"hit"``, ``"miss"`` or ``"off"``.
+        The :class:`NodeDataset`; ``info["spec"]`` holds the canonical spec,
+        ``info["cache"]`` is ``"hit"``, ``"miss"`` or ``"off"``, and ``info["storage"]``
+        says whether the arrays are in memory or mapped from disk.
 
     Raises:
         SpecError: malformed spec (the message lists valid names/keys).
@@ -420,30 +443,72 @@ def load(
     if entry.positional:
         params[entry.positional] = str(_resolve(params[entry.positional], root_path))
     canonical = DatasetSpec(parsed.name, params).canonical()
+    if storage not in STORAGES:
+        raise SpecError(f"storage must be one of {STORAGES}; got {storage!r}.")
     use_cache = cache and entry.cacheable
+    if storage == "disk" and not use_cache:
+        raise SpecError(f"{canonical}: storage='disk' maps a cache entry, but "
+                        f"{'caching is off' if entry.cacheable else 'this dataset is not cached'};"
+                        " use storage='memory'.")
     directory = None
     if use_cache:
         stamp = source_stamp(entry.sources(root_path, **params)) if entry.sources else None
         directory = cache_root(root_path) / cache_key(canonical, stamp)
-        ds = load_cached(directory, canonical)
+        ds = _open_entry(directory, canonical, storage, budget)
         if ds is not None:
-            log.info("loaded %s from cache %s", canonical, directory)
+            log.info("loaded %s from cache %s (%s)", canonical, directory, ds.info["storage"])
             if "symmetric_option" in ds.info:
                 ds.info["symmetric_option"] = symmetric_spec(spec)
             warn_if_one_direction(ds)  # as the first load did, once per process
             return ds
-    with loading_spec(spec):
-        ds = entry.build(root_path, download, progress, **params)
+    writer = None
+    if use_cache and entry.streams:
+        try:
+            writer = EntryWriter(directory)
+        except OSError:
+            writer = None  # save_cached reports the unwritable folder
+    try:
+        extra = {"out": writer} if writer is not None else {}
+        with loading_spec(spec):
+            ds = entry.build(root_path, download, progress, **params, **extra)
+    except BaseException:
+        if writer is not None:
+            writer.discard()
+        raise
     ds.info["spec"] = canonical
     ds.info["cache"] = "miss" if use_cache else "off"
+    ds.info["storage"] = "memory"
     ds.reciprocity  # measured once, before caching, so that a cache hit has it
     if use_cache:
         # Stamp again: building may have downloaded the sources.
         stamp = source_stamp(entry.sources(root_path, **params)) if entry.sources else None
-        directory = cache_root(root_path) / cache_key(canonical, stamp)
-        if save_cached(ds, directory, canonical):
-            ds.info["cache_dir"] = str(directory)
+        target = cache_root(root_path) / cache_key(canonical, stamp)
+        if writer is not None and target != directory:
+            writer.discard()
+            writer = None
+        if save_cached(ds, target, canonical, writer):
+            ds.info["cache_dir"] = str(target)
+            if writer is not None or storage != "memory":
+                # arrays built into the entry are mapped from it, not kept as built
+                del ds
+                ds = _open_entry(target, canonical, storage, budget)
+                ds.info["cache"] = "miss"
     return ds
+
+
+def _open_entry(directory: Path, canonical: str, storage: str,
+                budget: int | None) -> NodeDataset | None:
+    """The cache entry read or mapped per ``storage``; ``None`` when absent or damaged
+    (a damaged one is reported, deleted and so rebuilt by the caller)."""
+    try:
+        mode = storage
+        if storage == "auto" and (directory / "meta.json").is_file():
+            mode = choose_storage("auto", entry_bytes(directory), budget)
+        return load_cached(directory, canonical, mmap=mode == "disk")
+    except (CacheError, ValueError, OSError) as err:
+        log.warning("ignoring unreadable dataset cache %s: %s; rebuilding it", directory, err)
+        remove_entry(directory)
+        return None
 
 
 def _keys(entry: Entry) -> str:

@@ -24,6 +24,7 @@ SBM is undirected (both directions stored), R-MAT is directed as generated unles
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,8 +39,9 @@ from .base import (
     rng_for,
     typed_edges,
 )
+from .builder import CSCBuilder
 
-__all__ = ["rmat", "rmat_edges", "sbm", "structural_labels", "synthetic_node_data"]
+__all__ = ["rmat", "rmat_chunks", "rmat_edges", "sbm", "structural_labels", "synthetic_node_data"]
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +67,27 @@ def rmat_edges(
     Returns:
         ``(src, dst)``, two ``[num_edges]`` int64 arrays in ``[0, 2**scale)``.
     """
-    _check_rmat_params(scale, a, b, c)
-    rng = rng_for(seed, "rmat-edges")
     src = np.empty(num_edges, dtype=np.int64)
     dst = np.empty(num_edges, dtype=np.int64)
+    for start, s, d in rmat_chunks(scale, num_edges, a, b, c, seed, progress):
+        src[start : start + s.size] = s
+        dst[start : start + s.size] = d
+    return src, dst
+
+
+def rmat_chunks(
+    scale: int,
+    num_edges: int,
+    a: float = 0.57,
+    b: float = 0.19,
+    c: float = 0.19,
+    seed: int = 0,
+    progress: bool | None = None,
+):
+    """:func:`rmat_edges` a chunk at a time: yields ``(start, src, dst)`` with uint32 ids
+    (the same edges, in the same order, never all in memory)."""
+    _check_rmat_params(scale, a, b, c)
+    rng = rng_for(seed, "rmat-edges")
     t_a, t_ab, t_abc = np.float32(a), np.float32(a + b), np.float32(a + b + c)
     starts = range(0, num_edges, _CHUNK)
     for start in tqdm(
@@ -92,9 +111,7 @@ def rmat_edges(
             np.greater_equal(r, t_a, out=bit)
             bit &= ~hi
             d |= bit
-        src[start : start + m] = s
-        dst[start : start + m] = d
-    return src, dst
+        yield start, s, d
 
 
 def rmat(
@@ -114,6 +131,7 @@ def rmat(
     edge_types: int = 1,
     labels: str = "id",
     progress: bool | None = None,
+    out: Any = None,
 ) -> NodeDataset:
     """An R-MAT graph of ``2**scale`` nodes and about ``edge_factor * 2**scale`` edges.
 
@@ -136,6 +154,9 @@ def rmat(
         labels: ``"id"`` (high bits of the generator id, degree-correlated) or
             ``"diffusion"`` (homophilous structural labels, :func:`structural_labels`).
         progress: show tqdm bars (default: when stderr is a terminal).
+        out: a cache entry being built (:class:`~ngra.datasets.cache.EntryWriter`): the
+            structure and features are written into it chunk by chunk, not held in
+            memory (:func:`ngra.datasets.load` passes it).
 
     Returns:
         A :class:`NodeDataset` named ``"rmat"``.
@@ -144,21 +165,25 @@ def rmat(
     if edge_factor < 0:
         raise DatasetError(f"rmat edge_factor must be >= 0; got {edge_factor}.")
     _check_rmat_params(scale, a, b, c)
+    if labels not in ("id", "diffusion"):
+        raise DatasetError(f"rmat labels must be 'id' or 'diffusion'; got {labels!r}.")
     n = 1 << scale
-    src, dst = rmat_edges(scale, edge_factor * n, a, b, c, seed=seed, progress=progress)
-    relabel = rng_for(seed, "rmat-relabel").permutation(n)
+    m = edge_factor * n
+    relabel = rng_for(seed, "rmat-relabel").permutation(n).astype(np.uint32)
     # Labels by generator id, then moved to the new ids: y[relabel[i]] = label(i).
     y = np.empty(n, dtype=np.int64)
     y[relabel] = (np.arange(n, dtype=np.int64) * classes) >> scale
-    np.take(relabel, src, out=src)
-    np.take(relabel, dst, out=dst)
-    graph = csc_graph(src, dst, n, symmetric=symmetric, remove_self_loops=simple, dedup=simple)
-    del src, dst
+    # Edges a chunk at a time into the CSC builder: no 64-bit edge array of the graph.
+    builder = CSCBuilder(n, m, symmetric=symmetric, remove_self_loops=simple, dedup=simple,
+                         out=out, progress=progress)
+    for _, s, d in rmat_chunks(scale, m, a, b, c, seed=seed, progress=progress):
+        builder.add(np.take(relabel, s), np.take(relabel, d))
+    del relabel
+    graph = builder.finish()
     if labels == "diffusion":
         y = structural_labels(graph, classes, seed=seed)
-    elif labels != "id":
-        raise DatasetError(f"rmat labels must be 'id' or 'diffusion'; got {labels!r}.")
-    ds = synthetic_node_data("rmat", graph, y, classes, feat, noise, seed, train, val, edge_types)
+    ds = synthetic_node_data("rmat", graph, y, classes, feat, noise, seed, train, val, edge_types,
+                             out=out)
     log.info("generated %r", ds)
     return ds
 
@@ -304,10 +329,13 @@ def synthetic_node_data(
     train: float,
     val: float,
     edge_types: int = 1,
+    out: Any = None,
 ) -> NodeDataset:
-    """Wrap a graph and labels with label-carrying features, a random split and edge types."""
+    """Wrap a graph and labels with label-carrying features, a random split and edge types
+    (features written into the cache entry ``out`` when one is given)."""
     check_label_params(name, num_classes, feat, noise)
-    x = class_features(y, num_classes, feat, noise, rng_for(seed, "features"))
+    x_out = out.array("x", (graph.num_nodes, feat), np.float32) if out is not None else None
+    x = class_features(y, num_classes, feat, noise, rng_for(seed, "features"), out=x_out)
     masks = random_masks(graph.num_nodes, train, val, rng_for(seed, "split"), labeled=y >= 0)
     edge_type = typed_edges(graph, y, edge_types)
     return NodeDataset(

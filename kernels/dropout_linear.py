@@ -13,7 +13,9 @@ The mask is the one :func:`ngra.kernels.dropout` draws for the same generator st
 a block starting at flat index ``k`` takes seed ``s1 + k`` (see
 :func:`ngra.kernels.dropout.draw_seeds`). Forward keeps each block's mask (the
 ``dropout_mask`` op; on the CPU packed bits, 1/32 of the dropped copy), so backward
-applies it (``dropout_apply``) instead of hashing every element again.
+applies it (``dropout_apply``) instead of hashing every element again. An ``x`` memory-
+mapped from the on-disk store has each block's pages dropped once read
+(:func:`ngra.memstat.release_mapped`), so it streams from disk at one block of RSS.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.autograd.function import once_differentiable
 from ngra.kernels._checks import check_feat
 from ngra.kernels.dropout import check_p, draw_seeds, row_base
 from ngra.kernels.registry import current_backend, lookup, use_backend
+from ngra.memstat import release_mapped
 
 __all__ = ["DropoutMasks", "dropout_linear", "dropout_masks"]
 
@@ -186,6 +189,7 @@ class _DropoutLinear(torch.autograd.Function):
                     torch.mm(d, w.t(), out=out[r0:r1])
                 else:
                     torch.addmm(b, d, w.t(), out=out[r0:r1])
+            release_mapped(x, r0, r1)  # x on disk (storage=disk): keep one block resident
         ctx.save_for_backward(x, *weights)
         return tuple(outs)
 
@@ -216,6 +220,7 @@ class _DropoutLinear(torch.autograd.Function):
                     for g, acc in zip(grads, gw):
                         if acc is not None:
                             acc.addmm_(g[r0:r1].t(), d)
+                    release_mapped(x, r0, r1)
         ctx.masks = None
         gb = [g.sum(0) if n and has else None
               for g, n, has in zip(grads, need_b, ctx.has_bias)]

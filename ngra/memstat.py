@@ -16,7 +16,7 @@ import gc
 import sys
 
 __all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim", "release_large_frees",
-           "tensor_peak_bytes"]
+           "tensor_peak_bytes", "register_mapped", "release_mapped", "is_mapped"]
 
 
 def _status_kb(key: str) -> int | None:
@@ -136,3 +136,60 @@ def tensor_peak_bytes(fn, device: str = "cpu") -> int:
             cur -= live.pop(key, 0)
         peak = max(peak, cur)
     return peak
+
+
+# ------------------------------------------------------------- memory-mapped arrays
+_MAPPED: dict[int, tuple[int, int, object, int]] = {}  # id(mmap) -> (start, end, mmap, base)
+
+
+def register_mapped(array) -> None:
+    """Remember a numpy memmap (the on-disk store's arrays) so that :func:`release_mapped`
+    can drop its pages from this process once they are read."""
+    import mmap as _mmap
+
+    mm = getattr(array, "_mmap", None)
+    if mm is None or array.size == 0:
+        return
+    offset = int(getattr(array, "offset", 0))
+    base = array.ctypes.data - offset % _mmap.ALLOCATIONGRANULARITY  # where the mapping starts
+    _MAPPED[id(mm)] = (array.ctypes.data, array.ctypes.data + array.nbytes, mm, base)
+
+
+def release_mapped(t, lo: int | None = None, hi: int | None = None) -> bool:
+    """Drop the pages of rows ``[lo, hi)`` of a memory-mapped tensor or array from this
+    process's resident set (``madvise(MADV_DONTNEED)``; the data stays on disk and in
+    the page cache, and is read again on the next access). A no-op for ordinary memory.
+
+    Reading a file-backed mapping adds its pages to the RSS until the kernel reclaims
+    them; streaming readers call this after each block so the RSS stays at a block.
+    """
+    import mmap as _mmap
+
+    if not _MAPPED:
+        return False
+    ptr = t.data_ptr() if hasattr(t, "data_ptr") else t.ctypes.data
+    nbytes = (t.numel() * t.element_size()) if hasattr(t, "numel") else t.nbytes
+    for start, end, mm, base in list(_MAPPED.values()):
+        if start <= ptr < end:
+            shape0 = t.shape[0] if len(t.shape) else 1
+            row = nbytes // max(shape0, 1)
+            a = ptr + (0 if lo is None else lo * row)
+            b = ptr + (nbytes if hi is None else hi * row)
+            page = _mmap.PAGESIZE
+            a0 = (a - base) // page * page
+            b0 = min(-(-(b - base) // page) * page, len(mm))
+            if b0 > a0:
+                try:
+                    mm.madvise(_mmap.MADV_DONTNEED, a0, b0 - a0)
+                except (OSError, ValueError, AttributeError):
+                    return False
+            return True
+    return False
+
+
+def is_mapped(t) -> bool:
+    """Whether ``t`` lies in a memory-mapped array registered with :func:`register_mapped`."""
+    if not _MAPPED:
+        return False
+    ptr = t.data_ptr() if hasattr(t, "data_ptr") else t.ctypes.data
+    return any(start <= ptr < end for start, end, _, _ in _MAPPED.values())

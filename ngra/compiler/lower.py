@@ -51,12 +51,15 @@ from ngra.compiler.passes.fuse import (
     describe_match,
 )
 from ngra.graph import EdgeFactors
+from ngra.memstat import is_mapped, release_mapped
 
 if TYPE_CHECKING:  # types only: the runtime builds tiles and runs plans, it is not imported
     from ngra.runtime.tiles import TileView
 
 __all__ = ["CompiledPlan", "FallbackPlan", "lower"]
 
+#: Bytes of a memory-mapped input per block of a streamed ``pre`` (see ``_pre_rows``).
+PRE_BLOCK_BYTES = 1 << 24
 # ops that only reshape a per-edge scalar ([E] <-> [E, 1, ...])
 _SHAPE_OPS = (Op.UNSQUEEZE, Op.VIEW, Op.RESHAPE, Op.SQUEEZE, Op.FLATTEN)
 
@@ -203,11 +206,30 @@ class CompiledPlan:
             biases = [None if b is None else env[b] for _, _, b in self.dropout_linears]
             outs = kernels.dropout_linear(x, weights, biases, dropout)
             preset = {lin: out for (lin, _, _), out in zip(self.dropout_linears, outs)}
-        terms = run_stage(self.program.pre, vertex, self.resolver, preset)
+        if not preset and not torch.is_grad_enabled() and _mapped_input(x):
+            terms = self._pre_rows(x)
+        else:
+            terms = run_stage(self.program.pre, vertex, self.resolver, preset)
         self._deferred = None
         if self._value_recipe is not None and isinstance(x, torch.Tensor):
             masks = kernels.dropout_masks(outs[0]) if dropout else None
             self._deferred = self._recompute_value(terms, x, dropout, masks)
+        return terms
+
+    def _pre_rows(self, x: torch.Tensor) -> dict:
+        """``pre`` a block of rows at a time (it is row-wise), for an ``x`` memory-mapped
+        from the on-disk store: each block's pages are dropped once read, so ``x``
+        streams from disk instead of becoming resident."""
+        rows = max(1, PRE_BLOCK_BYTES // max(x[:1].numel() * x.element_size(), 1))
+        terms: dict = {}
+        for r0 in range(0, x.shape[0], rows):
+            block = x[r0:r0 + rows]
+            part = run_stage(self.program.pre, lambda n: block, self.resolver)
+            release_mapped(x, r0, r0 + block.shape[0])
+            for k, v in part.items():
+                if k not in terms:
+                    terms[k] = v.new_empty((x.shape[0],) + tuple(v.shape[1:]))
+                terms[k][r0:r0 + block.shape[0]] = v
         return terms
 
     def _recompute_value(self, terms: dict, x: torch.Tensor, dropout: float,
@@ -528,6 +550,10 @@ def _value_recipe(program: Program, dropout_linears: list) -> tuple | None:
     ids = {n.id for n in nodes}
     return (m.value, root, [n.id for n in nodes if n.op == Op.PARAM],
             all(lin in ids for lin, _, _ in dropout_linears))
+
+
+def _mapped_input(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] > 0 and is_mapped(x)
 
 
 def _refs(struct: Any) -> list:
