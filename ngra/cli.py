@@ -70,6 +70,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu",
                    help="cpu, cuda or cuda:N: on a GPU, train device-resident when it fits, "
                         "else stream tiles to it (default: cpu)")
+    p.add_argument("--storage", default="memory", choices=["memory", "disk", "auto"],
+                   help="read the dataset into memory, map it from its cache entry on disk, "
+                        "or auto: disk when it would not fit the memory available (or the "
+                        "budget) (default: memory)")
     d = p.add_argument_group("several processes (gloo on the CPU, NCCL with one GPU a rank)")
     d.add_argument("--nprocs", type=int, default=1,
                    help="train on this many processes, the graph partitioned between them "

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from ngra.checkpoint import (CHECKPOINT_NAME, PREVIOUS_NAME, load_latest_checkpoint,
                              save_checkpoint)
 from ngra.errors import CheckpointError, TrainingDivergedError
-from ngra.memstat import peak_rss_bytes
+from ngra.memstat import io_read_bytes, peak_rss_bytes
 from ngra.models import HYPER_PARAMETERS, param_groups
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.placement import Placement, placed
@@ -289,6 +289,7 @@ class Session:
         self.device = device if device is not None else torch.device("cpu")
         self.placement = placement
         self.info = dict(info or {})  # dataset figures for the summary
+        self.read_start = io_read_bytes()  # disk_read_mb: what training reads (storage=disk)
 
     def context(self) -> Any:
         """Around every forward: the placement on a GPU, else the memory budget."""
@@ -324,7 +325,8 @@ class Session:
 
     def extra(self, times: list[float]) -> dict[str, Any]:
         """More fields for the JSON summary."""
-        out: dict[str, Any] = {"device": str(self.device), **self.info}
+        out: dict[str, Any] = {"device": str(self.device), **self.info,
+                               "disk_read_mb": (io_read_bytes() - self.read_start) / 2**20}
         if self.placement is not None:
             out["placement"] = self.placement.describe()
         if self.device.type == "cuda":

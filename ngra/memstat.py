@@ -16,7 +16,7 @@ import gc
 import sys
 
 __all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim", "release_large_frees",
-           "tensor_peak_bytes", "register_mapped", "release_mapped", "is_mapped"]
+           "tensor_peak_bytes", "register_mapped", "release_mapped", "is_mapped", "io_read_bytes"]
 
 
 def _status_kb(key: str) -> int | None:
@@ -45,6 +45,19 @@ def rss_bytes() -> int:
     import psutil
 
     return psutil.Process().memory_info().rss
+
+
+def io_read_bytes() -> int:
+    """Bytes this process has caused to be read from storage (``read_bytes`` of
+    ``/proc/self/io``: page-cache hits are not counted); 0 where unavailable."""
+    try:
+        with open("/proc/self/io") as fh:
+            for line in fh:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def peak_rss_bytes() -> int:

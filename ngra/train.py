@@ -30,7 +30,9 @@ from ngra.errors import DatasetError
 from ngra.fit import (EarlyStop, Session, check_finite, evaluate, fit_runs, grid_report,
                       normalize_features, prepare_dataset, reorder_dataset,
                       resume_from_checkpoint)
+from ngra.memstat import rss_bytes
 from ngra.models import HYPER_PARAMETERS, MODELS, build_model, hyper_parameters, prepare
+from ngra.partition import parse_bytes
 from ngra.runtime.placement import (Placement, move_to, plan_placement, resident_bytes,
                                     resolve_device)
 
@@ -82,6 +84,7 @@ class TrainConfig:
     partition: str | None = None
     partition_method: str = "metis"
     dist_timeout: float = 300.0
+    storage: str = "memory"
     plan: str | None = None
     #: entries the run adds to its JSON summary (the dense layers' plan); not configuration
     extra: dict = field(default_factory=dict)
@@ -215,7 +218,8 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
 
-    ds = load(cfg.dataset, root=cfg.data_root)
+    budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
+    ds = load(cfg.dataset, root=cfg.data_root, storage=cfg.storage, budget=budget)
     check_trainable(ds, cfg.dataset)
     ds = prepare_dataset(cfg, ds)
     about = {"reciprocity": ds.reciprocity, "dataset_summary": ds.summary()}  # the data's graph
@@ -224,6 +228,8 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
     if graph is not ds.graph:  # the model's graph replaces the dataset's: one copy alive
         ds = replace(ds, graph=graph, edge_type=None, num_edge_types=1)
     masks = {"train": ds.train_mask, "val": ds.val_mask, "test": ds.test_mask}
+    about["resident_mb"] = rss_bytes() / 2**20  # data in memory (or mapped) and prepared
+    about["storage"] = ds.info.get("storage", "memory")
 
     def session(seed: int) -> Session:  # one run's model, seeded by fit_runs
         model = build_model(cfg.model, ds.x.shape[1], ds.num_classes, hidden=resolved["hidden"],
@@ -246,6 +252,7 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
 
 def check_config(cfg: TrainConfig) -> None:
     """Refuse a configuration that cannot run, before any data is loaded."""
+    from ngra.datasets.store import STORAGES
     from ngra.distributed.cost import STRATEGIES
     from ngra.partition import BOOK_METHODS
 
@@ -275,3 +282,5 @@ def check_config(cfg: TrainConfig) -> None:
                          "FILE); no such file.")
     if not cfg.dist_timeout > 0:
         raise ValueError(f"--dist-timeout must be > 0 seconds; got {cfg.dist_timeout}.")
+    if cfg.storage not in STORAGES:
+        raise ValueError(f"--storage must be one of {STORAGES}; got {cfg.storage!r}.")

@@ -455,7 +455,9 @@ class CompiledPlan:
             # the kernel's lse is not differentiable; chunked training differentiates
             # tiles with tile_grads, so only a lone partial tile under autograd gets here
             lse = _segment_lse(tile, s_src, s_dst, m.slope)
-        lse = lse.reshape((nd,) + m.heads).to(out.dtype)  # the kernel keeps it in float64
+        # the kernel's lse is float64; the merged state (and so the layer's output) keeps
+        # the value's dtype (a float64 state made a budgeted GAT's next layer fail)
+        lse = lse.reshape((nd,) + m.heads).to(out.dtype)
         return torch.where(lse > -math.inf, lse, torch.zeros_like(lse)), ss, o
 
     def tile_grads(self, staged: Any, final: Any, grad: torch.Tensor) -> list | None:
