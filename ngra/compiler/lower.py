@@ -221,12 +221,16 @@ class CompiledPlan:
         from the on-disk store: each block's pages are dropped once read, so ``x``
         streams from disk instead of becoming resident."""
         rows = max(1, PRE_BLOCK_BYTES // max(x[:1].numel() * x.element_size(), 1))
-        terms: dict = {}
+        pre = self.program.pre
+        # terms that are x itself stay x (mapped), as the whole-array stage returns them
+        terms: dict = {k: x for k, r in pre.outputs.items() if pre.nodes[r.id].op == Op.VERTEX}
         for r0 in range(0, x.shape[0], rows):
             block = x[r0:r0 + rows]
-            part = run_stage(self.program.pre, lambda n: block, self.resolver)
+            part = run_stage(pre, lambda n: block, self.resolver)
             release_mapped(x, r0, r0 + block.shape[0])
             for k, v in part.items():
+                if terms.get(k) is x:
+                    continue
                 if k not in terms:
                     terms[k] = v.new_empty((x.shape[0],) + tuple(v.shape[1:]))
                 terms[k][r0:r0 + block.shape[0]] = v

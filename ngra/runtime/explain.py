@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ngra.compiler.driver import compile_layer
+from ngra.graph import EdgeFactors
 from ngra.runtime.budget import current_budget, forced_grid
 from ngra.runtime.executor import _check_vertex_data, choose_runtime_grid, edge_data_csc
 from ngra.runtime.partitioned import Partitioned
@@ -117,6 +118,8 @@ def _shape_text(d: Any) -> str:
         return "none"
     if isinstance(d, Mapping):
         return "{" + ", ".join(f"{k!r}: {_shape_text(v)}" for k, v in d.items()) + "}"
+    if isinstance(d, EdgeFactors):
+        return f"[E] {str(d.dtype).replace('torch.', '')} (factored: src[N] * dst[N])"
     return f"{list(d.shape)} {str(d.dtype).replace('torch.', '')}"
 
 

@@ -1,0 +1,37 @@
+"""Child process for the disk-storage memory test: train from the on-disk store, report RSS.
+
+Usage: python disk_child.py SPEC BUDGET STORAGE (the dataset must be in the cache already).
+Warms up with one epoch of the same run (numba loads or compiles its kernels: not the
+training's working set), resets the high-water mark, then trains SPEC for two epochs with
+``storage=STORAGE`` and ``memory_budget=BUDGET``; prints one JSON line with the RSS
+before training, the peak during it and the summary's storage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
+from ngra.train import TrainConfig, train
+
+
+def main() -> None:
+    spec, budget, storage = sys.argv[1], sys.argv[2], sys.argv[3]
+    torch.set_num_threads(2)
+    # warm-up: one epoch of the same run (numba loads or compiles every kernel it uses)
+    train(TrainConfig(model="gcn", dataset=spec, epochs=1, progress=False,
+                      memory_budget=budget, storage=storage))
+    reset = reset_peak_rss()
+    before = rss_bytes()
+    out = train(TrainConfig(model="gcn", dataset=spec, epochs=2, progress=False,
+                            memory_budget=budget, storage=storage))
+    print(json.dumps({"before": before, "peak": peak_rss_bytes(), "peak_reset": reset,
+                      "storage": out["storage"], "test_acc": out["test_acc"],
+                      "disk_read_mb": out["disk_read_mb"]}))
+
+
+if __name__ == "__main__":
+    main()
