@@ -62,6 +62,7 @@ __all__ = [
     "Tile",
     "TileGrid",
     "TileStats",
+    "build_columns",
     "default_bounds",
     "tile_graph",
 ]
@@ -480,6 +481,19 @@ def tile_graph(
     if num_edges:
         tiles = _build_tiles(graph, d_b, s_b, cols, index_dtype)
     return TileGrid(n, num_edges, d_b, s_b, tuple(tiles), cols, index_dtype)
+
+
+def build_columns(
+    graph: Graph,
+    d_b: torch.Tensor,
+    s_b: torch.Tensor,
+    cols: tuple[int, ...],
+    index_dtype: torch.dtype,
+) -> list[Tile]:
+    """The non-empty tiles of columns ``cols`` of the grid with bounds ``d_b`` / ``s_b``
+    (what :func:`tile_graph` builds, for some columns only: the executor builds a
+    column's tiles when it walks it)."""
+    return _build_tiles(graph, d_b, s_b, cols, index_dtype) if graph.num_edges else []
 
 
 def _build_tiles(

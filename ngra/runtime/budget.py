@@ -47,7 +47,7 @@ from ngra.partition import (GridChoice, TileCost, choose_grid, default_bounds, p
                             tile_graph)
 from ngra.runtime.staging import GATHER_FRACTION
 from ngra.runtime.stream import stager_for
-from ngra.runtime.tiles import Grid, TileView, grid_from_tiles, whole_graph_grid
+from ngra.runtime.tiles import Grid, TileView, lazy_grid, whole_graph_grid
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
            "grid_for", "executor_grid"]
@@ -107,13 +107,14 @@ def executor_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tens
     ``1 x 1`` is :func:`whole_graph_grid` over the graph's own arrays (no copy); any
     other shape is partition tiles with int32 indices when the ids fit (half the
     memory of int64; staged views use them as they are, see
-    :func:`ngra.runtime.staging.local_view`).
+    :func:`ngra.runtime.staging.local_view`), built a column at a time while the
+    column is walked (:func:`~ngra.runtime.tiles.lazy_grid`), so they are part of the
+    budgeted working set instead of resident beside it.
     """
     if dst_bounds.numel() == 2 and src_bounds.numel() == 2:
         return whole_graph_grid(graph)
-    tiles = tile_graph(graph, dst_bounds=dst_bounds, src_bounds=src_bounds,
-                       index_dtype=idtype_for(max(graph.num_nodes, graph.num_edges)))
-    return grid_from_tiles(graph, tiles)
+    return lazy_grid(graph, dst_bounds, src_bounds,
+                     idtype_for(max(graph.num_nodes, graph.num_edges)))
 
 
 def _sample_tile(graph: Graph) -> TileView:

@@ -220,11 +220,12 @@ def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> Grid
     if budget is None:
         return whole_graph_grid(graph)
     grid, choice = grid_for(plan, graph, terms, edata, plan_parameters(plan), budget)
-    staging = staging_summary(grid, forced_mode())
     probes.annotate("grid", choice)
-    probes.annotate("staging", staging)
-    log.debug("%s: %s; %s", type(getattr(plan, "layer", plan)).__name__, choice.describe(),
-              staging)
+    if probes.active() or log.isEnabledFor(logging.DEBUG):  # builds every tile: on demand
+        staging = staging_summary(grid, forced_mode())
+        probes.annotate("staging", staging)
+        log.debug("%s: %s; %s", type(getattr(plan, "layer", plan)).__name__,
+                  choice.describe(), staging)
     return grid
 
 

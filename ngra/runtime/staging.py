@@ -50,7 +50,7 @@ import torch
 
 from ngra.graph import EdgeFactors
 from ngra.kernels.registry import thread_setting
-from ngra.runtime.tiles import Grid, TileView
+from ngra.runtime.tiles import Grid, TileRef, TileView
 
 __all__ = ["GATHER_FRACTION", "Rows", "Staged", "Stager", "choose_device", "choose_mode",
            "compute_device", "flatten", "forced_mode", "local_view", "plan_parameters",
@@ -300,6 +300,8 @@ class Stager:
 
     def stage(self, tile: Any) -> Staged:
         """Stage ``tile``: a partition tile, or a :class:`TileView` with global ids (identity)."""
+        if isinstance(tile, TileRef):  # a lazy grid's tile: built now, in the prefetch thread
+            tile = tile.build()
         if isinstance(tile, TileView):
             view, src_rows, mode = tile, Rows(), "whole"
             dst_rows = Rows(tile.dst_lo, tile.dst_hi)
@@ -433,7 +435,8 @@ class _Stage(torch.autograd.Function):
 
 def staging_summary(grid: Grid, mode: str | None = None) -> str:
     """How the cost rule (or a forced ``mode``) stages ``grid``'s tiles, as one line."""
-    tiles = [t for col in grid.columns for t in col if not isinstance(t, TileView) and t.num_edges]
+    tiles = [t.build() if isinstance(t, TileRef) else t for col in grid.columns for t in col
+             if not isinstance(t, TileView) and t.num_edges]
     if not tiles:
         return "staging: whole graph (identity, no copies)"
     counts = {"gather": 0, "span": 0}

@@ -7,7 +7,7 @@ local ids) by a background thread while the previous tile computes.
 
 When the grid has more than one tile (and autograd is on), propagation runs
 inside :class:`StreamedPropagation`, a custom autograd Function: forward keeps
-no edge-level tensor, and backward walks source rows, restaging each tile as
+no edge-level tensor, and backward walks the columns again, restaging each tile as
 fresh leaves, recomputing its edge stage with autograd and adding the gradient
 of that tile's contribution into the vertex terms, edge data and parameters
 before the next tile. A plan with a direct rule (``plan.tile_grads``: a fused
@@ -217,8 +217,10 @@ class StreamedPropagation(torch.autograd.Function):
                 grads[slot] = torch.zeros_like(saved[slot])
             rows.add_into(grads[slot], g)
 
-        for row in c.grid.rows:  # backward walks source rows
-            for st in staged(stager, [t for t in row if t.num_edges]):
+        # Backward walks columns, like forward: the gradients accumulate into whole-term
+        # sinks either way, and a lazy grid builds each column's tiles once per walk.
+        for col in c.grid.columns:
+            for st in staged(stager, [t for t in col if t.num_edges]):
                 lo, hi = st.view.dst_lo, st.view.dst_hi
                 leaf_grads, param_grads = tile_gradients(
                     c.plan, st, final[lo][1], grad_out[lo:hi], in_deg[lo:hi], params, linear,

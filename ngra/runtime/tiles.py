@@ -3,7 +3,10 @@
 A :class:`Grid` lists, per column and per row, the tiles to walk: partition
 tiles (:class:`ngra.partition.Tile`, from :func:`grid_from_tiles`) or, for the
 1 x 1 grid of whole-graph execution, one :class:`TileView` over the whole graph
-(:func:`whole_graph_grid`). Before its edge stage each tile is *staged*
+(:func:`whole_graph_grid`). A grid the executor makes under a memory budget holds
+:class:`TileRef` s (:func:`lazy_grid`): a tile's index arrays are built when the tile is
+staged, a column at a time, and dropped after it, so they count against the budget
+instead of sitting beside it for the whole run. Before its edge stage each tile is *staged*
 (:mod:`ngra.runtime.staging`): the vertex rows it touches are sliced or gathered
 and its indices become local to those rows. A :class:`TileView` is what a
 plan's edge stage sees of a staged tile.
@@ -11,15 +14,18 @@ plan's edge stage sees of a staged tile.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ngra.graph import Graph, segment_ids
 from ngra.partition import Tile
 
-__all__ = ["TileView", "Grid", "whole_graph_grid", "grid_from_tiles", "empty_tile"]
+__all__ = ["TileView", "TileRef", "Grid", "whole_graph_grid", "grid_from_tiles", "lazy_grid",
+           "empty_tile"]
 
 Rev = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -129,3 +135,70 @@ def grid_from_tiles(graph: Graph, tiles: Any) -> Grid:
         columns.append(tuple(col))
     rows = tuple(tuple(tiles.row(r)) for r in range(q))
     return Grid(tuple(columns), rows, (p, q), tiles)
+
+
+class TileRef:
+    """A tile of a :func:`lazy_grid`, built (with the rest of its column) when staged.
+
+    Attributes:
+        col, row: the tile's cell; num_edges / num_src_rows: its sizes (from one counting
+            pass, so walks can skip empty tiles without building them).
+    """
+
+    __slots__ = ("col", "row", "num_edges", "num_src_rows", "_columns")
+
+    def __init__(self, col: int, row: int, num_edges: int, num_src_rows: int,
+                 columns: _Columns) -> None:
+        self.col, self.row = col, row
+        self.num_edges, self.num_src_rows = num_edges, num_src_rows
+        self._columns = columns
+
+    def build(self) -> Tile:
+        return self._columns.tile(self.col, self.row)
+
+    def __repr__(self) -> str:
+        return f"TileRef(col={self.col}, row={self.row}, edges={self.num_edges})"
+
+
+class _Columns:
+    """Builds a grid's tiles a column at a time and keeps only the last column built."""
+
+    def __init__(self, graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor,
+                 index_dtype: torch.dtype) -> None:
+        self.graph, self.d_b, self.s_b, self.dtype = graph, dst_bounds, src_bounds, index_dtype
+        self._last: tuple[int, dict[int, Tile]] | None = None
+        self._lock = threading.Lock()
+
+    def tile(self, col: int, row: int) -> Tile:
+        with self._lock:
+            if self._last is None or self._last[0] != col:
+                from ngra.partition.tiling import build_columns
+
+                self._last = None  # drop the previous column's arrays before building
+                tiles = build_columns(self.graph, self.d_b, self.s_b, (col,), self.dtype)
+                self._last = (col, {t.row: t for t in tiles})
+            return self._last[1][row]
+
+
+def lazy_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor,
+              index_dtype: torch.dtype) -> Grid:
+    """The grid of these bounds with tiles built on the fly (see :class:`TileRef`).
+
+    One ``O(E)`` counting pass finds the non-empty tiles and their sizes; nothing else
+    is kept per tile.
+    """
+    from ngra.partition._kernels import grid_counts
+
+    p, q = dst_bounds.numel() - 1, src_bounds.numel() - 1
+    s_b = src_bounds.numpy()
+    src_part = np.repeat(np.arange(q, dtype=np.int32), np.diff(s_b))
+    edges, rows = grid_counts(graph.indptr.numpy(), graph.indices.numpy(), dst_bounds.numpy(),
+                              src_part, q)
+    cols = _Columns(graph, dst_bounds, src_bounds, index_dtype)
+    refs = [[TileRef(c, r, int(edges[c, r]), int(rows[c, r]), cols) for r in range(q)
+             if edges[c, r] > 0] for c in range(p)]
+    columns = tuple(tuple(col) if col else
+                    (empty_tile(c, int(dst_bounds[c]), int(dst_bounds[c + 1])),)
+                    for c, col in enumerate(refs))
+    by_row = tuple(tuple(t for col in refs for t in col if t.row == r) for r in range(q))
+    return Grid(columns, by_row, (p, q))
