@@ -72,7 +72,7 @@ def _wide(g: ngra.Graph) -> ngra.Graph:
     return wide
 
 
-@pytest.mark.parametrize("case", ["random", "isolated", "self_loops", "multi_edges", "skewed"])
+@pytest.mark.parametrize("case", ["isolated", "self_loops", "skewed"])
 @pytest.mark.parametrize("layer_name", ["gcn", "sage", "gat"])
 def test_layers_identical_for_int32_and_int64(case, layer_name, gen):
     src, dst, num_src, num_dst = CASES[case](gen)
