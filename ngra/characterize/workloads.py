@@ -103,15 +103,15 @@ def prepare_workload(ds: Any, model: str, hidden: int = 64, dataset: str | None 
         etype, num_types = synthetic_edge_types(ds.graph), SYNTHETIC_TYPES
         notes.append(f"{SYNTHETIC_TYPES} synthetic edge types (endpoint hash)")
     graph, edge_data = prepare(model, ds.graph, etype, num_types)
-    perm = graph.perm
-    src, dst = graph.indices, graph.dst_index()
+    # int64 ids and per-edge weights in CSC order: what the PyG / DGL baselines take
+    src, dst = graph.indices.long(), graph.dst_index().long()
     weight = graph.edge_weight if model == "gcn" else None
     et = norm = None
     if model == "ggnn":
-        et = edge_data.index_select(0, perm)
+        et = graph.to_csc_order(edge_data)
     elif model == "rgcn":
-        et = edge_data["type"].index_select(0, perm)
-        norm = edge_data["norm"].index_select(0, perm)
+        et = graph.to_csc_order(edge_data["type"])
+        norm = graph.to_csc_order(edge_data["norm"])
     layers = layer_dims(model, ds.x.shape[1], hidden, ds.num_classes, heads=GAT_HEADS,
                         num_types=num_types)
     return Workload(model=model, dataset=dataset or ds.name, graph=graph, edge_data=edge_data,
