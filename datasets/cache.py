@@ -43,7 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ngra.graph import Graph
-from ngra.memstat import register_mapped
+from ngra.memstat import register_mapped, release_mapped
 
 from .base import NodeDataset, writable
 
@@ -182,9 +182,9 @@ def _block_crcs(a: np.ndarray, progress: Any = None) -> list[int]:
 
 def _release(a: np.ndarray) -> None:
     """Drop the mapped pages of a memory-mapped array from this process (no-op otherwise)."""
-    from .store import release_pages
-
-    release_pages(a)
+    if isinstance(a, np.memmap):
+        register_mapped(a)
+    release_mapped(a)
 
 
 def save_cached(ds: NodeDataset, directory: Path, spec: str,
@@ -325,7 +325,8 @@ def load_cached(directory: Path, spec: str, *, mmap: bool = False) -> NodeDatase
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as err:
         raise CacheError(f"{meta_path} is unreadable ({err})") from None
-    if not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION or meta.get("spec") != spec:
+    if (not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION
+            or meta.get("spec") != spec):
         return None
     try:
         arrays = {k: _open_array(directory, k, want, mmap) for k, want in meta["arrays"].items()}

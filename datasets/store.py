@@ -33,20 +33,13 @@ import torch
 from ngra.memstat import register_mapped, release_mapped
 
 __all__ = ["STORAGES", "GraphStore", "InEdges", "choose_storage", "entry_bytes",
-           "mapped_tensor", "release_pages"]
+           "mapped_tensor"]
 
 log = logging.getLogger(__name__)
 
 STORAGES = ("memory", "disk", "auto")
 #: ``storage="auto"`` maps the data when it needs more than this share of available memory.
 AUTO_SHARE = 0.5
-
-
-def release_pages(a: Any, lo: int | None = None, hi: int | None = None) -> None:
-    """Drop the resident pages of rows ``[lo, hi)`` of a mapped array (no-op otherwise)."""
-    if isinstance(a, np.memmap):
-        register_mapped(a)
-    release_mapped(a, lo, hi)
 
 
 def mapped_tensor(path: Path) -> torch.Tensor:
@@ -114,12 +107,12 @@ class InEdges:
 class GraphStore:
     """A verified cache entry, memory-mapped: whole arrays or the part a rank owns.
 
-    Open one with :meth:`open` (a dataset spec; builds and caches it first if needed)
-    or :meth:`from_entry` (a cache entry folder). Nothing is read until used.
+    Open one with :meth:`of` (a dataset loaded with ``storage="disk"``) or
+    :meth:`from_entry` (a cache entry folder). Nothing is read until used.
 
     Example (rank ``r`` of ``k`` owning a contiguous destination range)::
 
-        store = GraphStore.open("rmat:scale=20")
+        store = GraphStore.of(load("rmat:scale=20", storage="disk"))
         lo, hi = bounds[r], bounds[r + 1]
         part = store.in_edges(lo, hi)          # CSC of [lo, hi): mapped slices
         x_own = store.rows("x", lo, hi)        # features of the owned rows (a view)
@@ -131,14 +124,12 @@ class GraphStore:
         self.dataset = dataset
 
     @classmethod
-    def open(cls, spec: str, root: Any = None, **kw: Any) -> GraphStore:
-        """The store of dataset ``spec`` (built and cached first when absent)."""
-        from .spec import load
-
-        ds = load(spec, root=root, storage="disk", **kw)
-        if ds.info.get("storage") != "disk":
-            raise ValueError(f"{spec}: no cache entry to map (caching is off for this dataset).")
-        return cls(Path(ds.info["cache_dir"]), ds)
+    def of(cls, dataset: Any) -> GraphStore:
+        """The store of a dataset loaded with ``storage="disk"`` (its cache entry)."""
+        if dataset.info.get("storage") != "disk" or "cache_dir" not in dataset.info:
+            raise ValueError(f"{dataset.info.get('spec', 'this dataset')}: not mapped from a "
+                             "cache entry; load it with storage='disk' (and the cache on).")
+        return cls(Path(dataset.info["cache_dir"]), dataset)
 
     @classmethod
     def from_entry(cls, directory: Path) -> GraphStore:

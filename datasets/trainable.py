@@ -15,6 +15,8 @@ import logging
 
 import torch
 
+from ngra.memstat import release_mapped
+
 from .base import DatasetError, NodeDataset
 
 __all__ = ["check_trainable"]
@@ -22,7 +24,7 @@ __all__ = ["check_trainable"]
 log = logging.getLogger(__name__)
 
 _MAX_SPARSE_CLASSES = 1000  # more classes than labelled vertices beyond this: ids, not classes
-_BLOCK = 1 << 24  # elements per finiteness scan block (16 MB of mask)
+_BLOCK = 1 << 22  # elements per finiteness scan block (16 MiB of float32)
 _SPLITS = (("train", "train_mask"), ("validation", "val_mask"), ("test", "test_mask"))
 
 
@@ -89,7 +91,14 @@ def _check_finite(what: str, t: torch.Tensor, index_names: str) -> None:
     rows = max(1, _BLOCK // max(1, t[:1].numel()))
     count, first = 0, None
     for start in range(0, t.shape[0], rows):
-        bad = ~torch.isfinite(t[start : start + rows])
+        block = t[start : start + rows]
+        # a nan/inf makes the sum non-finite: a clean block costs no temporary (a finite
+        # block whose sum overflows takes the mask path and is found clean there)
+        if not block.is_floating_point() or torch.isfinite(block.sum()):
+            release_mapped(t, start, start + rows)  # storage=disk: keep one block resident
+            continue
+        bad = ~torch.isfinite(block)
+        release_mapped(t, start, start + rows)
         k = int(bad.sum())
         if k and first is None:
             first = [int(i) for i in bad.nonzero()[0]]

@@ -122,7 +122,8 @@ def child_baseline(framework: str, model: str, spec: str, epochs: int) -> None:
         from torch_geometric.utils import add_self_loops, remove_self_loops
 
         if model == "gcn":
-            convs = torch.nn.ModuleList([GCNConv(x.shape[1], 16, cached=True), GCNConv(16, c, cached=True)])
+            convs = torch.nn.ModuleList([GCNConv(x.shape[1], 16, cached=True),
+                                         GCNConv(16, c, cached=True)])
             p = 0.5
         else:
             ei = add_self_loops(remove_self_loops(ei)[0], num_nodes=n)[0]

@@ -548,7 +548,8 @@ def _check_csc(ip: torch.Tensor, ix: torch.Tensor, n: int) -> None:
             f"indptr[-1] must equal the number of edges ({b.size}); got {int(a[-1])}."
         )
     if b.size and (int(b.min()) < 0 or int(b.max()) >= n):
-        raise ValueError(f"indices must be in [0, {n}); got range [{int(b.min())}, {int(b.max())}].")
+        raise ValueError(f"indices must be in [0, {n}); "
+                         f"got range [{int(b.min())}, {int(b.max())}].")
 
 
 def _check_weight(edge_weight: Any, num_edges: int) -> torch.Tensor | None:

@@ -250,7 +250,7 @@ def tile_gradients(plan: Any, st: Staged, final: Any, grad: torch.Tensor,
 
     ``st.leaves`` holds ``(slot, leaf, rows)`` entries: the staged rows that want
     gradients, as fresh leaves. ``final`` is the accumulator's
-    :meth:`~ngra.runtime.gather.Accumulator.final_stats` for the tile's destinations and
+    :meth:`~ngra.compiler.gather.Accumulator.final_stats` for the tile's destinations and
     ``grad`` the output gradient of those rows. A plan with a direct rule
     (``plan.tile_grads``) differentiates the tile without recomputing it; otherwise the
     tile's edge stage runs again under autograd (with the RNG state it first ran with,

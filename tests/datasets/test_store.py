@@ -82,7 +82,7 @@ def test_disk_storage_maps_and_partitions():
     assert ds.info["storage"] == "disk" and is_mapped(ds.x) and is_mapped(ds.graph.indices)
     mem = load(SPEC)
     assert mem.info["storage"] == "memory" and not is_mapped(mem.x)
-    store = GraphStore.open(SPEC)
+    store = GraphStore.of(ds)
     lo, hi = 100, 300
     part = store.in_edges(lo, hi)
     g = mem.graph
@@ -95,6 +95,8 @@ def test_disk_storage_maps_and_partitions():
     assert torch.equal(store.gather("x", ids), mem.x[ids])
     with pytest.raises(ValueError, match="not inside"):
         store.in_edges(0, 10**6)
+    with pytest.raises(ValueError, match="storage='disk'"):
+        GraphStore.of(mem)
 
 
 def test_auto_storage_weighs_data_against_budget_and_memory():

@@ -32,9 +32,9 @@ LAYERS = (
     "ngra.memstat",
     "ngra.idtype",  # index dtypes (32-bit ids where they fit); imports nothing of ngra
     "ngra.probes",
-    "ngra.graph",
+    "ngra.kernels",  # the kernels take index tensors, never a Graph
+    "ngra.graph",  # builds its reverse CSR with kernels.transpose_csc
     "ngra.edge",
-    "ngra.kernels",
     "ngra.partition",
     "ngra.datasets",
     "ngra.compiler",
