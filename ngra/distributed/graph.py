@@ -90,6 +90,11 @@ class DistGraph(Partitioned):
     def edge_weight(self) -> torch.Tensor | None:
         return self.local.edge_weight
 
+    @property
+    def edge_factors(self) -> Any:
+        """The local graph's factored weights (shards store GCN's as per-edge weights)."""
+        return self.local.edge_factors
+
     def in_degrees(self) -> torch.Tensor:
         return self.local.in_degrees()[: self.num_nodes]
 
