@@ -12,7 +12,11 @@ reverse edges.
 
 Both measurements sort the edges' keys ``dst * N + src`` (a CSC graph's are sorted
 already) and their reversed keys ``src * N + dst``, then look each key up among the
-reversed ones in key order (binary searches in a sorted order stay in cache).
+reversed ones in key order (binary searches in a sorted order stay in cache). That
+costs about 33 bytes an edge at once; past :data:`SORT_MAX_EDGES` edges
+:func:`reciprocity` walks the CSC a chunk of edges at a time instead, looking for each
+edge ``s -> d``'s destination ``d`` among the sources of column ``s`` (a binary search
+per edge, all of a chunk's in lockstep), in memory bounded by the chunk.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ log = logging.getLogger(__name__)
 ONE_DIRECTION_BELOW = 0.05
 
 _CHUNK = 1 << 22  # keys per binary-search chunk: bounds the temporaries to a few 32 MB
+#: Past this many edges :func:`reciprocity` walks the CSC in chunks instead of sorting every
+#: edge's key (whose temporaries, about 33 bytes an edge, reach 1 GiB here).
+SORT_MAX_EDGES = 1 << 25
 _warned: set[str] = set()
 _spec: contextvars.ContextVar[str | None] = contextvars.ContextVar("ngra_dataset_spec",
                                                                    default=None)
@@ -110,6 +117,8 @@ def reciprocity(graph: Graph) -> float | None:
     """Share of the graph's edges, self-loops aside, whose reverse is an edge too
     (``None`` when there is no such edge)."""
     n = graph.num_nodes
+    if graph.num_edges > SORT_MAX_EDGES:
+        return _reciprocity_chunked(graph.indptr.numpy(), graph.indices.numpy(), n)
     src = graph.indices.numpy().astype(np.int64, copy=False)
     dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(graph.indptr.numpy()))
     keys = dst * max(n, 1) + src
@@ -120,6 +129,62 @@ def reciprocity(graph: Graph) -> float | None:
     if total == 0:
         return None
     return (int(_reversed_in(keys, src, dst, max(n, 1)).sum()) - loops) / total
+
+
+def _reciprocity_chunked(indptr: np.ndarray, indices: np.ndarray, n: int) -> float | None:
+    """:func:`reciprocity` a chunk of CSC edges at a time: edge ``s -> d`` has its reverse
+    when ``d`` is among the (sorted) sources of column ``s``."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    idx = _sources_sorted(indptr, indices, n)
+    m = idx.size
+    steps = int(np.diff(indptr).max()).bit_length() if n else 0  # bisection steps per edge
+    found = loops = 0
+    for lo in range(0, m, _CHUNK):
+        hi = min(lo + _CHUNK, m)
+        s = idx[lo:hi].astype(np.int64)
+        c0 = int(np.searchsorted(indptr, lo, side="right")) - 1
+        c1 = int(np.searchsorted(indptr, hi - 1, side="right"))
+        d = np.repeat(np.arange(c0, c1, dtype=np.int64),
+                      np.diff(np.clip(indptr[c0:c1 + 1], lo, hi)))
+        loops += int(np.count_nonzero(s == d))
+        a, end = indptr[s], indptr[s + 1]
+        b = end.copy()
+        for _ in range(steps):  # lower bound of d in column s, every edge of the chunk
+            mid = np.minimum((a + b) >> 1, m - 1)
+            open_ = a < b
+            less = (idx[mid] < d) & open_
+            np.copyto(a, mid + 1, where=less)
+            np.copyto(b, mid, where=open_ & ~less)
+        hit = a < end
+        found += int(np.count_nonzero(hit & (idx[np.minimum(a, m - 1)] == d)))
+    total = m - loops
+    return None if total == 0 else (found - loops) / total
+
+
+def _sources_sorted(indptr: np.ndarray, indices: np.ndarray, n: int) -> np.ndarray:
+    """``indices`` with each column's sources in increasing order: ``indices`` itself when
+    they are (as the dataset builders write them), else a copy sorted a block of columns
+    at a time."""
+    for lo in range(0, indices.size, _CHUNK):
+        a = indices[lo:min(lo + _CHUNK + 1, indices.size)]
+        fall = np.flatnonzero(a[1:] < a[:-1]) + lo + 1  # edge positions where the id falls
+        at = np.minimum(np.searchsorted(indptr, fall), n)
+        if bool(np.any(indptr[at] != fall)):
+            break  # a fall inside a column (not at a column's start): unsorted
+    else:
+        return indices
+    out = np.empty_like(indices)
+    c = 0
+    while c < n:
+        c1 = min(max(int(np.searchsorted(indptr, indptr[c] + _CHUNK, side="right")) - 1,
+                     c + 1), n)
+        e0, e1 = indptr[c], indptr[c1]
+        key = np.repeat(np.arange(c1 - c, dtype=np.int64), np.diff(indptr[c:c1 + 1])) * n
+        key += indices[e0:e1]
+        key.sort()
+        out[e0:e1] = key % n
+        c = c1
+    return out
 
 
 def check_direction(ds: Any, *, stated: str | None, symmetric: bool, option: str) -> None:

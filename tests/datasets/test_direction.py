@@ -51,6 +51,27 @@ def test_reciprocity_against_a_plain_count():
     assert direction.reciprocity(sym) == 1.0
 
 
+def test_chunked_reciprocity_matches_the_sorted_count(monkeypatch: pytest.MonkeyPatch):
+    """Past SORT_MAX_EDGES the CSC is walked in chunks: the same figure, on graphs with
+    unsorted columns, multi-edges, self-loops and isolated vertices, chunks of any size."""
+    rng = np.random.default_rng(int(torch.randint(1 << 30, ())))
+    for trial in range(40):
+        n, m = int(rng.integers(1, 40)), int(rng.integers(0, 300))
+        src, dst = rng.integers(0, n, m), rng.integers(0, n, m)
+        if trial % 3 == 0:  # mostly reciprocal
+            src, dst = np.concatenate([src, dst[: m // 2]]), np.concatenate([dst, src[: m // 2]])
+        g = Graph.from_edge_index(torch.from_numpy(np.stack([src, dst])), num_nodes=n)
+        deduped = csc_graph(src, dst, n, symmetric=False, remove_self_loops=False, dedup=True)
+        for graph in (g, deduped):  # columns as listed, and sorted (no copy made)
+            monkeypatch.setattr(direction, "SORT_MAX_EDGES", 1 << 40)
+            monkeypatch.setattr(direction, "_CHUNK", 1 << 22)
+            want = direction.reciprocity(graph)
+            monkeypatch.setattr(direction, "SORT_MAX_EDGES", 0)
+            monkeypatch.setattr(direction, "_CHUNK", int(rng.integers(1, 64)))
+            got = direction.reciprocity(graph)
+            assert got == pytest.approx(want) if want is not None else got is None, trial
+
+
 def test_symmetric_adds_only_missing_reverses():
     # 0<->1 listed both ways (and 0->1 twice), 1->2 once, a self-loop on 3
     src, dst = np.array([0, 1, 0, 1, 3]), np.array([1, 0, 1, 2, 3])
