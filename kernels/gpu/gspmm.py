@@ -171,6 +171,16 @@ def gspmm(indptr, indices, src, edge, reduce, eperm=None):
     return spmm(indptr, indices, src, edge, reduce, eperm)
 
 
+@register("gspmm_scaled", "gpu")
+def gspmm_scaled(indptr, indices, src, src_scale, dst_scale, reduce):
+    """See :func:`ngra.kernels.ref.gspmm.gspmm_scaled` (same contract): the source rows
+    times their factor through the plain g-SpMM, the output rows times theirs (one
+    ``[N, H, D]`` temporary; no ``[E]`` weight)."""
+    require_cuda(indptr, indices, src, src_scale, dst_scale)
+    out, _ = spmm(indptr, indices, src * src_scale.view(-1, 1, 1), None, reduce)
+    return out * dst_scale.view(-1, 1, 1)
+
+
 @register("gspmm_backward", "gpu")
 def gspmm_backward(indptr, indices, rev, grad_out, src, edge, need_src, need_edge):
     """See :func:`ngra.kernels.ref.gspmm.gspmm_backward` (same contract)."""

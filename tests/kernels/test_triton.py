@@ -72,6 +72,23 @@ def test_gspmm_scalar_edge_weight_mean(gen):
     _check_gspmm("skewed", "mean", "scalar", torch.float64, gen)
 
 
+@pytest.mark.parametrize("case", ["random", "isolated", "empty"])
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_gspmm_scaled_matches_ref(case, reduce, gen):
+    """GCN's factored weights (``scale=(src, dst)``) on the gpu backend, int32 ids."""
+    indptr, indices, num_src = _case(case, gen, torch.int32)
+    x = torch.randn(num_src, 4, generator=gen, dtype=torch.float64)
+    s = torch.rand(num_src, generator=gen, dtype=torch.float64)
+    d = torch.rand(indptr.numel() - 1, generator=gen, dtype=torch.float64)
+
+    def fn(x):
+        return gspmm(indptr, indices, x, reduce=reduce, scale=(s, d))
+
+    out_ref, g_ref, grad_out = run("ref", fn, [x], gen=gen)
+    out, grads, _ = run("gpu", fn, [x], grad_out)
+    assert_same([out] + grads, [out_ref] + g_ref, torch.float64, terms=indices.numel())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SLOW_CASES + ["one_vertex", "wide_hub"])
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
