@@ -84,8 +84,11 @@ def resident_bytes(graph: Graph, x: torch.Tensor, model: torch.nn.Module,
     layer per vertex and layer), the parameters with gradients and Adam state, and
     ``extra`` (labels, masks, edge data)."""
     idx = graph.indices.element_size()
+    factors = getattr(graph, "edge_factors", None)  # GCN's: two [N] factors, no [E] weight
+    weights = (_nbytes(factors.src) + _nbytes(factors.dst) if factors is not None
+               else _nbytes(graph.edge_weight))  # (reading edge_weight would make [E] here)
     structure = (2 * (graph.num_nodes + 1) * 8 + 2 * graph.num_edges * idx
-                 + 2 * graph.num_edges * 8 + 2 * _nbytes(graph.edge_weight))
+                 + 2 * graph.num_edges * 8 + 2 * weights)
     params = list(model.parameters())
     widths = [x.shape[1] if x.dim() > 1 else 1] + [p.shape[0] for p in params if p.dim() == 2]
     layers = max(1, sum(1 for m in model.modules() if hasattr(m, "gather")))

@@ -36,6 +36,16 @@ def test_resident_bytes_counts_graph_features_activations_and_parameters():
     assert pl.resident_bytes(graph, x, model, extra=10 * MIB) == need + 10 * MIB
 
 
+def test_resident_bytes_of_factored_weights_makes_no_edge_array():
+    """GCN's graph keeps its normalization as two [N] factors; sizing it must not build
+    the [E] weights (nor cache the [E] destination ids they are gathered with)."""
+    graph, x, model = _run_parts()
+    norm = graph.gcn_norm(add_self_loops=True, order="csc")
+    need = pl.resident_bytes(norm, x, model)
+    assert "dst" not in norm._cache
+    assert need < pl.resident_bytes(graph, x, model) + 4 * norm.num_nodes * 8 + MIB
+
+
 @pytest.mark.parametrize("free_mib,budget_mib,resident,want_budget_mib", [
     (80_000, None, True, None),          # fits an H100: resident, 1 x 1 grid
     (4, None, False, 4 * 0.85),          # too small: stream within the usable device memory
