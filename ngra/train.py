@@ -284,3 +284,6 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValueError(f"--dist-timeout must be > 0 seconds; got {cfg.dist_timeout}.")
     if cfg.storage not in STORAGES:
         raise ValueError(f"--storage must be one of {STORAGES}; got {cfg.storage!r}.")
+    if cfg.storage != "memory" and cfg.nprocs > 1:
+        raise ValueError(f"--storage {cfg.storage} trains one process from the dataset cache; "
+                         "with --nprocs each rank reads its own shard into memory. Drop one.")

@@ -23,6 +23,13 @@ def test_accuracy_parity(shared_data, model, dataset, floor):
     assert s["test_acc"] >= floor, s["test_acc"]
 
 
+def test_storage_is_checked_before_loading():
+    with pytest.raises(ValueError, match="--storage must be one of"):
+        train(TrainConfig(dataset="nosuchset", storage="ram"))
+    with pytest.raises(ValueError, match="with --nprocs each rank"):
+        train(TrainConfig(dataset="nosuchset", storage="disk", nprocs=2))
+
+
 def test_cli_writes_summary(tmp_path, capsys):
     out = tmp_path / "r.json"
     rc = main(["train", "--model", "sage", "--dataset", "sbm:nodes=300,blocks=3,feat=16",
