@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from ngra.checkpoint import (CHECKPOINT_NAME, PREVIOUS_NAME, load_latest_checkpoint,
                              save_checkpoint)
 from ngra.errors import CheckpointError, TrainingDivergedError
-from ngra.memstat import io_read_bytes, peak_rss_bytes
+from ngra.memstat import io_read_bytes, is_mapped, peak_rss_bytes, release_mapped
 from ngra.models import HYPER_PARAMETERS, param_groups
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.placement import Placement, placed
@@ -179,17 +179,37 @@ def reorder_dataset(ds: Any, method: str, seed: int = 0) -> Any:
                    val_mask=permute_rows(ds.val_mask, r), test_mask=permute_rows(ds.test_mask, r))
 
 
+_SCAN_BLOCK = 1 << 22  # elements per row block read by normalize_features
+
+
 def normalize_features(ds: Any) -> Any:
     """The dataset with each feature row divided by its sum (rows summing to 0 kept), as
     the GCN and GAT papers preprocess bag-of-words features; unchanged (with a log line)
-    when some feature is negative, where a row sum is no scale."""
+    when some feature is negative, where a row sum is no scale. Features mapped from
+    disk (``storage="disk"``) are kept as they are (with a warning): normalized, they
+    would be a copy in memory. Read a block of rows at a time (no full-size temporary;
+    a mapped block's pages dropped once read)."""
     from dataclasses import replace
 
-    if bool((ds.x < 0).any()):
-        log.info("features have negative entries: not row-normalized")
+    x = ds.x
+    rows = max(1, _SCAN_BLOCK // max(1, x[:1].numel()))
+    for lo in range(0, x.shape[0], rows):
+        negative = x[lo:lo + rows].numel() and bool(x[lo:lo + rows].amin() < 0)
+        release_mapped(x, lo, lo + rows)
+        if negative:
+            log.info("features have negative entries: not row-normalized")
+            return ds
+    if is_mapped(x):
+        log.warning("features mapped from disk (storage='disk') are not row-normalized: "
+                    "that would copy them into memory; pass --no-normalize-features "
+                    "to say so, or normalize them in the dataset")
         return ds
-    rows = ds.x.sum(1, keepdim=True)
-    return replace(ds, x=ds.x / torch.where(rows > 0, rows, torch.ones_like(rows)))
+    out = torch.empty_like(x)
+    for lo in range(0, x.shape[0], rows):
+        s = x[lo:lo + rows].sum(1, keepdim=True)
+        torch.div(x[lo:lo + rows], torch.where(s > 0, s, torch.ones_like(s)),
+                  out=out[lo:lo + rows])
+    return replace(ds, x=out)
 
 
 def prepare_dataset(cfg: TrainConfig, ds: Any) -> Any:

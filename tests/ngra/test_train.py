@@ -228,7 +228,7 @@ def test_gcn_decays_its_first_layer_only():
     assert len(only["params"]) == len(list(gat.parameters()))
 
 
-def test_normalize_features_divides_non_negative_rows_by_their_sum():
+def test_normalize_features_divides_non_negative_rows_by_their_sum(tmp_path):
     from dataclasses import replace
 
     from ngra.datasets import load
@@ -242,6 +242,16 @@ def test_normalize_features_divides_non_negative_rows_by_their_sum():
     sums = out.sum(1)
     assert torch.equal(out[3], torch.zeros(5))
     torch.testing.assert_close(sums[torch.arange(60) != 3], torch.ones(59))
+    # features mapped from disk stay mapped (normalized, they would be a copy in memory)
+    import numpy as np
+
+    from ngra.memstat import is_mapped, register_mapped
+
+    np.save(tmp_path / "x.npy", x.numpy())
+    mapped = np.load(tmp_path / "x.npy", mmap_mode="c")
+    register_mapped(mapped)
+    on_disk = replace(ds, x=torch.from_numpy(mapped))
+    assert is_mapped(on_disk.x) and normalize_features(on_disk) is on_disk
     assert TrainConfig(model="gcn").resolved()["normalize_features"]
     assert not TrainConfig(model="sage").resolved()["normalize_features"]
     assert not TrainConfig(model="gat", normalize_features=False).resolved()["normalize_features"]
