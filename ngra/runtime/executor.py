@@ -126,7 +126,17 @@ def default_edge_counter(graph: Graph | Partitioned) -> torch.Tensor:
     masks of one whole-graph run. This is the one place the runtime takes it from;
     :func:`run_plan` takes another (``edge_counter=``).
     """
-    return graph.edge_ids if isinstance(graph, Partitioned) else graph.perm
+    if isinstance(graph, Partitioned):
+        return graph.edge_ids
+    if graph.has_perm:
+        return graph.perm
+    # edges already in the caller's order: the identity, built once per graph as the
+    # kernels' int64 counter (a fresh one each call, or a cast of an int32 one, would cost
+    # [E] a call and miss the reverse counters' cache)
+    ids = graph._cache.get("ngra.identity-edge-counter")
+    if ids is None:
+        ids = graph._cache["ngra.identity-edge-counter"] = graph.perm.long()
+    return ids
 
 
 def _reverse_counters(graph: Graph, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
