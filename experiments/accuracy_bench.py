@@ -67,13 +67,23 @@ FIELDS = ("model", "dataset", "protocol", "framework", "seed", "test_acc", "val_
 
 
 # ------------------------------------------------------------------------------ models
+def _spec(model: str) -> Any:
+    """The zoo's definition of ``model``: its default hyper-parameters (``hidden``,
+    ``heads``, ``lr``, ...) and where its weight decay applies."""
+    from types import SimpleNamespace
+
+    from ngra.models import MODELS, hyper_parameters
+
+    values = {k: h and h.value for k, h in hyper_parameters(model).items()}
+    return SimpleNamespace(**values,
+                           decay_first_layer_only=MODELS[model].decay_first_layer_only)
+
+
 def _baseline(framework: str, model: str, ds: Any) -> torch.nn.Module:
     """The PyG or DGL model of ``model`` (the zoo's definition), called as ``net(x)``."""
     from torch import nn
 
-    from ngra.models import MODELS as SPECS
-
-    spec = SPECS[model]
+    spec = _spec(model)
     f_in, n_cls, hid, p = ds.x.shape[1], ds.num_classes, spec.hidden, spec.dropout
     src, dst = ds.graph.edge_index()
     if framework == "pyg":
@@ -124,10 +134,9 @@ def _baseline(framework: str, model: str, ds: Any) -> torch.nn.Module:
 def _train_baseline(framework: str, model: str, ds: Any, seed: int, epochs: int,
                     patience: int | None) -> dict[str, Any]:
     """ngra.train's loop and selection, for a PyG or DGL model."""
-    from ngra.models import MODELS as SPECS
     from ngra.train import EarlyStop
 
-    spec = SPECS[model]
+    spec = _spec(model)
     torch.manual_seed(seed)
     net = _baseline(framework, model, ds)
     first = list(net.convs[0].parameters())
