@@ -477,9 +477,7 @@ def tile_graph(
         if cols and not (0 <= cols[0] and cols[-1] < num_p):
             raise ValueError(f"columns must be in [0, {num_p}); got {list(columns)}.")
 
-    tiles: list[Tile] = []
-    if num_edges:
-        tiles = _build_tiles(graph, d_b, s_b, cols, index_dtype)
+    tiles = build_columns(graph, d_b, s_b, cols, index_dtype)
     return TileGrid(n, num_edges, d_b, s_b, tuple(tiles), cols, index_dtype)
 
 
