@@ -140,7 +140,9 @@ class EdgeDropout:
 
     Attributes:
         p: drop probability in ``(0, 1)``.
-        counter: ``[E]`` int64 counter of each edge, in the kernel's CSC order.
+        counter: ``[E]`` int32 or int64 counter of each edge, in the kernel's CSC order,
+            kept in the dtype it came in (a cast would be a fresh ``[E]`` array each call;
+            the hash reads the index modulo ``2**32``, the same in either width).
         s1, s2: the two 32-bit seeds (:func:`draw_seeds`).
         reverse: ``(rev_perm, counter[rev_perm])`` for a reverse CSR, or ``None``.
     """
@@ -170,7 +172,7 @@ class EdgeDropout:
         if p == 0:
             return None
         s1, s2, _, _ = draw_seeds(p)
-        return cls(p, counter.long(), s1, s2, reverse)
+        return cls(p, counter, s1, s2, reverse)
 
     @property
     def thr(self) -> int:
@@ -190,7 +192,7 @@ class EdgeDropout:
             0, edge_ids.to(self.counter.device).long()), self.s1, self.s2)
 
     def reverse_counter(self, rev_perm: torch.Tensor) -> torch.Tensor:
-        """``[E]`` int64: the counters in the order of a reverse CSR whose CSC positions are
+        """``[E]``: the counters in the order of a reverse CSR whose CSC positions are
         ``rev_perm``, ``counter[rev_perm]`` (:attr:`reverse`'s when made for this very
         ``rev_perm`` tensor, else gathered now)."""
         if self.reverse is not None and self.reverse[0] is rev_perm:

@@ -60,7 +60,8 @@ def _keep_factor(c, h, H, dseed, dscale):
     """``dscale`` where the weight of head ``h`` of the edges with counters ``c`` is kept,
     else 0: ``ref.dropout.mask_hash(c * H + h, s1, s2) >= thr`` with ``dseed = (s1, s2,
     thr)`` (int64, loaded: an int argument of value 1 would be specialized to a constant)."""
-    x = _mix32((c * H + h + tl.load(dseed)).to(tl.uint32)) ^ tl.load(dseed + 1).to(tl.uint32)
+    x = _mix32((c.to(tl.int64) * H + h + tl.load(dseed)).to(tl.uint32))  # either counter width
+    x = x ^ tl.load(dseed + 1).to(tl.uint32)
     x = _mix32(x)
     return tl.where(x.to(tl.int64) >= tl.load(dseed + 2), dscale, 0.0)
 

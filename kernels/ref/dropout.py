@@ -57,7 +57,7 @@ def keep_mask(x: torch.Tensor, s1: int, s2: int, thr: int,
 def edge_keep_scale(drop, heads: int, dtype: torch.dtype) -> torch.Tensor:
     """``[E, heads]`` of ``dtype``: ``1 / (1 - p)`` where ``drop`` (an ``EdgeDropout``)
     keeps weight ``(j, h)``, else 0; draw index ``counter[j] * heads + h``."""
-    idx = drop.counter.unsqueeze(1) * heads + torch.arange(heads, device=drop.counter.device)
+    idx = drop.counter.long().unsqueeze(1) * heads + torch.arange(heads, device=drop.counter.device)
     return (mask_hash(idx, drop.s1, drop.s2) >= drop.thr).to(dtype) * drop.scale
 
 

@@ -130,24 +130,25 @@ def default_edge_counter(graph: Graph | Partitioned) -> torch.Tensor:
         return graph.edge_ids
     if graph.has_perm:
         return graph.perm
-    # edges already in the caller's order: the identity, built once per graph as the
-    # kernels' int64 counter (a fresh one each call, or a cast of an int32 one, would cost
-    # [E] a call and miss the reverse counters' cache)
+    # edges already in the caller's order: the identity, built once per graph in the
+    # graph's offset dtype (int32 where it fits; the kernels hash either width), so a
+    # call makes no [E] array and the reverse counters' cache stays keyed on one tensor
     ids = graph._cache.get("ngra.identity-edge-counter")
     if ids is None:
-        ids = graph._cache["ngra.identity-edge-counter"] = graph.perm.long()
+        ids = graph._cache["ngra.identity-edge-counter"] = graph.perm
     return ids
 
 
 def _reverse_counters(graph: Graph, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(csr.perm, counter[csr.perm])``: the counters in the order the backward's walk
     over sources reads them (:class:`~ngra.kernels.EdgeDropout`), cached on the graph for
-    the last counter tensor (``[E]`` int64, once per graph rather than once per call)."""
+    the last counter tensor (``[E]`` in the counter's dtype, once per graph rather than once
+    per call)."""
     perm = graph.csr().perm
     hit = graph._cache.get("ngra.reverse-edge-counter")
     if hit is not None and hit[0]() is counter:
         return perm, hit[1]
-    rev = counter.long().index_select(0, perm)
+    rev = counter.index_select(0, perm.long())
     graph._cache["ngra.reverse-edge-counter"] = (weakref.ref(counter), rev)
     return perm, rev
 
