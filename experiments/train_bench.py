@@ -112,6 +112,7 @@ class Case:
     repeats: int = 5
     epoch_cap_s: float = 30.0  # after a warm-up epoch this slow, time one more and stop
     dropout: float | None = None  # every framework's dropout (None: the zoo model's)
+    attention_dropout: float | None = None  # GAT's on its attention weights (None: as dropout)
 
     @property
     def label(self) -> str:
@@ -169,7 +170,7 @@ def _ngra_step(case: Case, ds) -> tuple[Any, Any, str]:
     gat = case.model == "gat"
     model = build_model(case.model, ds.num_features, ds.num_classes, hidden=hidden,
                         heads=GAT_HEADS if gat else None, dropout=case.dropout,
-                        attention_dropout=case.dropout if gat else None)
+                        attention_dropout=_attention_dropout() if gat else None)
     graph, edata = prepare(case.model, ds.graph)
     x, y, mask = ds.x, ds.y, ds.train_mask
     plan = ""
@@ -283,13 +284,19 @@ def _dgl_model(model: str, f_in: int, n_cls: int, g, weight):
 
 #: ``--dropout``: overrides every model's dropout (set in the child from its Case).
 DROPOUT: float | None = None
+#: ``--attention-dropout``: overrides GAT's attention dropout alone (likewise).
+ATTENTION_DROPOUT: float | None = None
 
 
 def _attention_dropout() -> float:
-    """GAT's attention dropout in the baselines: the zoo's, or ``--dropout``."""
+    """GAT's attention dropout in every framework: ``--attention-dropout``, else
+    ``--dropout``, else the zoo's."""
     from ngra.models import MODELS as SPECS
 
-    return SPECS["gat"].attention_dropout if DROPOUT is None else DROPOUT
+    for p in (ATTENTION_DROPOUT, DROPOUT):
+        if p is not None:
+            return p
+    return SPECS["gat"].attention_dropout
 
 
 def _Net(convs, call, act, dropout):
@@ -459,8 +466,8 @@ def run_child(case: Case) -> Result:
     """Set up, warm up, time. Runs in a fresh process (see :func:`run_case`)."""
     import torch
 
-    global DROPOUT
-    DROPOUT = case.dropout
+    global DROPOUT, ATTENTION_DROPOUT
+    DROPOUT, ATTENTION_DROPOUT = case.dropout, case.attention_dropout
 
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
@@ -570,7 +577,8 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
         big = gname.startswith("rmat18")
         for model in args.models:
             for fw in args.frameworks:
-                cases.append(Case("train", fw, model, gname, spec, dropout=args.dropout, warmup=1,
+                cases.append(Case("train", fw, model, gname, spec, dropout=args.dropout,
+                                  attention_dropout=args.attention_dropout, warmup=1,
                                   repeats=2 if big else args.repeats))
     if not args.no_showcase:
         spec = QUICK_SHOWCASE_GRAPH if args.quick else SHOWCASE_GRAPH
@@ -780,7 +788,9 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
         "versions": ", ".join(versions),
         "dropout": ("each zoo model's (GAT 0.6 on the inputs and 0.6 on the attention weights, "
                     "others 0.5), the same in every framework"
-                    if args.dropout is None else f"{args.dropout:g} for every model and framework"),
+                    if args.dropout is None else f"{args.dropout:g} for every model and framework")
+        + ("" if args.attention_dropout is None
+           else f"; GAT's attention dropout {args.attention_dropout:g} in every framework"),
     }
 
 
@@ -808,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="one dropout probability for every model and framework, GAT's "
                         "attention dropout included (default: each zoo model's; 0 shows the "
                         "times without dropout's share)")
+    p.add_argument("--attention-dropout", type=float, default=None,
+                   help="GAT's attention dropout alone, in every framework (default: as "
+                        "--dropout, else the zoo's 0.6; 0 times GAT without it)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     p.add_argument("--name", default="training",
                    help="file names of the results: NAME.md and NAME.csv (default: training)")
