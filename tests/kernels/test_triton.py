@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from graph_cases import SMALL_CASES, graph_case, to_csc
-from kernel_testing import assert_same, run
+from kernel_testing import assert_as_accurate, assert_same, run
 
 from ngra.kernels import edge_softmax, gspmm
 
@@ -107,7 +107,14 @@ def _check_edge_softmax(case, heads, dtype, gen):
 
     out_ref, g_ref, grad_out = run("ref", fn, [scores], gen=gen)
     out, grads, _ = run("gpu", fn, [scores], grad_out)
-    assert_same([out] + grads, [out_ref] + g_ref, dtype)
+    if dtype == torch.float64:
+        assert_same([out] + grads, [out_ref] + g_ref, dtype)
+        return
+    # float32 over a hub: a normalizer summed in another order differs by more than rtol
+    # (3 of 4 * 10^5 weights by 2e-4 at seed 0); held to the oracle's own accuracy instead
+    truth, g_truth, _ = run("ref", fn, [scores.double()], grad_out.double())
+    degree = int((indptr[1:] - indptr[:-1]).max()) if indptr.numel() > 1 else 1
+    assert_as_accurate([out] + grads, [out_ref] + g_ref, [truth] + g_truth, dtype, terms=degree)
 
 
 @pytest.mark.parametrize("case", ["random", "isolated", "empty", "one_vertex", "wide_hub"])
