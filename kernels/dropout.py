@@ -125,7 +125,9 @@ class EdgeDropout:
     it where they use a weight, in forward and again in backward; no mask is stored.
 
     ``counter`` is the hook that makes the masks independent of how edges are laid
-    out: the runtime passes each edge's id in the graph's *original* edge order
+    out (``None``: the identity, edge ``j``'s counter is ``j`` itself, for a graph whose
+    CSC order is the caller's edge order; no ``[E]`` array is made, the kernels use the
+    position and a backward walk by source reads its ``rev_perm``): the runtime passes each edge's id in the graph's *original* edge order
     (``Graph.perm``, in CSC order; :func:`ngra.runtime.executor.edge_counter`), restricted
     to a tile's edges by :meth:`take`, so every tile grid and every CSC order draws the
     same masks. A distributed runtime passes the global edge ids of a rank's local
@@ -142,29 +144,38 @@ class EdgeDropout:
         p: drop probability in ``(0, 1)``.
         counter: ``[E]`` int32 or int64 counter of each edge, in the kernel's CSC order,
             kept in the dtype it came in (a cast would be a fresh ``[E]`` array each call;
-            the hash reads the index modulo ``2**32``, the same in either width).
+            the hash reads the index modulo ``2**32``, the same in either width); ``None``
+            for the identity.
         s1, s2: the two 32-bit seeds (:func:`draw_seeds`).
         reverse: ``(rev_perm, counter[rev_perm])`` for a reverse CSR, or ``None``.
+        num_edges: ``E``, given with the identity counter (else ``counter``'s length).
     """
 
     p: float
-    counter: torch.Tensor
+    counter: torch.Tensor | None
     s1: int
     s2: int
     reverse: tuple[torch.Tensor, torch.Tensor] | None = None
+    num_edges: int | None = None
 
     @classmethod
-    def draw(cls, p: float, counter: torch.Tensor,
-             reverse: tuple[torch.Tensor, torch.Tensor] | None = None) -> EdgeDropout | None:
+    def draw(cls, p: float, counter: torch.Tensor | None,
+             reverse: tuple[torch.Tensor, torch.Tensor] | None = None,
+             num_edges: int | None = None) -> EdgeDropout | None:
         """Seeds from torch's default generator (``None`` when ``p == 0``: no dropout).
 
         Args:
             p: drop probability in ``[0, 1)``.
-            counter: ``[E]`` int32/int64 edge counters (e.g. ``Graph.perm``).
+            counter: ``[E]`` int32/int64 edge counters (e.g. ``Graph.perm``), or ``None``
+                for the identity (then ``num_edges`` gives ``E``).
             reverse: ``(rev_perm, counter[rev_perm])`` (see the class docstring), or ``None``.
         """
         p = check_attention_p(p)
-        if not isinstance(counter, torch.Tensor) or counter.dim() != 1 or \
+        if counter is None:
+            if isinstance(num_edges, bool) or not isinstance(num_edges, int) or num_edges < 0:
+                raise TypeError(f"the identity edge counter needs num_edges, an int >= 0; got "
+                                f"{num_edges!r}.")
+        elif not isinstance(counter, torch.Tensor) or counter.dim() != 1 or \
                 counter.dtype not in (torch.int32, torch.int64):
             got = (f"{counter.dtype} tensor of shape {list(counter.shape)}"
                    if isinstance(counter, torch.Tensor) else type(counter).__name__)
@@ -172,7 +183,8 @@ class EdgeDropout:
         if p == 0:
             return None
         s1, s2, _, _ = draw_seeds(p)
-        return cls(p, counter, s1, s2, reverse)
+        return cls(p, counter, s1, s2, None if counter is None else reverse,
+                   num_edges if counter is None else None)
 
     @property
     def thr(self) -> int:
@@ -183,28 +195,46 @@ class EdgeDropout:
     def scale(self) -> float:
         return 1.0 / (1.0 - self.p)
 
+    @property
+    def size(self) -> int:
+        """``E``: the edges this dropout covers."""
+        return self.num_edges if self.counter is None else self.counter.numel()
+
+    def counters(self, device: torch.device | None = None) -> torch.Tensor:
+        """``[E]``: :attr:`counter`, or the identity made as an array (for the reference
+        and the generic executor; kernels read the identity without one)."""
+        if self.counter is None:
+            return torch.arange(self.num_edges, device=device)
+        return self.counter
+
     def take(self, edge_ids: torch.Tensor | None) -> EdgeDropout:
         """The same dropout on a subset of the edges (``edge_ids``: their positions in
-        :attr:`counter`, e.g. a tile's; ``None``: every edge)."""
+        :attr:`counter`, e.g. a tile's; ``None``: every edge). The identity's counters
+        of those edges are ``edge_ids`` themselves."""
         if edge_ids is None:
             return self
+        if self.counter is None:
+            return EdgeDropout(self.p, edge_ids, self.s1, self.s2)
         return EdgeDropout(self.p, self.counter.index_select(
             0, edge_ids.to(self.counter.device).long()), self.s1, self.s2)
 
     def reverse_counter(self, rev_perm: torch.Tensor) -> torch.Tensor:
         """``[E]``: the counters in the order of a reverse CSR whose CSC positions are
         ``rev_perm``, ``counter[rev_perm]`` (:attr:`reverse`'s when made for this very
-        ``rev_perm`` tensor, else gathered now)."""
+        ``rev_perm`` tensor, else gathered now; the identity's are ``rev_perm`` itself)."""
+        if self.counter is None:
+            return rev_perm
         if self.reverse is not None and self.reverse[0] is rev_perm:
             return self.reverse[1]
         return self.counter.index_select(0, rev_perm.long())
 
-    def factors(self, heads: int, dtype: torch.dtype) -> torch.Tensor:
+    def factors(self, heads: int, dtype: torch.dtype,
+                device: torch.device | None = None) -> torch.Tensor:
         """``[E, heads]`` of ``dtype``: ``1 / (1 - p)`` where weight ``(j, h)`` is kept,
         else 0 (materialized: for the generic executor and tests; kernels hash in place)."""
         from ngra.kernels.ref.dropout import edge_keep_scale
 
-        return edge_keep_scale(self, heads, dtype)
+        return edge_keep_scale(self, heads, dtype, device)
 
 
 def check_edge_dropout(drop: object, num_edges: int, device: torch.device
@@ -216,10 +246,10 @@ def check_edge_dropout(drop: object, num_edges: int, device: torch.device
     if not isinstance(drop, EdgeDropout):
         raise TypeError(f"dropout must be an ngra.kernels.EdgeDropout or None; got "
                         f"{type(drop).__name__}. Make one with EdgeDropout.draw(p, counter).")
-    if drop.counter.numel() != num_edges:
+    if drop.size != num_edges:
         raise ValueError(f"dropout.counter must hold one counter per edge ([{num_edges}]); "
-                         f"got {drop.counter.numel()}.")
-    if drop.counter.device != device:
+                         f"got {drop.size}.")
+    if drop.counter is not None and drop.counter.device != device:
         raise ValueError(f"dropout.counter is on {drop.counter.device}, the graph on {device}.")
     return drop
 

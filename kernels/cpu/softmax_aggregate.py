@@ -35,8 +35,8 @@ scattered write and one contiguous read per edge, so it is chosen when a value
 row is at least :data:`EDGE_BUFFER_MIN_ROW_BYTES` long. Nothing ``O(E * H * D)``
 is ever stored.
 
-Attention dropout (an ``EdgeDropout``: ``drop`` true, the edges' counters ``ctr`` in
-CSC order, the seeds ``s1, s2``, the threshold ``thr`` and ``dscale = 1 / (1 - p)``) multiplies each
+Attention dropout (an ``EdgeDropout``: ``drop`` 1 with the edges' counters ``ctr`` in
+CSC order, or 2 for the identity counter, each edge's CSC position; the seeds ``s1, s2``, the threshold ``thr`` and ``dscale = 1 / (1 - p)``) multiplies each
 weight by its keep factor (:func:`_kept`, the dropout kernel's hash of
 ``counter * H + head``) where the weight is used: in the forward's feature sum (the
 running sum ``s`` stays undropped: it is the normalizer), in pass A's and pass B's
@@ -115,7 +115,7 @@ def _fwd_rows(indptr, indices, ss, sd, val, slope, out, lse, drop, ctr, s1, s2, 
                     x = ss[u, h] + sdv[h]
                     xs[jj, h] = x if x > 0.0 else x * slope
                 if drop:
-                    c = np.int64(ctr[j0 + jj])
+                    c = np.int64(ctr[j0 + jj]) if drop == 1 else np.int64(j0 + jj)
                     for h in range(heads):
                         kf[jj, h] = _kept(c, h, heads, s1, s2, thr, dscale)
             for h in range(heads):
@@ -195,7 +195,7 @@ def _bwd_dst_rows(indptr, indices, ss, sd, val, out, have_out, lse, g, slope, ga
                     al[jj, h] = a
                     aw[jj, h] = a if raw > 0.0 else a * slope  # alpha * leaky_relu'
                 if drop:
-                    c = np.int64(ctr[j0 + jj])
+                    c = np.int64(ctr[j0 + jj]) if drop == 1 else np.int64(j0 + jj)
                     for h in range(heads):
                         kf[jj, h] = _kept(c, h, heads, s1, s2, thr, dscale)
             for jj in range(n):
@@ -328,10 +328,13 @@ def softmax_aggregate_fwd(
 
 
 def _drop_args(drop) -> tuple:
-    """``(drop, ctr, s1, s2, thr, dscale)`` of the kernels for an ``EdgeDropout`` or ``None``."""
+    """``(drop, ctr, s1, s2, thr, dscale)`` of the kernels for an ``EdgeDropout`` or ``None``
+    (``drop``: 0 none, 1 the counters ``ctr``, 2 the identity: no array)."""
     if drop is None:
-        return False, dummy(np.int64, 1), 0, 0, 0, 1.0
-    return True, as_numpy(drop.counter), drop.s1, drop.s2, drop.thr, float(drop.scale)
+        return 0, dummy(np.int64, 1), 0, 0, 0, 1.0
+    if drop.counter is None:
+        return 2, dummy(np.int64, 1), drop.s1, drop.s2, drop.thr, float(drop.scale)
+    return 1, as_numpy(drop.counter), drop.s1, drop.s2, drop.thr, float(drop.scale)
 
 
 @register("softmax_aggregate_bwd", "cpu")
@@ -428,7 +431,7 @@ def _backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_
         ws, wd = fold
         sums = [(np.zeros((heads, dim)), np.zeros((heads, dim))) for _ in range(threads)]
     if drop is not None:  # pass B reads the counters in its (CSR) order
-        dargs = (True, as_numpy(drop.reverse_counter(rev_perm)), *dargs[2:])
+        dargs = (1, as_numpy(drop.reverse_counter(rev_perm)), *dargs[2:])
     run_rows(_bwd_src_rows, rip, rip, as_numpy(rev_indices), as_numpy(rev_perm), ss,
              sd, lse_np, delta, val, g, slope, bool(edge_buffer), ebuf, as_numpy(g_score_src),
              as_numpy(g_value), fold is not None, ws, wd, gsd, *dargs, per_thread=sums)

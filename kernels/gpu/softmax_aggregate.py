@@ -21,7 +21,8 @@ B. (:func:`_bwd_src_rows`) per (source, head) over the reverse CSR: ``d value[u]
 
 Scores, running max/sum and accumulators use the value's dtype.
 
-Attention dropout (``drop``, an ``EdgeDropout``; ``DROP``) multiplies each weight by its
+Attention dropout (``drop``, an ``EdgeDropout``; ``DROP`` 1 with counters ``ctr``, 2 for the
+identity counter, each edge's CSC position, read without an array) multiplies each weight by its
 keep factor (:func:`_keep_factor`: the dropout kernels' hash of ``counter * H + head``,
 in uint32) where the weight is used: in the forward's accumulator (not in the running
 sum, the undropped normalizer), in pass A's ``g . value`` terms and in pass B's value
@@ -66,6 +67,16 @@ def _keep_factor(c, h, H, dseed, dscale):
     return tl.where(x.to(tl.int64) >= tl.load(dseed + 2), dscale, 0.0)
 
 
+@triton.jit
+def _counter_of(ctr, e, emask, DROP: tl.constexpr):
+    """The counters of CSC edges ``e``: loaded from ``ctr`` (``DROP == 1``), or the
+    positions themselves (``DROP == 2``, the identity)."""
+    if DROP == 2:
+        return e
+    else:
+        return tl.load(ctr + e, mask=emask, other=0)
+
+
 @autotune(_CONFIGS, key=["D", "H"])
 @triton.jit
 def _fwd_rows(indptr, indices, ss, sd, value, out, lse, ctr, dseed, dscale, H, D,
@@ -98,7 +109,7 @@ def _fwd_rows(indptr, indices, ss, sd, value, out, lse, ctr, dseed, dscale, H, D
                       mask=emask[:, None] & dmask[None, :], other=0.0)
         s = s * scale + tl.sum(p, axis=0)
         if DROP:  # the running sum stays undropped: it is the normalizer
-            p = p * _keep_factor(tl.load(ctr + e, mask=emask, other=0), h, H, dseed, ks)
+            p = p * _keep_factor(_counter_of(ctr, e, emask, DROP), h, H, dseed, ks)
         acc = acc * scale + tl.sum(p[:, None] * val, axis=0)
         m = m_new
     full = end > start
@@ -140,7 +151,7 @@ def _bwd_dst_rows(indptr, indices, ss, sd, value, out, lse, g, delta, gsd, ctr, 
                       mask=emask[:, None] & dmask[None, :], other=0.0)
         dp = tl.sum(val * gv[None, :], axis=1)
         if DROP:  # d alpha = k g . value
-            dp = dp * _keep_factor(tl.load(ctr + e, mask=emask, other=0), h, H, dseed, ks)
+            dp = dp * _keep_factor(_counter_of(ctr, e, emask, DROP), h, H, dseed, ks)
         s1 += tl.sum(alpha * dp, axis=0)
         s2 += tl.sum(alpha * lr * dp, axis=0)
         s3 += tl.sum(alpha * lr, axis=0)
@@ -200,14 +211,21 @@ def _bwd_src_rows(rev_indptr, rev_indices, ss, sd, value, lse, g, delta, gss, gv
 
 
 def _drop_args(drop, value, counter=None) -> tuple:
-    """``(ctr, dseed, dscale)`` of the kernels (``DROP`` false: placeholders): the seeds and
+    """``(ctr, dseed, dscale)`` of the kernels (``DROP`` 0: placeholders): the seeds and
     threshold ``dseed = (s1, s2, thr)`` as an int64 tensor, ``1 / (1 - p)`` as a tensor of
     value's dtype (a float argument would be fp32)."""
     if drop is None:
         return value, value, value
     seeds = torch.tensor([drop.s1, drop.s2, drop.thr], dtype=torch.int64, device=value.device)
-    return (drop.counter if counter is None else counter, seeds,
-            value.new_full((1,), drop.scale))
+    ctr = drop.counter if counter is None else counter
+    return (value if ctr is None else ctr), seeds, value.new_full((1,), drop.scale)
+
+
+def _drop_code(drop, counter=None) -> int:
+    """``DROP``: 0 no dropout, 1 counters in an array, 2 the identity counter."""
+    if drop is None:
+        return 0
+    return 2 if drop.counter is None and counter is None else 1
 
 
 def forward(indptr, indices, score_src, score_dst, value, negative_slope, drop=None):
@@ -218,7 +236,7 @@ def forward(indptr, indices, score_src, score_dst, value, negative_slope, drop=N
     if num_dst and heads:
         _fwd_rows[(num_dst, heads)](indptr, indices, score_src, score_dst, value, out, lse,
                                     *_drop_args(drop, value), heads, dim, negative_slope,
-                                    DROP=drop is not None, BLOCK_D=pow2(dim))
+                                    DROP=_drop_code(drop), BLOCK_D=pow2(dim))
     return out, lse
 
 
@@ -241,7 +259,7 @@ def backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_o
                                         value if out is None else out, lse, grad_out, delta,
                                         gsd, *_drop_args(drop, value), heads, dim,
                                         negative_slope, HAS_OUT=out is not None,
-                                        DROP=drop is not None, BLOCK_D=pow2(dim))
+                                        DROP=_drop_code(drop), BLOCK_D=pow2(dim))
     if num_src:
         rev_indptr, rev_indices, rev_perm = rev
         ws, wd = fold if fold is not None else (value, value)
@@ -250,7 +268,7 @@ def backward(indptr, indices, rev, score_src, score_dst, value, out, lse, grad_o
                                         lse, grad_out, delta, gss, gval, ws, wd, gsd,
                                         *_drop_args(drop, value, rctr), heads, dim,
                                         negative_slope, FOLD=fold is not None,
-                                        DROP=drop is not None, BLOCK_D=pow2(dim))
+                                        DROP=_drop_code(drop, rctr), BLOCK_D=pow2(dim))
     return gss, gsd, gval
 
 

@@ -54,10 +54,12 @@ def keep_mask(x: torch.Tensor, s1: int, s2: int, thr: int,
     return (mask_hash(idx, s1, s2) >= thr).view(x.shape)
 
 
-def edge_keep_scale(drop, heads: int, dtype: torch.dtype) -> torch.Tensor:
+def edge_keep_scale(drop, heads: int, dtype: torch.dtype,
+                    device: torch.device | None = None) -> torch.Tensor:
     """``[E, heads]`` of ``dtype``: ``1 / (1 - p)`` where ``drop`` (an ``EdgeDropout``)
     keeps weight ``(j, h)``, else 0; draw index ``counter[j] * heads + h``."""
-    idx = drop.counter.long().unsqueeze(1) * heads + torch.arange(heads, device=drop.counter.device)
+    counter = drop.counters(device)
+    idx = counter.long().unsqueeze(1) * heads + torch.arange(heads, device=counter.device)
     return (mask_hash(idx, drop.s1, drop.s2) >= drop.thr).to(dtype) * drop.scale
 
 

@@ -70,7 +70,7 @@ def softmax_aggregate_fwd(
     s = torch.zeros_like(m).index_add_(0, dst, p)
     alpha = p / s[dst]
     if drop is not None:
-        alpha = alpha * edge_keep_scale(drop, heads, alpha.dtype)
+        alpha = alpha * edge_keep_scale(drop, heads, alpha.dtype, alpha.device)
     out = value.new_zeros((num_dst,) + tuple(value.shape[1:]))
     out.index_add_(0, dst, alpha.unsqueeze(-1) * value[src])
     lse = m + torch.log(s)  # -inf + log(0) = -inf for isolated destinations
@@ -99,7 +99,8 @@ def softmax_aggregate_bwd(
     alpha = torch.exp(e - lse[dst])  # [E, H]
     g_dst = grad_out[dst]  # [E, H, D]
     dp = (g_dst * value[src]).sum(-1)
-    keep = 1.0 if drop is None else edge_keep_scale(drop, alpha.shape[1], alpha.dtype)
+    keep = 1.0 if drop is None else edge_keep_scale(drop, alpha.shape[1], alpha.dtype,
+                                                    alpha.device)
     dp = dp * keep
     if out is None:
         delta = torch.zeros_like(lse, dtype=dp.dtype).index_add_(0, dst, alpha.to(dp.dtype) * dp)

@@ -130,7 +130,7 @@ class SoftmaxAccumulator(Accumulator):
         w = torch.exp(score - m.index_select(0, dst))
         s = kernels.segment_reduce(indptr, w, "sum")
         if drop is not None:
-            w = w * drop.factors(score.shape[1:].numel(), w.dtype).view(score.shape)
+            w = w * drop.factors(score.shape[1:].numel(), w.dtype, w.device).view(score.shape)
         o = kernels.segment_reduce(indptr, _bcast(w, value) * value, "sum")
         return (m, s, o)
 

@@ -117,26 +117,21 @@ def attention_dropout_of(layer: Any) -> float:
     return p
 
 
-def default_edge_counter(graph: Graph | Partitioned) -> torch.Tensor:
+def default_edge_counter(graph: Graph | Partitioned) -> torch.Tensor | None:
     """``[E]``: the counter attention dropout hashes each CSC edge's masks from.
 
     The edge's id in the graph's original edge order (``graph.perm``), so the masks
     do not depend on the CSC layout or the tile grid; on a partitioned graph, the local
     edges' ids in the whole graph (``Partitioned.edge_ids``), so every rank draws the
-    masks of one whole-graph run. This is the one place the runtime takes it from;
-    :func:`run_plan` takes another (``edge_counter=``).
+    masks of one whole-graph run. ``None`` where the graph's CSC order is the caller's
+    edge order (no ``perm`` stored): the identity, which the kernels read as each edge's
+    position, and the backward's walk by source as the reverse CSR's ``perm``, without
+    an ``[E]`` array (:class:`~ngra.kernels.EdgeDropout`). This is the one place the
+    runtime takes it from; :func:`run_plan` takes another (``edge_counter=``).
     """
     if isinstance(graph, Partitioned):
         return graph.edge_ids
-    if graph.has_perm:
-        return graph.perm
-    # edges already in the caller's order: the identity, built once per graph in the
-    # graph's offset dtype (int32 where it fits; the kernels hash either width), so a
-    # call makes no [E] array and the reverse counters' cache stays keyed on one tensor
-    ids = graph._cache.get("ngra.identity-edge-counter")
-    if ids is None:
-        ids = graph._cache["ngra.identity-edge-counter"] = graph.perm
-    return ids
+    return graph.perm if graph.has_perm else None
 
 
 def _reverse_counters(graph: Graph, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,6 +202,8 @@ def _attention_drop(plan: Any, graph: Graph | Partitioned, p: float,
         raise ValueError(f"attention dropout drops the weights of a softmax gather; this "
                          f"plan's gather is {plan.accumulator.name!r}.")
     counter = default_edge_counter(graph) if edge_counter is None else edge_counter
+    if counter is None:
+        return EdgeDropout.draw(p, None, num_edges=graph.num_edges)
     if not isinstance(counter, torch.Tensor) or tuple(counter.shape) != (graph.num_edges,):
         got = list(counter.shape) if isinstance(counter, torch.Tensor) else type(counter)
         raise ValueError(f"edge_counter must hold one counter per edge ([{graph.num_edges}]"

@@ -328,7 +328,8 @@ class Stager:
                                            for j, t in enumerate(self.e_leaves)])
         if self.drop is not None:
             drop = self.drop.take(view.edge_ids)  # keeps the whole graph's reverse counters
-            if self.transfer or drop.counter.device != self.device:
+            if drop.counter is not None and (self.transfer or
+                                             drop.counter.device != self.device):
                 counter = drop.counter.pin_memory() if self.transfer else drop.counter
                 drop = dataclasses.replace(drop, reverse=None,
                                            counter=self._copy(counter, st).to(self.device))

@@ -38,7 +38,7 @@ def main() -> None:
     small = ngra.Graph.from_edge_index(torch.randint(0, 64, (2, 512)), num_nodes=64)
     step(small.add_self_loops(), torch.randn(64, 16))  # JIT warm-up and plan compile
     # steady state, as from the second epoch: the graph keeps its edge counters in the
-    # backward walk's order ([E] int64, made by the first call; not per call)
+    # backward walk's order ([E], made by the first call; not per call)
     step(g, x)
     used = []
     for held in (None, g.num_edges):

@@ -176,6 +176,27 @@ def test_edge_counter_hook_reproduces_another_layout():
         run_plan(plan_h, h, None, x, None, attention_dropout=0.5, edge_counter=order[:3])
 
 
+def test_graph_in_caller_order_makes_no_counter_array():
+    """Edges given in CSC order (no ``perm`` stored): the masks hash each edge's position
+    (the identity), as an explicit 0 .. E-1 counter would, forward and backward, and
+    neither the call nor the graph keeps an ``[E]`` counter array."""
+    g = make_graph("skewed", n=30).add_self_loops()
+    in_csc_order = torch.stack([g.indices.long(), g.dst_index().long()])
+    lean = Graph.from_edge_index(in_csc_order, num_nodes=g.num_nodes)  # sorted: no perm
+    assert not lean.has_perm
+    layer = GATConv(4, 3, heads=2, attention_dropout=0.5).double()
+    x = torch.randn(lean.num_nodes, 4, dtype=torch.float64, requires_grad=True)
+    plan = compile_layer(layer, lean, x, None)
+    outs = []
+    for counter in (None, torch.arange(lean.num_edges)):
+        torch.manual_seed(5)
+        out = run_plan(plan, lean, None, x, None, attention_dropout=0.5, edge_counter=counter)
+        outs.append((out, *torch.autograd.grad(out.square().sum(), [x, layer.lin.weight])))
+        if counter is None:
+            assert not any("counter" in str(k) for k in lean._cache), list(lean._cache)
+    assert_close_all(outs[0], outs[1], "identity vs explicit counter", rtol=1e-12, atol=1e-12)
+
+
 def test_explain_says_where_it_runs():
     g = make_graph("random", n=12).add_self_loops()
     text = explain(GATConv(4, 2, heads=2, attention_dropout=0.6), g, torch.randn(12, 4))

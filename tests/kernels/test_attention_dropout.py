@@ -237,6 +237,49 @@ def test_attention_aggregate_recompute_and_in_place(gen):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend,kw", [
+    pytest.param(backend, kw, marks=_gpu_slow(backend, "random"))
+    for backend, kw in VARIANTS if not kw.get("reverse")])
+def test_identity_counter_reads_positions(backend, kw, gen):
+    """``counter=None`` (a graph already in the caller's edge order): the kernels hash
+    each edge's CSC position and pass B the reverse CSR's ``perm``, without an ``[E]``
+    array; the same results, bit for bit, as the explicit counters 0 .. E-1 in either
+    integer width."""
+    indptr, indices, num_src = graph_case("skewed", gen)
+    ss, sd, val, grad = _inputs(num_src, indptr.numel() - 1, 3, 4, gen)
+    e = indices.numel()
+    ident = EdgeDropout(0.5, None, 11, 12, num_edges=e)
+    got = _run(backend, indptr, indices, ss, sd, val, grad, ident, **dict(kw))
+    for dtype in (torch.int32, torch.int64):
+        explicit = EdgeDropout(0.5, torch.arange(e, dtype=dtype), 11, 12)
+        want = _run(backend, indptr, indices, ss, sd, val, grad, explicit, **dict(kw))
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    assert_same(got, _oracle(indptr, indices, ss, sd, val, grad, ident), torch.float64,
+                terms=e)
+
+
+def test_identity_counter_subsets_and_checks(gen):
+    """A tile of the identity holds its edges' positions as counters; the reverse walk's
+    counters are its ``rev_perm``; a size mismatch is named."""
+    ident = EdgeDropout.draw(0.5, None, num_edges=100)
+    assert ident.counter is None and ident.size == 100
+    ids = torch.tensor([3, 7, 50], dtype=torch.int32)
+    assert ident.take(ids).counter is ids
+    rev = torch.randperm(100)
+    assert ident.reverse_counter(rev) is rev
+    assert torch.equal(ident.factors(2, torch.float64),
+                       EdgeDropout(0.5, torch.arange(100), ident.s1, ident.s2).factors(
+                           2, torch.float64))
+    with pytest.raises(TypeError, match="needs num_edges"):
+        EdgeDropout.draw(0.5, None)
+    indptr, indices, num_src = graph_case("random", gen)
+    ss, sd, val, _ = _inputs(num_src, indptr.numel() - 1, 2, 3, gen)
+    with pytest.raises(ValueError, match="one counter per edge"):
+        softmax_aggregate(indptr, indices, ss, sd, val,
+                          dropout=EdgeDropout(0.5, None, 1, 2, num_edges=indices.numel() + 1))
+
+
 # ---------------------------------------------------------------- the mask itself
 def test_mask_is_a_function_of_the_counter(gen):
     """Weight (j, h)'s flag is the dropout hash of counter[j] * H + h: the same edge
