@@ -85,7 +85,7 @@ class ExchangeChoice:
 def predict(stats: PartitionStats, row_bytes: int, link: LinkModel) -> tuple[float, float]:
     """``(halo_s, ring_s)``: predicted seconds of one layer's forward and backward."""
     k = stats.world_size
-    per_edge = row_bytes / link.gather_bytes
+    per_edge = row_bytes / link.gather_bytes * link.shared  # every rank gathers at once
 
     def compute(e: int) -> float:
         return e * per_edge

@@ -13,17 +13,18 @@ Each operation ``op`` costs ``alpha + beta * x`` seconds, with ``x`` in bytes:
 * ``all_gather``: ``p - 1`` steps of ``n / p`` bytes for an ``n``-byte result;
 * ``broadcast``: ``x = n``.
 
-Besides the link, the model holds compute rates measured the same way (all ranks at
-once, as in a run, so that ranks sharing cores see the rate they will get):
-``gemm_flops`` (float32 matrix products), ``gather_bytes`` (random row gathers, the
+Besides the link, the model holds a rank's compute rates: ``gemm_flops`` (float32 matrix products), ``gather_bytes`` (random row gathers, the
 bound of a sparse aggregation), ``stream_bytes`` (element-wise ops) and ``gemm``, GEMM
 rates by shape (:class:`GemmTable`: about 40 shapes of rows x in x out, interpolated:
-a thin or cache-sized product runs at another rate than a large square one).
+a thin or cache-sized product runs at another rate than a large square one). They are
+timed on every rank at once, one short operation a timing: ranks that share a core run
+such a burst one after the other, so these are the rates of a rank alone.
 
 Two more numbers let the planner predict what torch's parallel modules do on this
 machine: ``shared``, how much slower a rank computes when all ranks compute at once
-than alone (ranks that share a host's cores: a pipeline's idle stages leave their
-cores to the busy ones), and ``tp_layer``, what a DTensor (tensor-parallel) Linear
+than alone, over runs long enough for the scheduler to share the cores (ranks that
+share a host's cores: a run's compute costs the rates above times ``shared``, and a
+pipeline's idle stages leave their cores to the busy ones), and ``tp_layer``, what a DTensor (tensor-parallel) Linear
 costs beyond its GEMMs and its collective (dispatch, layouts), per layer.
 
 A collective among ``p`` ranks of a larger world (the data- or tensor-parallel group
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 OPS = ("p2p", "all_to_all", "all_reduce", "all_gather", "broadcast")
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 23)  # bytes each rank sends
 CALIBRATION_ENV = "NGRA_CALIBRATION"
-VERSION = 3
+VERSION = 4
 GEMM_REPEATS = 3
 
 
@@ -400,7 +401,8 @@ def _fit_ops(group: Any, sizes: tuple[int, ...], repeats: int, dev: torch.device
 
 def _measure_compute(repeats: int, dev: torch.device,
                      samples: dict[str, list]) -> dict[str, Any]:
-    """GEMM rate and rates by shape, random-gather and element-wise rates (all ranks at once)."""
+    """GEMM rate and rates by shape, random-gather and element-wise rates (a rank's own:
+    see the module docstring)."""
     a = torch.randn(1024, 512, device=dev)
     b = torch.randn(512, 256, device=dev)
     t_mm = _sync_time(lambda: torch.mm(a, b), repeats, dev)
@@ -427,23 +429,37 @@ def _measure_compute(repeats: int, dev: torch.device,
 
 
 def _solo_ratio(repeats: int, dev: torch.device) -> float:
-    """A GEMM's time with every rank computing over its time on rank 0 alone."""
+    """A run of GEMMs' time with every rank computing over its time on rank 0 alone.
+
+    Each timing is a run of :data:`SHARED_RUN` GEMMs, not one: a single GEMM is shorter
+    than the scheduler's time slice, so ranks that share a core mostly run it one after
+    the other and see less of each other than a training step does (4 ranks on 2
+    cores measured 1.58x with one GEMM a timing, where their steps ran about 2x)."""
     import torch.distributed as dist
 
     a, b = torch.randn(1024, 1024, device=dev), torch.randn(1024, 512, device=dev)
     out = torch.empty(1024, 512, device=dev)
-    together = _sync_time(lambda: torch.mm(a, b, out=out), repeats, dev)
+
+    def run() -> None:
+        for _ in range(SHARED_RUN):
+            torch.mm(a, b, out=out)
+
+    together = _sync_time(run, repeats, dev)
     times = []
     for _ in range(repeats + 1):
         dist.barrier()
         if dist.get_rank() == 0:
             t0 = time.perf_counter()
-            torch.mm(a, b, out=out)
+            run()
             times.append(time.perf_counter() - t0)
     ratio = torch.tensor([together / statistics.median(times[1:]) if times else 1.0],
                          dtype=torch.float64, device=dev)
     dist.broadcast(ratio, 0)
     return max(1.0, float(ratio.item()))
+
+
+#: GEMMs (1024 x 1024 x 512) in one timing of :func:`_solo_ratio`: about 0.1 s alone here
+SHARED_RUN = 16
 
 
 #: (rows, width) of the column -> row Linear pairs the DTensor cost is measured on

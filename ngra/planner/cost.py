@@ -36,16 +36,20 @@ step is the 1F1B makespan plus what follows the pipeline flush::
         + sum_s (allreduce_s + optimizer_s + accumulate_s)
 
 The first term is the makespan (``(m + P - 1)(t_f + t_b)`` for ``P`` equal stages)
-with ``u'`` computing at the rate of a rank alone; the second the work of all ranks
-spread over all of them at the rate of all computing at once: where ranks share a
-host's cores (``LinkModel.shared > 1``) the cores an idle stage leaves serve the busy
-ones, so a pipeline takes the longer of the two; with a device per rank the makespan
-is always the longer. ``allreduce_s`` is DDP's ring all-reduce of the stage's local
-gradient among ``d`` replicas, in buckets (:func:`ddp_all_reduce`), ``optimizer_s``
-Adam's passes over the local parameters and ``accumulate_s`` adding ``m - 1`` further
-micro-batches' gradients. The stages' flush terms are counted one after the other: on
-one host the ranks share the cores and the loopback link (on separate links this
-overestimates them).
+with ``u'`` computing at the rate of a rank alone (the link model's calibrated rates);
+the second the work of all ranks spread over all of them at the rate of all computing
+at once (those rates times ``LinkModel.shared``): where ranks share a host's cores
+(``shared > 1``) the cores an idle stage leaves serve the busy ones, so a pipeline
+takes the longer of the two; with a device per rank the makespan is always the longer.
+``allreduce_s`` is DDP's ring all-reduce of the stage's local gradient among ``d``
+replicas, in buckets (:func:`ddp_all_reduce`), counted one stage after the other (on
+one host the groups share the loopback link; on separate links this overestimates
+them). ``optimizer_s`` is Adam's passes over the local parameters and ``accumulate_s``
+adding ``m - 1`` further micro-batches' gradients, each times ``shared / P``: every
+rank steps at once, so the ``K = P d t`` ranks' work shares the host's ``K / shared``
+cores (a data-parallel replica's full optimizer runs ``shared`` times slower than
+alone; ``P`` pipeline stages, each with ``1 / P`` of the parameters, step side by
+side).
 
 Memory per device of stage ``s`` (:class:`StageCost.memory`): the local parameters
 with their gradient, optimizer states and (``d > 1``) DDP's gradient buckets, plus
@@ -292,17 +296,21 @@ def finish_stage(devices: Devices, shape: Shape, fwd: list[float], bwd: list[flo
                  recompute: bool) -> StageCost:
     """A :class:`StageCost` from the summed layer parts of a stage."""
     send, back, stage_input, transient = edges
+    link = devices.link
     parts = [x + y for x, y in zip(fwd, bwd)]
+    parts[_C] *= link.shared  # the rates are a rank's alone; all ranks compute at once
     forward = sum(fwd) + send
     backward = sum(bwd) + back
     if recompute:
-        parts[_RC] += sum(fwd)
+        parts[_RC] += sum(fwd) + fwd[_C] * (link.shared - 1)
         backward += sum(fwd)
     parts[_P2P] += send + back
-    link = devices.link
+    # every rank steps its optimizer at once after the flush: the work of all K ranks
+    # over the host's cores, K / shared of them, is stage s's work times shared / P
+    spread = link.shared / shape.pipeline
     step = (ddp_all_reduce(link, params, shape.data),
-            link.stream_time(params * ADAM_PASSES),
-            (shape.micro_batches - 1) * link.stream_time(3 * params))
+            link.stream_time(params * ADAM_PASSES) * spread,
+            (shape.micro_batches - 1) * link.stream_time(3 * params) * spread)
     return StageCost(tuple(parts), forward, backward, step, params, saved, stage_input,
                      transient, recompute, link.shared)
 
