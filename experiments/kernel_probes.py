@@ -8,6 +8,7 @@
     fused-edge-bwd  G-GCN gate forward + backward: two walks, one walk, dst partials
     gat-memory      a zoo GAT step on R-MAT 2^18: live tensors vs RSS
     ggcn-floor      the G-GCN showcase step against its GEMMs and fused edge stages alone
+    attention-dropout  zoo GAT steps with and without attention dropout, interleaved
 
 ``gspmm-output`` runs on R-MAT 2^18 (edge factor 16, self-loops), F=64: ngra's
 ``gspmm`` as called, its numba kernel into a reused output buffer, the same
@@ -218,10 +219,59 @@ def ggcn_floor(data_root: str | None) -> None:
     _rounds({"step": step, "16 GEMMs": gemms, "2 edge stages": edges}, "step", rounds=9)
 
 
+def attention_dropout(data_root: str | None) -> None:
+    """The zoo GAT (train_bench's: 8 heads x 8, dropout 0.6 on the inputs) with attention
+    dropout 0.6 and without, on train_bench's Cora, PubMed and R-MAT 2^18: training steps
+    of the two models interleaved in one process (so load hits both alike), the median
+    step and the median per-round ratio, and each step's peak RSS above its start (median
+    of the rounds)."""
+    import torch.nn.functional as F
+
+    from ngra.datasets import load
+    from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from ngra.models import build_model, prepare
+
+    graphs = {"cora": ("cora", 15), "pubmed": ("pubmed:structure", 15),
+              "rmat18": ("rmat:scale=18,edge_factor=16,feat=128,classes=8", 5)}
+    for name, (spec, rounds) in graphs.items():
+        ds = load(spec, root=data_root, progress=False)
+        graph, edata = prepare("gat", ds.graph)
+        steps = {}
+        for p in (0.0, 0.6):
+            torch.manual_seed(0)
+            model = build_model("gat", ds.num_features, ds.num_classes, attention_dropout=p)
+            opt = torch.optim.Adam(model.parameters(), lr=0.005)
+
+            def step(model=model, opt=opt) -> None:
+                opt.zero_grad(set_to_none=True)
+                out = model(graph, ds.x, edata)
+                F.cross_entropy(out[ds.train_mask], ds.y[ds.train_mask]).backward()
+                opt.step()
+
+            step(), step()
+            steps[p] = step
+        times, peaks = {p: [] for p in steps}, {p: [] for p in steps}
+        for _ in range(rounds):
+            for p, step in steps.items():
+                reset_peak_rss()
+                start = rss_bytes()
+                t = time.perf_counter()
+                step()
+                times[p].append(time.perf_counter() - t)
+                peaks[p].append(peak_rss_bytes() - start)
+        ratio = statistics.median(a / b for a, b in zip(times[0.6], times[0.0]))
+        print(f"{name} ({graph.num_edges:,} edges, perm stored: {graph.has_perm}): step "
+              f"{statistics.median(times[0.0]) * 1e3:.1f} ms without, "
+              f"{statistics.median(times[0.6]) * 1e3:.1f} ms with (ratio {ratio:.2f}x); "
+              f"step peak above start {statistics.median(peaks[0.0]) / 1e6:.0f} / "
+              f"{statistics.median(peaks[0.6]) / 1e6:.0f} MB")
+
+
 # every probe takes the --data-root (those on synthetic data ignore it)
 PROBES = {"gspmm-output": gspmm_output, "dropout": lambda _root: dropout(),
           "dropout-linear": lambda _root: dropout_linear(), "fused-edge-bwd": fused_edge_bwd,
-          "gat-memory": gat_memory, "ggcn-floor": ggcn_floor}
+          "gat-memory": gat_memory, "ggcn-floor": ggcn_floor,
+          "attention-dropout": attention_dropout}
 
 
 def main() -> None:

@@ -106,6 +106,8 @@ def setup_case(graph_path: str, case: str, framework: str, feat: int, seed: int 
 
     torch.manual_seed(seed)
     indptr, indices, dst, n = _load_graph(graph_path)
+    if framework != "ngra":  # the baselines' own int64 ids (ngra's graph keeps int32)
+        indptr, indices, dst = indptr.long(), indices.long(), dst.long()
     num_edges = indices.numel()
     backward = case.endswith("_fb")
     gen = torch.Generator().manual_seed(seed)

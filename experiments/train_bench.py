@@ -189,11 +189,14 @@ def _ngra_step(case: Case, ds) -> tuple[Any, Any, str]:
 
 
 def _prepared(model: str, ds):
-    """The graph every framework trains on, in CSC order: (src, dst, weight or None)."""
+    """The graph every framework trains on, in CSC order: (src, dst, weight or None), with
+    the baselines' own int64 ids (ngra's graph keeps int32 where they fit; PyG's
+    message passing refuses them)."""
     from ngra.models import prepare
 
     graph, _ = prepare(model, ds.graph)
-    return graph.indices, graph.dst_index(), graph.edge_weight, graph.num_nodes
+    return (graph.indices.long(), graph.dst_index().long(), graph.edge_weight,
+            graph.num_nodes)
 
 
 def _pyg_model(model: str, f_in: int, n_cls: int, ei, weight):
@@ -367,7 +370,7 @@ def _showcase_step(case: Case, ds):
                 h = layer(graph, h)
             return h
     elif case.framework == "pyg":
-        ei = torch.stack([ds.graph.indices, ds.graph.dst_index()])
+        ei = torch.stack([ds.graph.indices.long(), ds.graph.dst_index().long()])
         net = _pyg_model("ggcn", f, HIDDEN, ei, None)
         layers = net
 
@@ -379,7 +382,8 @@ def _showcase_step(case: Case, ds):
     else:
         from ngra._compat import import_dgl
 
-        g = import_dgl().graph((ds.graph.indices, ds.graph.dst_index()), num_nodes=ds.num_nodes)
+        g = import_dgl().graph((ds.graph.indices.long(), ds.graph.dst_index().long()),
+                               num_nodes=ds.num_nodes)
         net = _dgl_model("ggcn", f, HIDDEN, g, None)
         layers = net
 
