@@ -242,7 +242,7 @@ def attention_dropout(data_root: str | None) -> None:
             model = build_model("gat", ds.num_features, ds.num_classes, attention_dropout=p)
             opt = torch.optim.Adam(model.parameters(), lr=0.005)
 
-            def step(model=model, opt=opt) -> None:
+            def step(model=model, opt=opt, graph=graph, ds=ds, edata=edata) -> None:
                 opt.zero_grad(set_to_none=True)
                 out = model(graph, ds.x, edata)
                 F.cross_entropy(out[ds.train_mask], ds.y[ds.train_mask]).backward()
