@@ -125,10 +125,11 @@ class EdgeDropout:
     it where they use a weight, in forward and again in backward; no mask is stored.
 
     ``counter`` is the hook that makes the masks independent of how edges are laid
-    out (``None``: the identity, edge ``j``'s counter is ``j`` itself, for a graph whose
-    CSC order is the caller's edge order; no ``[E]`` array is made, the kernels use the
-    position and a backward walk by source reads its ``rev_perm``): the runtime passes each edge's id in the graph's *original* edge order
-    (``Graph.perm``, in CSC order; :func:`ngra.runtime.executor.edge_counter`), restricted
+    out: the runtime passes each edge's id in the graph's *original* edge order
+    (``Graph.perm``, in CSC order; :func:`ngra.runtime.executor.default_edge_counter`;
+    ``None`` is the identity, edge ``j``'s counter ``j`` itself, for a graph whose CSC
+    order is the caller's edge order: no ``[E]`` array is made, the kernels use the
+    position and a backward walk by source reads its ``rev_perm``), restricted
     to a tile's edges by :meth:`take`, so every tile grid and every CSC order draws the
     same masks. A distributed runtime passes the global edge ids of a rank's local
     edges instead, and every rank then draws the masks of one global graph.

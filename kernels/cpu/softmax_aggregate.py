@@ -36,8 +36,9 @@ row is at least :data:`EDGE_BUFFER_MIN_ROW_BYTES` long. Nothing ``O(E * H * D)``
 is ever stored.
 
 Attention dropout (an ``EdgeDropout``: ``drop`` 1 with the edges' counters ``ctr`` in
-CSC order, or 2 for the identity counter, each edge's CSC position; the seeds ``s1, s2``, the threshold ``thr`` and ``dscale = 1 / (1 - p)``) multiplies each
-weight by its keep factor (:func:`_kept`, the dropout kernel's hash of
+CSC order, or 2 for the identity counter, each edge's CSC position; the seeds ``s1,
+s2``, the threshold ``thr`` and ``dscale = 1 / (1 - p)``) multiplies each weight by
+its keep factor (:func:`_kept`, the dropout kernel's hash of
 ``counter * H + head``) where the weight is used: in the forward's feature sum (the
 running sum ``s`` stays undropped: it is the normalizer), in pass A's and pass B's
 ``dp`` and in pass B's ``d value``. Pass B reads the counters in its own (CSR) order,
