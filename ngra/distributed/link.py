@@ -14,8 +14,8 @@ Each operation ``op`` costs ``alpha + beta * x`` seconds, with ``x`` in bytes:
 * ``broadcast``: ``x = n``.
 
 Besides the link, the model holds a rank's compute rates: ``gemm_flops`` (float32
-matrix products), ``gather_bytes`` (random row gathers, the bound of a sparse aggregation), ``stream_bytes`` (element-wise ops) and ``gemm``, GEMM
-rates by shape (:class:`GemmTable`: about 40 shapes of rows x in x out, interpolated:
+matrix products), ``gather_bytes`` (random row gathers, the bound of a sparse
+aggregation), ``stream_bytes`` (element-wise ops) and ``gemm``, GEMM rates by shape (:class:`GemmTable`: about 40 shapes of rows x in x out, interpolated:
 a thin or cache-sized product runs at another rate than a large square one). They are
 timed on every rank at once, one short operation a timing: ranks that share a core run
 such a burst one after the other, so these are the rates of a rank alone.
@@ -25,7 +25,8 @@ machine: ``shared``, how much slower a rank computes when all ranks compute at o
 than alone, over runs long enough for the scheduler to share the cores (ranks that
 share a host's cores: a run's compute costs the rates above times ``shared``, and a
 pipeline's idle stages leave their cores to the busy ones), and ``tp_layer``, what a
-DTensor (tensor-parallel) Linear costs beyond its GEMMs and its collective (dispatch, layouts), per layer.
+DTensor (tensor-parallel) Linear costs beyond its GEMMs and its collective (dispatch,
+layouts), per layer.
 
 A collective among ``p`` ranks of a larger world (the data- or tensor-parallel group
 of a planner's mesh) is measured too: ``groups[p]`` holds the fits of every op run in
