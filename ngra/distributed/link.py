@@ -15,8 +15,9 @@ Each operation ``op`` costs ``alpha + beta * x`` seconds, with ``x`` in bytes:
 
 Besides the link, the model holds a rank's compute rates: ``gemm_flops`` (float32
 matrix products), ``gather_bytes`` (random row gathers, the bound of a sparse
-aggregation), ``stream_bytes`` (element-wise ops) and ``gemm``, GEMM rates by shape (:class:`GemmTable`: about 40 shapes of rows x in x out, interpolated:
-a thin or cache-sized product runs at another rate than a large square one). They are
+aggregation), ``stream_bytes`` (element-wise ops) and ``gemm``, GEMM rates by shape
+(:class:`GemmTable`: about 40 shapes of rows x in x out, interpolated: a thin or
+cache-sized product runs at another rate than a large square one). They are
 timed on every rank at once, one short operation a timing: ranks that share a core run
 such a burst one after the other, so these are the rates of a rank alone.
 
