@@ -333,9 +333,8 @@ def _drop_args(drop) -> tuple:
     (``drop``: 0 none, 1 the counters ``ctr``, 2 the identity: no array)."""
     if drop is None:
         return 0, dummy(np.int64, 1), 0, 0, 0, 1.0
-    if drop.counter is None:
-        return 2, dummy(np.int64, 1), drop.s1, drop.s2, drop.thr, float(drop.scale)
-    return 1, as_numpy(drop.counter), drop.s1, drop.s2, drop.thr, float(drop.scale)
+    code, ctr = (2, dummy(np.int64, 1)) if drop.counter is None else (1, as_numpy(drop.counter))
+    return code, ctr, drop.s1, drop.s2, drop.thr, float(drop.scale)
 
 
 @register("softmax_aggregate_bwd", "cpu")

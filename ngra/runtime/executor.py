@@ -143,7 +143,7 @@ def _reverse_counters(graph: Graph, counter: torch.Tensor) -> tuple[torch.Tensor
     hit = graph._cache.get("ngra.reverse-edge-counter")
     if hit is not None and hit[0]() is counter:
         return perm, hit[1]
-    rev = counter.index_select(0, perm.long())
+    rev = counter.index_select(0, perm)  # int32 or int64 positions: no [E] cast
     graph._cache["ngra.reverse-edge-counter"] = (weakref.ref(counter), rev)
     return perm, rev
 
