@@ -27,10 +27,14 @@ import torch
 from ngra.characterize.metrics import LayerDims, layer_dims
 from ngra.graph import Graph
 
-__all__ = ["Workload", "prepare_workload", "synthetic_edge_types", "SYNTHETIC_TYPES",
-           "MODEL_NAMES", "GAT_HEADS"]
+__all__ = ["Workload", "prepare_workload", "build_ngra", "synthetic_edge_types",
+           "SYNTHETIC_TYPES", "MODEL_NAMES", "BASELINE_MODELS", "GAT_HEADS"]
 
+#: the characterization grid's models (those with analytic FLOP / byte counts)
 MODEL_NAMES = ("gcn", "gat", "sage", "gin", "ggnn", "rgcn")
+#: every zoo model: each has a PyG and a DGL baseline of the same math
+#: (:mod:`ngra.characterize.pyg_models`, :mod:`ngra.characterize.dgl_models`)
+BASELINE_MODELS = MODEL_NAMES + ("ggcn", "commnet", "mpnn")
 SYNTHETIC_TYPES = 3
 GAT_HEADS = 8
 
@@ -57,11 +61,12 @@ class Workload:
         x: ``[N, F]`` features. y: labels. train_mask: the training mask.
         num_classes, num_types: outputs and edge types.
         src, dst: ``[E]`` endpoints in CSC order (what the baselines get).
-        weight: ``[E]`` GCN weights (CSC order) or ``None``.
+        weight: ``[E]`` GCN weights (CSC order; MPNN's edge feature) or ``None``.
         etype: ``[E]`` edge types (CSC order) or ``None``.
         norm: ``[E]`` R-GCN ``1/c_{v,r}`` (CSC order) or ``None``.
-        layers: the layer widths (for analytic counts).
-        hidden: hidden width. notes: what was synthesized.
+        layers: the layer widths (for analytic counts; empty outside :data:`MODEL_NAMES`).
+        hidden: hidden width (GAT: over all its heads). heads: GAT's heads.
+        notes: what was synthesized.
     """
 
     model: str
@@ -81,6 +86,7 @@ class Workload:
     layers: list[LayerDims]
     hidden: int
     notes: list[str]
+    heads: int = GAT_HEADS
 
     @property
     def num_nodes(self) -> int:
@@ -91,12 +97,13 @@ class Workload:
         return self.graph.num_edges
 
 
-def prepare_workload(ds: Any, model: str, hidden: int = 64, dataset: str | None = None) -> Workload:
+def prepare_workload(ds: Any, model: str, hidden: int = 64, dataset: str | None = None,
+                     heads: int = GAT_HEADS) -> Workload:
     """Prepare dataset ``ds`` (a :class:`ngra.datasets.NodeDataset`) for zoo model ``model``."""
     from ngra.models import prepare
 
-    if model not in MODEL_NAMES:
-        raise ValueError(f"characterization covers {MODEL_NAMES}; got {model!r}.")
+    if model not in BASELINE_MODELS:
+        raise ValueError(f"workloads cover {BASELINE_MODELS}; got {model!r}.")
     notes: list[str] = []
     etype, num_types = ds.edge_type, ds.num_edge_types
     if model in ("ggnn", "rgcn") and (etype is None or num_types < 2):
@@ -105,28 +112,28 @@ def prepare_workload(ds: Any, model: str, hidden: int = 64, dataset: str | None 
     graph, edge_data = prepare(model, ds.graph, etype, num_types)
     # int64 ids and per-edge weights in CSC order: what the PyG / DGL baselines take
     src, dst = graph.indices.long(), graph.dst_index().long()
-    weight = graph.edge_weight if model == "gcn" else None
+    weight = graph.edge_weight if model in ("gcn", "mpnn") else None
     et = norm = None
     if model == "ggnn":
         et = graph.to_csc_order(edge_data)
     elif model == "rgcn":
         et = graph.to_csc_order(edge_data["type"])
         norm = graph.to_csc_order(edge_data["norm"])
-    layers = layer_dims(model, ds.x.shape[1], hidden, ds.num_classes, heads=GAT_HEADS,
-                        num_types=num_types)
+    layers = (layer_dims(model, ds.x.shape[1], hidden, ds.num_classes, heads=heads,
+                         num_types=num_types) if model in MODEL_NAMES else [])
     return Workload(model=model, dataset=dataset or ds.name, graph=graph, edge_data=edge_data,
                     x=ds.x, y=ds.y, train_mask=ds.train_mask, num_classes=ds.num_classes,
                     num_types=num_types, src=src, dst=dst, weight=weight, etype=et, norm=norm,
-                    layers=layers, hidden=hidden, notes=notes)
+                    layers=layers, hidden=hidden, notes=notes, heads=heads)
 
 
-def build_ngra(w: Workload) -> torch.nn.Module:
-    """The zoo model for ``w`` (dropout off, attention dropout too: the baselines' models
-    have neither)."""
+def build_ngra(w: Workload, dropout: float = 0.0, attention_dropout: float = 0.0) -> torch.nn.Module:
+    """The zoo model for ``w``; ``dropout`` and GAT's ``attention_dropout`` as the
+    baselines' (both off by default: the characterization measures the layers alone)."""
     from ngra.models import build_model
 
-    heads = GAT_HEADS if w.model == "gat" else None
-    hidden = w.hidden // GAT_HEADS if w.model == "gat" else w.hidden
-    return build_model(w.model, w.x.shape[1], w.num_classes, hidden=hidden, heads=heads,
-                       num_edge_types=w.num_types, dropout=0.0,
-                       attention_dropout=0.0 if w.model == "gat" else None)
+    gat = w.model == "gat"
+    return build_model(w.model, w.x.shape[1], w.num_classes,
+                       hidden=max(w.hidden // w.heads, 1) if gat else w.hidden,
+                       heads=w.heads if gat else None, num_edge_types=w.num_types,
+                       dropout=dropout, attention_dropout=attention_dropout if gat else None)
