@@ -6,6 +6,13 @@ for the parts that are not lowered to a kernel (vertex-side ``pre`` and ``post``
 work, per-edge factors of a g-SpMM, unfused edge stages).
 
 Parameters and submodules are looked up on the layer at run time, never snapshotted.
+
+Element-wise ops run in place where nothing can tell: on a tensor this evaluation
+made with an op whose backward does not read its output (a Linear, an add, ...), whose
+only reader is the op at hand, which is no stage output. ``tanh(h(x) + acc)`` then
+allocates one ``[N, F]`` tensor instead of three; autograd sees the same values
+(an in-place ``mul``/``div`` only where the other operand needs no gradient, whose
+backward would read the overwritten value).
 """
 
 from __future__ import annotations
@@ -51,23 +58,73 @@ class Resolver:
 
 
 def run_stage(stage: Stage, inputs: Callable[[Node], Any], resolver: Resolver,
-              preset: dict[int, Any] | None = None) -> Any:
+              preset: dict[int, Any] | None = None, owned: bool = False) -> Any:
     """Execute ``stage``; returns its output structure with values in place of refs.
-    ``preset`` gives the values of some nodes, computed elsewhere."""
-    env = evaluate(stage, stage.output_ids(), inputs, resolver, preset)
+    ``preset`` gives the values of some nodes, computed elsewhere (``owned``: fresh
+    tensors no backward reads, which this stage may overwrite like its own)."""
+    env = evaluate(stage, stage.output_ids(), inputs, resolver, preset, owned)
     return map_refs(stage.outputs, lambda r: env[r.id])
 
 
 def evaluate(stage: Stage, roots: list[int], inputs: Callable[[Node], Any],
-             resolver: Resolver, preset: dict[int, Any] | None = None) -> dict[int, Any]:
+             resolver: Resolver, preset: dict[int, Any] | None = None,
+             owned_preset: bool = False) -> dict[int, Any]:
     """Values of ``roots`` and of every node they read (only those are computed; nodes in
-    ``preset`` take its values)."""
+    ``preset`` take its values, which may be overwritten where ``owned_preset``)."""
     env: dict[int, Any] = dict(preset or {})
-    for nid in stage.ancestors(roots):
+    order = stage.ancestors(roots)
+    readers = {nid: 0 for nid in order}
+    for nid in order:
+        for a in stage.nodes[nid].args:
+            readers[a] += 1
+    for r in roots:
+        readers[r] += 1  # an output is read after the stage
+    # fresh tensors made here (or handed over) that no one else reads
+    owned: set[int] = {k for k, v in env.items() if isinstance(v, torch.Tensor)} \
+        if owned_preset else set()
+    for nid in order:
         if nid not in env:
             n = stage.nodes[nid]
-            env[nid] = eval_node(n, [env[a] for a in n.args], inputs, resolver)
+            vals = [env[a] for a in n.args]
+            ours = [a in owned and readers[a] == 1 for a in n.args]
+            out = _in_place(n.op, n.attrs, vals, ours) if any(ours) else None
+            env[nid] = eval_node(n, vals, inputs, resolver) if out is None else out
+            if n.op in _FRESH and isinstance(env[nid], torch.Tensor):
+                owned.add(nid)
     return env
+
+
+#: ops whose result is a new tensor their backward does not read
+_FRESH = frozenset({Op.LINEAR, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG})
+_UNARY_IN_PLACE = {Op.TANH: torch.Tensor.tanh_, Op.SIGMOID: torch.Tensor.sigmoid_,
+                   Op.RELU: torch.Tensor.relu_, Op.NEG: torch.Tensor.neg_}
+_BINARY_IN_PLACE = {Op.ADD: torch.Tensor.add_, Op.SUB: torch.Tensor.sub_,
+                    Op.MUL: torch.Tensor.mul_, Op.DIV: torch.Tensor.div_}
+
+
+def _in_place(op: Op, attrs: dict, vals: list[Any], ours: list[bool]) -> Any:
+    """``op`` computed in place over an operand in ``vals`` that ``ours`` marks as
+    this evaluation's to overwrite, or ``None`` where that would change a result or
+    a gradient (shape or dtype would change, or the backward reads the operand)."""
+    if op in _UNARY_IN_PLACE:
+        return _UNARY_IN_PLACE[op](vals[0]) if vals[0].is_floating_point() else None
+    if op not in _BINARY_IN_PLACE:
+        return None
+    x, y = vals
+    for keep, other, swap in ((ours[0], y, False), (ours[1], x, True)):
+        if not keep or (swap and op in (Op.SUB, Op.DIV)):
+            continue
+        target = y if swap else x
+        if isinstance(other, torch.Tensor):
+            if op in (Op.MUL, Op.DIV) and other.requires_grad and torch.is_grad_enabled():
+                continue  # its gradient reads the value we would overwrite
+            if (torch.broadcast_shapes(target.shape, other.shape) != target.shape
+                    or torch.result_type(target, other) != target.dtype):
+                continue
+        elif not target.is_floating_point():
+            continue
+        return _BINARY_IN_PLACE[op](target, other)
+    return None
 
 
 def eval_node(n: Node, vals: list[Any], inputs: Callable[[Node], Any], resolver: Resolver) -> Any:

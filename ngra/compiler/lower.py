@@ -36,6 +36,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from ngra import kernels
 from ngra.compiler.gather import make_accumulator
@@ -79,34 +80,61 @@ class FallbackPlan(GenericPlan):
         return lines
 
 
-def _dropout_linears(program: Program) -> tuple[list[tuple[int, int, int | None]], str]:
-    """``([(linear, weight, bias or None) node ids], note)``: the pre-stage Linears an input
-    dropout fuses into, when they are the only reads of the (single-tensor) layer input;
-    else ``([], why not)``."""
+def _dropout_linears(program: Program) -> tuple[list[tuple[int, int, int | None]],
+                                                list[tuple[int, int, int | None]], str]:
+    """``(pre's, vertex stage's, note)``: the Linears an input dropout fuses into, each as
+    ``(linear, weight, bias or None)`` node ids of its stage, when they are the only reads
+    of the (single-tensor) layer input; else ``([], [], why not)``."""
     if program.vertex is None:
-        return [], "ApplyVertex was not traced, so its reads of x are unknown"
-    for stage in (program.edge, program.vertex):
-        if any(n.op == Op.VERTEX for n in stage.nodes.values()):
-            return [], f"the {stage.kind} stage reads x itself"
+        return [], [], "ApplyVertex was not traced, so its reads of x are unknown"
+    if any(n.op == Op.VERTEX for n in program.edge.nodes.values()):
+        return [], [], "the edge stage reads x itself"
     pre = program.pre
-    reads = [n for n in pre.nodes.values() if n.op == Op.VERTEX]
+    read = {n.attrs["key"] for n in program.edge.nodes.values() if n.op in (Op.SRC, Op.DST)}
+    if any(pre.nodes[pre.outputs[k].id].op == Op.VERTEX for k in read):
+        return [], [], "the edge stage reads x itself"
+    found = []
+    for stage in (pre, program.vertex):
+        linears, why = _linears_of_x(stage)
+        if why:
+            return [], [], why
+        found.append(linears)
+    if not any(found):
+        return [], [], "no Linear reads x"
+    where = " and ".join(f"{len(lins)} of the {stage} stage" for lins, stage
+                         in zip(found, ("pre", "vertex")) if lins)
+    return found[0], found[1], f"fused into the Linear(s) of x: {where}"
+
+
+def _linears_of_x(stage: Any) -> tuple[list[tuple[int, int, int | None]], str]:
+    """``stage``'s Linears of the layer input ``x``, or ``([], why)`` where it reads ``x``
+    otherwise."""
+    reads = [n for n in stage.nodes.values() if n.op == Op.VERTEX]
     if any(n.attrs["key"] is not None for n in reads):
         return [], "x is a dict of tensors"
     ids = {n.id for n in reads}
-    read = {n.attrs["key"] for n in program.edge.nodes.values() if n.op in (Op.SRC, Op.DST)}
-    if any(pre.outputs[k].id in ids for k in read):
-        return [], "the edge stage reads x itself"
+    if stage.kind == "vertex" and ids & set(stage.output_ids()):
+        return [], "the vertex stage returns x as it is"
     linears = []
-    for n in pre.nodes.values():
+    for n in stage.nodes.values():
         used = [i for i, a in enumerate(n.args) if a in ids]
         if not used:
             continue
         if n.op != Op.LINEAR or used != [0]:
-            return [], f"x is read by {n.op.value}, not only as the input of a Linear"
+            return [], (f"x is read by {n.op.value} in the {stage.kind} stage, not only as "
+                        "the input of a Linear")
         linears.append((n.id, n.args[1], n.args[2] if len(n.args) > 2 else None))
-    if not linears:
-        return [], "no Linear reads x"
-    return linears, f"fused into {len(linears)} Linear(s) of x"
+    return linears, ""
+
+
+def _shares_weights(program: Program, pre: list, vertex: list) -> bool:
+    def paths(stage: Any, lins: list) -> set:
+        def path(i: int | None) -> Any:
+            n = None if i is None else stage.nodes[i]
+            return None if n is None else (n.op, n.attrs.get("path"), n.attrs.get("cols"))
+        return {(path(w), path(b)) for _, w, b in lins}
+
+    return bool(vertex) and bool(paths(program.pre, pre) & paths(program.vertex, vertex))
 
 
 class _Tile:
@@ -150,7 +178,15 @@ class CompiledPlan:
         self.layer_name = program.layer_name
         self.edge_kinds: tuple[str, ...] = tuple(m.kind for m in program.lowering.values())
         self._typed_cache: list[tuple] = []
-        self.dropout_linears, self.dropout_note = _dropout_linears(program)
+        self.dropout_linears, self.vertex_dropout_linears, self.dropout_note = \
+            _dropout_linears(program)
+        # the vertex stage's Linears of x (of dropout(x)), made by pre with its own and
+        # handed to the next post (one layer call: pre, the edge walk, post), and whether
+        # post may overwrite them
+        self._vertex_linears: tuple[dict[int, Any], bool] | None = None
+        # a vertex-stage Linear of x has a pre Linear's weight: pre makes both at once
+        self._shared_linears = _shares_weights(program, self.dropout_linears,
+                                               self.vertex_dropout_linears)
         self._value_recipe = _value_recipe(program, self.dropout_linears)
         # (weak refs to pre's value term and to x, Recompute.fn, parameters)
         self._deferred: tuple | None = None
@@ -184,7 +220,8 @@ class CompiledPlan:
     def fuses_input_dropout(self, x: Any) -> bool:
         """Whether :meth:`pre` can apply an input dropout inside the Linears that read ``x``
         (a plain ``[N, F]`` tensor: :func:`~ngra.kernels.dropout_linear` works on rows)."""
-        return bool(self.dropout_linears) and isinstance(x, torch.Tensor) and x.dim() == 2
+        return (bool(self.dropout_linears or self.vertex_dropout_linears)
+                and isinstance(x, torch.Tensor) and x.dim() == 2)
 
     # ------------------------------------------------------------------ stages
     def pre(self, x: Any, dropout: float = 0.0) -> dict:
@@ -196,17 +233,14 @@ class CompiledPlan:
             return x if k is None else x[k]
 
         preset: dict[int, Any] = {}
-        if dropout:
-            if not self.dropout_linears:
-                raise ValueError(f"{self.layer_name}: {self.dropout_note}; apply the dropout "
-                                 "to x before pre.")
-            args = [a for _, w, b in self.dropout_linears for a in (w, b) if a is not None]
-            env = evaluate(self.program.pre, args, vertex, self.resolver)
-            weights = [env[w] for _, w, _ in self.dropout_linears]
-            biases = [None if b is None else env[b] for _, _, b in self.dropout_linears]
-            outs = kernels.dropout_linear(x, weights, biases, dropout)
-            preset = {lin: out for (lin, _, _), out in zip(self.dropout_linears, outs)}
-        if not preset and not torch.is_grad_enabled() and _mapped_input(x):
+        self._vertex_linears = None
+        if dropout and not self.fuses_input_dropout(x):
+            raise ValueError(f"{self.layer_name}: {self.dropout_note}; apply the dropout "
+                             "to x before pre.")
+        streams = not torch.is_grad_enabled() and _mapped_input(x)
+        if dropout or (self._shared_linears and isinstance(x, torch.Tensor) and not streams):
+            preset, self._vertex_linears, outs = self._linears_of_x(x, dropout, vertex)
+        if not dropout and streams:
             terms = self._pre_rows(x)
         else:
             terms = run_stage(self.program.pre, vertex, self.resolver, preset)
@@ -215,6 +249,35 @@ class CompiledPlan:
             masks = kernels.dropout_masks(outs[0]) if dropout else None
             self._deferred = self._recompute_value(terms, x, dropout, masks)
         return terms
+
+    def _linears_of_x(self, x: torch.Tensor, dropout: float, vertex: Any) -> tuple:
+        """Every Linear of ``x`` (of ``dropout(x)``) in pre and in the vertex stage, each
+        distinct weight once (GIN's reordered self term shares pre's), in one
+        :func:`~ngra.kernels.dropout_linear` call: ``(pre's preset, (vertex stage's preset,
+        whether post may overwrite it), outputs)``."""
+        stages = ((self.program.pre, self.dropout_linears),
+                  (self.program.vertex, self.vertex_dropout_linears))
+        slots: list[int] = []  # the unique (weight, bias) each Linear reads
+        weights: list = []
+        biases: list = []
+        for stage, lins in stages:
+            args = [a for _, w, b in lins for a in (w, b) if a is not None]
+            env = evaluate(stage, args, vertex, self.resolver)
+            for _, w, b in lins:
+                wb = (env[w], None if b is None else env[b])
+                i = next((i for i, (u, v) in enumerate(zip(weights, biases))
+                          if u is wb[0] and v is wb[1]), len(weights))
+                if i == len(weights):
+                    weights.append(wb[0])
+                    biases.append(wb[1])
+                slots.append(i)
+        outs = (kernels.dropout_linear(x, weights, biases, dropout) if dropout
+                else [F.linear(x, w, b) for w, b in zip(weights, biases)])
+        cut = len(self.dropout_linears)
+        preset = {lin: outs[i] for (lin, _, _), i in zip(self.dropout_linears, slots)}
+        mine = {lin: outs[i] for (lin, _, _), i in zip(self.vertex_dropout_linears, slots[cut:])}
+        alone = all(slots.count(i) == 1 for i in slots[cut:])
+        return preset, (mine, alone), outs
 
     def _pre_rows(self, x: torch.Tensor) -> dict:
         """``pre`` a block of rows at a time (it is row-wise), for an ``x`` memory-mapped
@@ -301,7 +364,11 @@ class CompiledPlan:
                                  "gather and needs the graph's in-degrees (post(x, acc, graph)).")
             acc = apply_sink(self.program.sink, self.gather, acc, graph.in_degrees(),
                              self.resolver)
-        if not self.program.vertex_rewritten:
+        # pre's dropout_linear made the Linears of x (of dropout(x)): the vertex IR runs
+        # with them (the traced UDF, when not rewritten: the interpreter computes the same)
+        linears, owned = self._vertex_linears or (None, False)
+        self._vertex_linears = None
+        if not self.program.vertex_rewritten and not linears:
             return self.resolver.layer.apply_vertex(x, acc)
 
         def inputs(n: Node) -> Any:
@@ -310,7 +377,7 @@ class CompiledPlan:
                 return acc if k is None else acc[k]
             return x if k is None else x[k]
 
-        return run_stage(self.program.vertex, inputs, self.resolver)
+        return run_stage(self.program.vertex, inputs, self.resolver, linears, owned=owned)
 
     def _root(self, key: Any) -> int:
         out = self.program.edge.outputs
@@ -533,7 +600,8 @@ class CompiledPlan:
             lines.append(f"  vertex  apply_vertex rewritten: {out}")
         else:
             lines.append(f"  vertex  {p.layer_name}.apply_vertex as written")
-        how = ("inside pre, dropout_linear (no dropped copy of x)" if self.dropout_linears
+        how = ("inside pre, dropout_linear (no dropped copy of x)"
+               if self.dropout_linears or self.vertex_dropout_linears
                else "applied to x before pre")
         lines.append(f"input dropout (layer(..., dropout=p)): {how}: {self.dropout_note}")
         return lines

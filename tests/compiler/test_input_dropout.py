@@ -1,5 +1,6 @@
-"""A layer's input dropout, ``layer(graph, x, edata, dropout=p)``: fused into the pre-stage
-Linears where those are x's only reads (GCN, GAT), applied to x first elsewhere; either way
+"""A layer's input dropout, ``layer(graph, x, edata, dropout=p)``: fused into the Linears of
+x where those are x's only reads (GCN and GAT in pre; SAGE, GIN, CommNet and R-GCN in pre and
+in the vertex stage), applied to x first elsewhere; either way
 == the generic executor and == the layer run on ``ngra.kernels.dropout(x)``, fwd and bwd."""
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from ngra.kernels import dropout
 from ngra.runtime.executor import edge_data_csc
 
 TOL = {"rtol": 1e-9, "atol": 1e-10}
-FUSES = {"gcn", "gat", "gat_mean"}  # every read of x is a Linear of the pre stage
+# every read of x is a Linear of the pre or the vertex stage
+FUSES = {"gcn", "gat", "gat_mean", "sage", "gin", "commnet", "rgcn"}
 P = 0.4
 
 

@@ -76,6 +76,68 @@ def test_reorder_keeps_the_wide_order_when_output_is_wider():
     assert "propagate-then-transform" in "\n".join(plan.describe())
 
 
+class SelfTermSum(SagaLayer):
+    """GIN-like: ``lin(c * x + acc)`` (``c`` a scalar parameter, or 1, or a row-dependent
+    value that must keep the wide order), ``mean`` or ``sum`` gather."""
+
+    def __init__(self, f_in, f_out, scale="param", gather="sum", bias=True):
+        super().__init__()
+        self.gather = gather
+        self.lin = nn.Linear(f_in, f_out, bias=bias)
+        self.eps = nn.Parameter(torch.tensor([0.3]))
+        self.scale = scale
+
+    def apply_edge(self, edge):
+        return edge.src
+
+    def apply_vertex(self, vertex, acc):
+        if self.scale == "param":
+            h = (1 + self.eps) * vertex + acc
+        elif self.scale == "one":
+            h = acc + vertex
+        else:  # a per-row value: not a scalar, the reorder must not fire
+            h = vertex.sum(-1, keepdim=True) * vertex + acc
+        return torch.relu(self.lin(h))
+
+
+@pytest.mark.parametrize("case", ["random", "isolated", "multi_edges"])
+@pytest.mark.parametrize("scale,gather,bias", [("param", "sum", True), ("one", "mean", False),
+                                               ("param", "mean", False)])
+def test_self_term_reorders_with_the_linear(scale, gather, bias, case):
+    g = make_graph(case)
+    layer = SelfTermSum(F_IN, 3, scale, gather, bias)
+    plan = _check(layer, g, _x(g), kinds=("gspmm",))
+    text = "\n".join(plan.describe())
+    assert "the self term x takes the same transform" in text, text
+    assert "lin (5 -> 3)" in text
+    # dropout(x) fuses into both Linears of x (one GEMM: the same weight)
+    assert plan.fuses_input_dropout(_x(g)), plan.dropout_note
+
+
+def test_self_term_with_a_row_dependent_scale_keeps_the_wide_order():
+    g = make_graph("random")
+    plan = _check(SelfTermSum(F_IN, 3, "row"), g, _x(g))
+    assert "the self term" not in "\n".join(plan.describe())
+
+
+@pytest.mark.parametrize("scale", ["param", "one"])
+def test_self_term_dropout_matches_the_generic_path(scale):
+    g = make_graph("random")
+    layer = SelfTermSum(F_IN, 3, scale).double().train()
+    x = _x(g)
+    inputs = [x] + list(layer.parameters())
+
+    def run():
+        torch.manual_seed(9)
+        out = layer(g, x, dropout=0.4)
+        return [out] + grads(out, torch.ones_like(out), inputs)
+
+    a = run()
+    with disabled():
+        b = run()
+    assert_close_all(a, b, "self term with dropout", **TOL)
+
+
 class GATVariant(SagaLayer):
     """GAT written differently: F.linear, torch.sum, dst score first, no bias module."""
 
