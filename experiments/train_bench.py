@@ -173,6 +173,7 @@ def _workload(case: Case, ds):
 
 
 def _ngra_step(case: Case, ds) -> tuple[Any, Any, str]:
+    import torch
     import torch.nn.functional as F
 
     import ngra.compiler
@@ -184,7 +185,9 @@ def _ngra_step(case: Case, ds) -> tuple[Any, Any, str]:
     graph, x, edata, y, mask = w.graph, w.x, w.edge_data, w.y, w.train_mask
     plan = ""
     if case.framework == "ngra":
-        first = ngra.explain(model.layers[0], graph, x, edata).splitlines()
+        with torch.no_grad():  # the first SAGA layer's input (GG-NN's comes from head_in)
+            x0 = x if model.head_in is None else model.act(model.head_in(x))
+        first = ngra.explain(model.layers[0], graph, x0, edata).splitlines()
         plan = next((ln.split(":", 1)[1].strip() for ln in first if ln.startswith("plan:")), "")
 
     def step(opt):
@@ -346,7 +349,7 @@ def _edge_step(case: Case, ds):
             def message(self, a_i, b_j, c_j):
                 return torch.sigmoid(a_i + b_j) * c_j
 
-        ei = torch.stack([src, dst])
+        ei = torch.stack([src.long(), dst.long()])  # PyG's message passing wants int64
         gate = Gate()
 
         def fwd():
