@@ -91,3 +91,26 @@ def test_gat_training_step_peak_is_about_two_hidden_tensors():
     # division-free state (4.6), it was more.
     assert peak <= 2.8 * unit, f"peak {peak / unit:.2f} x N x 64 float32 tensors"
     assert peak >= 2.0 * unit  # the two are really there: the count measures something
+
+
+def test_a_small_softmax_value_is_saved_a_large_one_made_again(monkeypatch):
+    """Below RECOMPUTE_VALUE_BYTES the value is saved (the GEMM again would cost more than
+    the bytes are worth); from it on, made again in backward. Same results either way."""
+    import ngra.compiler.lower as lower
+
+    g = _graph(500)
+    layer = GATConv(16, 8, heads=4)
+    x = torch.randn(500, 16, requires_grad=True)
+    value_bytes = 500 * 4 * 8 * 4
+    outs = []
+    real = lower.kernels.Recompute
+    for threshold, remade in ((value_bytes + 1, False), (value_bytes, True)):
+        monkeypatch.setattr(lower, "RECOMPUTE_VALUE_BYTES", threshold)
+        recomputes = []
+        monkeypatch.setattr(lower.kernels, "Recompute",
+                            lambda *a, **k: recomputes.append(1) or real(*a, **k))
+        out = layer(g, x)
+        outs.append([out, *torch.autograd.grad(out.square().sum(), [x, layer.lin.weight])])
+        assert bool(recomputes) == remade
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b)
