@@ -7,8 +7,9 @@ execution (one tile) and chunked streaming (many tiles per destination column):
   over the tile's local CSC (``indptr`` over the destination interval) into a
   partial state (``drop``: the softmax gather's attention dropout on the tile's edges);
 * ``combine(state, partial)`` merges partial states of tiles in the same column;
-* ``finalize(state, in_degree)`` turns the column's state into the accumulator
-  ``acc`` handed to ``apply_vertex``. Destinations without in-edges get 0.
+* ``finalize(state, in_degree, in_place=False)`` turns the column's state into the
+  ``acc`` handed to ``apply_vertex`` (``in_place``: the state is the caller's to
+  overwrite). Destinations without in-edges get 0.
 
 For backward under chunked streaming (recompute one tile at a time),
 ``final_stats(state, acc)`` keeps what a tile needs to know about its whole
@@ -45,7 +46,7 @@ class Accumulator:
             return part
         return _map2(state, part, torch.add)
 
-    def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
+    def finalize(self, state: Any, in_degree: torch.Tensor, in_place: bool = False) -> Any:
         return state
 
     def final_stats(self, state: Any, acc: torch.Tensor) -> Any:
@@ -59,10 +60,15 @@ class Accumulator:
 class MeanAccumulator(Accumulator):
     name = "mean"
 
-    def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
+    def finalize(self, state: Any, in_degree: torch.Tensor, in_place: bool = False) -> Any:
         def div(s: torch.Tensor) -> torch.Tensor:
-            d = in_degree.clamp(min=1).to(s.dtype)
-            return s / d.view(-1, *([1] * (s.dim() - 1)))
+            d = in_degree.clamp(min=1).to(s.dtype).view(-1, *([1] * (s.dim() - 1)))
+            # in place on a sum the kernels made (no [N, F] more, no first touch): nothing
+            # saved it; not through a custom Function's view (a probe's marker returns one)
+            ours = in_place and (not s.requires_grad or not s.is_leaf)
+            if ours and not isinstance(s.grad_fn, torch.autograd.function.BackwardCFunction):
+                return s.div_(d)
+            return s / d
 
         return _map(state, div)
 
@@ -92,7 +98,7 @@ class ExtremeAccumulator(Accumulator):
 
         return (_map2(a, b, merge), ha | hb)
 
-    def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
+    def finalize(self, state: Any, in_degree: torch.Tensor, in_place: bool = False) -> Any:
         return state[0]
 
     def final_stats(self, state: Any, acc: torch.Tensor) -> Any:
@@ -146,7 +152,7 @@ class SoftmaxAccumulator(Accumulator):
         a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
         return (m, s1 * a1 + s2 * a2, o1 * _bcast(a1, o1) + o2 * _bcast(a2, o2))
 
-    def finalize(self, state: Any, in_degree: torch.Tensor) -> Any:
+    def finalize(self, state: Any, in_degree: torch.Tensor, in_place: bool = False) -> Any:
         _, s, o = state
         if s is None:  # a fused kernel's whole-graph state is normalized already
             return o

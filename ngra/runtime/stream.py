@@ -146,7 +146,8 @@ def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
             with probes.stage("combine") as s:
                 state = s.outputs(acc.combine(state, part))
         with probes.stage("finalize") as s:
-            cols.append(s.outputs(acc.finalize(state, in_deg[lo:hi])))
+            # the state is kept for backward, or is this column's alone to overwrite
+            cols.append(s.outputs(acc.finalize(state, in_deg[lo:hi], in_place=not keep_state)))
         if keep_state:
             states.append((lo, hi, state))
         if len(grid.columns) > 1:
