@@ -87,7 +87,7 @@ def evaluate(stage: Stage, roots: list[int], inputs: Callable[[Node], Any],
             n = stage.nodes[nid]
             vals = [env[a] for a in n.args]
             ours = [a in owned and readers[a] == 1 for a in n.args]
-            out = _in_place(n.op, n.attrs, vals, ours) if any(ours) else None
+            out = _in_place(n.op, vals, ours) if any(ours) else None
             env[nid] = eval_node(n, vals, inputs, resolver) if out is None else out
             if n.op in _FRESH and isinstance(env[nid], torch.Tensor):
                 owned.add(nid)
@@ -102,7 +102,7 @@ _BINARY_IN_PLACE = {Op.ADD: torch.Tensor.add_, Op.SUB: torch.Tensor.sub_,
                     Op.MUL: torch.Tensor.mul_, Op.DIV: torch.Tensor.div_}
 
 
-def _in_place(op: Op, attrs: dict, vals: list[Any], ours: list[bool]) -> Any:
+def _in_place(op: Op, vals: list[Any], ours: list[bool]) -> Any:
     """``op`` computed in place over an operand in ``vals`` that ``ours`` marks as
     this evaluation's to overwrite, or ``None`` where that would change a result or
     a gradient (shape or dtype would change, or the backward reads the operand)."""

@@ -132,13 +132,17 @@ def _linears_of_x(stage: Any) -> tuple[list[tuple[int, int, int | None]], str]:
 
 
 def _shares_weights(program: Program, pre: list, vertex: list) -> bool:
-    def paths(stage: Any, lins: list) -> set:
+    """Whether a vertex-stage Linear of x reads the same layer parameters (weight and
+    bias) as a pre Linear of x; only PARAM nodes name a parameter."""
+    def params(stage: Any, lins: list) -> set:
         def path(i: int | None) -> Any:
             n = None if i is None else stage.nodes[i]
-            return None if n is None else (n.op, n.attrs.get("path"), n.attrs.get("cols"))
+            if n is not None and n.op != Op.PARAM:
+                return (stage.kind, i)  # a computed weight: never the other stage's
+            return None if n is None else (n.attrs["path"], n.attrs.get("cols"))
         return {(path(w), path(b)) for _, w, b in lins}
 
-    return bool(vertex) and bool(paths(program.pre, pre) & paths(program.vertex, vertex))
+    return bool(vertex) and bool(params(program.pre, pre) & params(program.vertex, vertex))
 
 
 class _Tile:
