@@ -83,33 +83,28 @@ def _peak_mib(dev) -> float:
     return torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else float("nan")
 
 
-def _pyg_mpnn(f_in: int, n_cls: int, ei, edge_attr):
-    """ngra's zoo MPNN in PyG: ``W0 h_v + sum MLP([h_u || h_v || e_uv])``, two layers."""
-    import torch
-    from torch import nn
-    from torch_geometric.nn import MessagePassing
+def _workload(name, ds, dev):
+    """``ds`` prepared for zoo model ``name`` (:func:`ngra.characterize.workloads.
+    prepare_workload`: what the training benchmark and the characterization use), every
+    tensor on ``dev``; GAT 4 heads x 16, the others hidden 64."""
+    import dataclasses
 
-    class Conv(MessagePassing):
-        def __init__(self, a: int, b: int) -> None:
-            super().__init__(aggr="add")
-            self.mlp = nn.Sequential(nn.Linear(2 * a + 1, b), nn.ReLU(), nn.Linear(b, b))
-            self.root = nn.Linear(a, b)
+    from ngra.characterize.workloads import prepare_workload
+    from ngra.runtime.placement import move_to
 
-        def forward(self, x):
-            return self.propagate(ei, x=x, e=edge_attr) + self.root(x)
+    w = prepare_workload(ds, name, hidden=64, heads=4)
+    fields = ("graph", "edge_data", "x", "y", "train_mask", "src", "dst", "weight", "etype",
+              "norm")
+    moved = move_to(dev, *(getattr(w, f) for f in fields))
+    return dataclasses.replace(w, **dict(zip(fields, moved)))
 
-        def message(self, x_i, x_j, e):
-            return self.mlp(torch.cat([x_j, x_i, e], dim=-1))
 
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.c1, self.c2 = Conv(f_in, 64), Conv(64, n_cls)
+def _dropouts(name) -> tuple[float, float]:
+    """The zoo model's dropout and GAT's attention dropout, used by both frameworks."""
+    from ngra.models import MODELS as SPECS
 
-        def forward(self, x):
-            return self.c2(torch.relu(self.c1(x)))
-
-    return Net()
+    att = SPECS["gat"].defaults.attention_dropout.value if name == "gat" else 0.0
+    return SPECS[name].defaults.dropout.value, att
 
 
 def _ngra_step(name, ds, dev, budget=None):
@@ -118,20 +113,19 @@ def _ngra_step(name, ds, dev, budget=None):
     import torch
     import torch.nn.functional as F
 
-    from ngra.models import build_model, prepare
-    from ngra.runtime.placement import Placement, move_to, placed
+    from ngra.characterize.workloads import build_ngra
+    from ngra.runtime.placement import Placement, placed
 
-    graph, edata = prepare(name, ds.graph)
+    w = _workload(name, ds, dev if budget is None else torch.device("cpu"))
     torch.manual_seed(0)
-    net = build_model(name, ds.num_features, ds.num_classes, hidden=16 if name == "gat" else 64,
-                      heads=4 if name == "gat" else None)
-    x, y, mask = ds.x, ds.y, ds.train_mask
+    net = build_ngra(w, *_dropouts(name))
     if budget is None:
-        graph, edata, x, y, mask, net = move_to(dev, graph, edata, x, y, mask, net)
+        net = net.to(dev)
         place = Placement(dev, True, None, 0, None)
     else:
         place = Placement(dev, False, budget, 0, budget)
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
+    graph, x, edata, y, mask = w.graph, w.x, w.edge_data, w.y, w.train_mask
 
     def step() -> None:
         opt.zero_grad()
@@ -144,26 +138,21 @@ def _ngra_step(name, ds, dev, budget=None):
 
 
 def _pyg_step(name, ds, dev):
+    """A training step of the PyG model of ``name``
+    (:func:`ngra.characterize.pyg_models.build_pyg`: the same math and dropout)."""
     import torch
     import torch.nn.functional as F
-    from train_bench import _prepared, _pyg_model
 
-    src, dst, w, _ = _prepared(name, ds)
-    ei = torch.stack([src, dst]).to(dev)
-    w = None if w is None else w.to(dev)
+    from ngra.characterize.pyg_models import build_pyg
+
+    w = _workload(name, ds, dev)
     torch.manual_seed(0)
-    if name == "mpnn":
-        attr = (w if w is not None else torch.ones(ei.shape[1], device=dev)).view(-1, 1)
-        net = _pyg_mpnn(ds.num_features, ds.num_classes, ei, attr)
-    else:
-        net = _pyg_model(name, ds.num_features, ds.num_classes, ei, w)
-    net = net.to(dev)
-    x, y, mask = ds.x.to(dev), ds.y.to(dev), ds.train_mask.to(dev)
+    net = build_pyg(w, *_dropouts(name)).to(dev)
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
 
     def step() -> None:
         opt.zero_grad()
-        F.cross_entropy(net(x)[mask], y[mask]).backward()
+        F.cross_entropy(net(w.x)[w.train_mask], w.y[w.train_mask]).backward()
         opt.step()
 
     return step
@@ -247,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = {k: GRAPHS[k] for k in args.graphs.split(",")}
         out_path = args.out or RESULTS / "gpu.md"
     rows, notes = [], []
-    with use_backend("gpu"):
+    # auto: the gpu kernels on CUDA tensors, the CPU ones on the host rows streaming keeps
+    with use_backend("gpu" if args.dry_run else "auto"):
         for gname, spec in specs.items():
             ds = load(spec, progress=False)
             for name in args.models.split(","):

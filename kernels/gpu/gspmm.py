@@ -22,10 +22,12 @@ import triton.language as tl
 from ngra.kernels.gpu._util import autotune, pow2, require_cuda
 from ngra.kernels.registry import register
 
-SUM, MEAN, MAX, MIN = 0, 1, 2, 3
-_CODES = {"sum": SUM, "mean": MEAN, "max": MAX, "min": MIN}
+# Globals a compiled kernel reads must be constexpr (the interpreter would take plain ints;
+# the compiler does not); the host passes their ``.value``.
+SUM, MEAN, MAX, MIN = (tl.constexpr(i) for i in range(4))
+_CODES = {"sum": SUM.value, "mean": MEAN.value, "max": MAX.value, "min": MIN.value}
 # edge operand: none, one weight per head ([E, H]), one per element ([E, H * D])
-NO_EDGE, HEAD_EDGE, FULL_EDGE = 0, 1, 2
+NO_EDGE, HEAD_EDGE, FULL_EDGE = (tl.constexpr(i) for i in range(3))
 
 
 @autotune([triton.Config({"BLOCK_E": 16, "BLOCK_F": 64}, num_warps=2),
@@ -139,7 +141,7 @@ def spmm(indptr, indices, src, edge, reduce: str, eperm=None, arg=None):
         else out
     if num_dst == 0 or width == 0:
         return out, (out_arg if ext else None)
-    mode = NO_EDGE if edge is None else (HEAD_EDGE if edge.shape[2] == 1 else FULL_EDGE)
+    mode = (NO_EDGE if edge is None else HEAD_EDGE if edge.shape[2] == 1 else FULL_EDGE).value
 
     def grid(meta):
         return (num_dst, triton.cdiv(width, meta["BLOCK_F"]))
