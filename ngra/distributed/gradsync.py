@@ -10,7 +10,8 @@ rank (the same model), so the ranks' collectives pair up.
 
 The sum, not the mean: the loss each rank differentiates is already its share of the
 global mean (its rows' sum over the global row count), so the sums are one process's
-gradients. This is ``DistributedDataParallel``'s gradient reduction without its
+gradients. A parameter that tensor parallelism split (a ``DTensor``) is summed by its
+local shard: the group's ranks hold the same shard of it. This is ``DistributedDataParallel``'s gradient reduction without its
 construction cost (it imports ``torch._dynamo``: about 140 MB more in every rank).
 """
 
@@ -24,6 +25,11 @@ import torch.distributed as dist
 __all__ = ["GradientSync"]
 
 BUCKET_BYTES = 25 << 20
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s own shard if tensor parallelism split it, else ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class GradientSync:
@@ -44,7 +50,7 @@ class GradientSync:
         self.buckets: list[list[torch.Tensor]] = []
         size = bucket_bytes
         for p in ps:
-            nbytes = p.numel() * p.element_size()
+            nbytes = _local(p).numel() * p.element_size()
             if size + nbytes > bucket_bytes and (not self.buckets or self.buckets[-1]):
                 self.buckets.append([])
                 size = 0
@@ -60,7 +66,7 @@ class GradientSync:
         with torch.no_grad():
             for bucket in self.buckets:
                 for p in bucket:
-                    dist.broadcast(p, dist.get_global_rank(self.group, 0) if self.group else 0,
+                    dist.broadcast(_local(p), dist.get_global_rank(self.group, 0) if self.group else 0,
                                    group=self.group)
 
     def _hook(self, b: int) -> Any:
@@ -72,7 +78,8 @@ class GradientSync:
         return hook
 
     def _launch(self, b: int) -> None:
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+        flat = torch.cat([(_local(p.grad) if p.grad is not None
+                           else torch.zeros_like(_local(p))).reshape(-1)
                           for p in self.buckets[b]])
         work = dist.all_reduce(flat, group=self.group, async_op=True)
         if self.traffic is not None:
@@ -88,12 +95,13 @@ class GradientSync:
             work.wait()
             off = 0
             for p in self.buckets[b]:
-                n = p.numel()
-                g = flat[off:off + n].view_as(p)
+                mine = _local(p)
+                n = mine.numel()
+                g = flat[off:off + n].view_as(mine)
                 if p.grad is None:
-                    p.grad = g.clone()
+                    p.grad = g.clone() if mine is p else _like(p, g.clone())
                 else:
-                    p.grad.copy_(g)
+                    _local(p.grad).copy_(g)
                 off += n
         self._works.clear()
         self._ready = [0] * len(self.buckets)
@@ -102,3 +110,10 @@ class GradientSync:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` as a gradient of split parameter ``p`` (its mesh and placements)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False)

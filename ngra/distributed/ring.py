@@ -105,7 +105,11 @@ def _shift(ring: RingPlan, tensors: dict[int, torch.Tensor], rows: int,
     """Send ``tensors`` to the next rank and receive same-shaped ones of ``rows`` rows
     from the previous rank (async; wait on the returned requests)."""
     k, r = ring.world_size, ring.rank
+    if k == 1:  # a ring of one: the next rank is this one (gloo cannot send to itself)
+        return {i: t.contiguous() for i, t in tensors.items()}, []
     nxt, prev = (r + 1) % k, (r - 1) % k
+    if ring.group is not None:  # p2p names global ranks; the ring's are its group's
+        nxt, prev = dist.get_global_rank(ring.group, nxt), dist.get_global_rank(ring.group, prev)
     out, reqs = {}, []
     for i in sorted(tensors):
         t = tensors[i].contiguous()

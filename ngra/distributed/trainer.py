@@ -2,7 +2,9 @@
 
 ``ngra train --nprocs K`` (:func:`train_distributed` in the launching process):
 
-1. loads the dataset, checks that ``K`` ranks can share it, and takes a partition book:
+1. loads the dataset, checks that ``K`` ranks can share it, and takes a partition book of
+   ``K`` parts, or of a ``--plan``'s ``d`` row partitions (``dp d x tp t``: ``t`` ranks a
+   partition, :mod:`ngra.distributed.dense`):
    ``--partition DIR`` (made by ``ngra partition``; refused if it belongs to another
    graph or is stale), else the one cached beside the dataset cache (built on the fly,
    ``--partition-method metis|range``, rebuilt when stale);
@@ -43,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ngra.distributed.dense import DenseLayout, rank_groups, split_linears
 from ngra.distributed.gradsync import GradientSync
 from ngra.distributed.launch import init_process_group, launch
 from ngra.memstat import peak_rss_bytes
@@ -113,25 +116,28 @@ def _torchrun_rank(cfg: Any, echo: Callable[[str], None] | None) -> dict[str, An
 
 
 # ---------------------------------------------------------------- partition and shards
-def partition_for(cfg: Any, ds: Any) -> tuple[Any, Path]:
+def partition_for(cfg: Any, ds: Any, parts: int | None = None) -> tuple[Any, Path]:
     """``(book, folder)`` for this run: ``--partition DIR`` checked against the dataset, or
-    the cached book of the dataset, ``--nprocs`` and ``--partition-method`` (rebuilt when
-    missing, damaged or stale)."""
+    the cached book of the dataset, ``parts`` (default ``--nprocs``; a plan's data degree)
+    and ``--partition-method`` (rebuilt when missing, damaged or stale)."""
     from ngra.datasets.cache import cache_key, cache_root
     from ngra.datasets.base import data_root
     from ngra.partition import BookError, build_book, check_book, load_book, save_book
 
     spec = ds.info.get("spec", cfg.dataset)
+    parts = cfg.nprocs if parts is None else parts
     if cfg.partition:
         folder = Path(cfg.partition)
         book = load_book(folder)
         check_book(book, ds.graph, spec, where=f"the partition book in {folder}")
-        if book.num_parts != cfg.nprocs:
+        if book.num_parts != parts:
+            what = ("--nprocs is" if parts == cfg.nprocs
+                    else f"the plan splits the rows of {cfg.nprocs} processes")
             raise ValueError(f"the partition book in {folder} has {book.num_parts} parts; "
-                             f"--nprocs is {cfg.nprocs}. Make one with `ngra partition "
-                             f"--dataset {cfg.dataset} --parts {cfg.nprocs}`.")
+                             f"{what} {parts}. Make one with `ngra partition "
+                             f"--dataset {cfg.dataset} --parts {parts}`.")
         return book, folder
-    name = (f"{cache_key(spec)}-{cfg.reorder}-{cfg.partition_method}-k{cfg.nprocs}"
+    name = (f"{cache_key(spec)}-{cfg.reorder}-{cfg.partition_method}-k{parts}"
             f"-s{BOOK_SEED}")
     folder = cache_root(data_root(cfg.data_root)) / "partitions" / name
     try:
@@ -142,7 +148,7 @@ def partition_for(cfg: Any, ds: Any) -> tuple[Any, Path]:
         pass
     except BookError as exc:
         log.info("rebuilding the cached partition book: %s", exc)
-    book = build_book(ds.graph, cfg.nprocs, cfg.partition_method, BOOK_SEED, spec=spec)
+    book = build_book(ds.graph, parts, cfg.partition_method, BOOK_SEED, spec=spec)
     save_book(book, folder)
     log.info("partition book cached in %s:\n%s", folder, book.describe())
     return book, folder
@@ -164,14 +170,15 @@ def prepare_shards(cfg: Any) -> Path:
     ds = prepare_dataset(cfg, ds)
     # shards of row-normalized features apart from raw ones (each rebuilt only when stale)
     key = prep_key(cfg.model) + ("+rownorm" if cfg.resolved()["normalize_features"] else "")
-    book, folder = partition_for(cfg, ds)
+    parts = DenseLayout.of(cfg).data  # the plan's row partitions (default: --nprocs)
+    book, folder = partition_for(cfg, ds, parts)
     shards = folder / "shards" / key
     if not writable(folder):
         from ngra.datasets.cache import cache_root
         from ngra.datasets.base import data_root
 
         shards = (cache_root(data_root(cfg.data_root)) / "partitions" / "shards"
-                  / f"{book.fingerprint[:16]}-{cfg.nprocs}-{key}")
+                  / f"{book.fingerprint[:16]}-{parts}-{key}")
     if not shards_current(shards, ds, cfg.model, book):
         if shards.exists():
             shutil.rmtree(shards)
@@ -183,9 +190,11 @@ def prepare_shards(cfg: Any) -> Path:
 class RankSession:
     """One rank's share of the training loop (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, shard: Any, budget: str | None) -> None:
+    def __init__(self, model: torch.nn.Module, shard: Any, budget: str | None,
+                 group: Any = None, layout: DenseLayout | None = None) -> None:
         self.model = self.net = model
         self.shard, self.budget = shard, budget
+        self.group, self.layout = group, layout  # gradients' and sums' group; the plan's
         self.graph, self.x, self.edge_data = shard.graph, shard.x, shard.edge_data
         self.y, self.masks = shard.y, shard.masks
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -193,7 +202,7 @@ class RankSession:
         meta = shard.meta
         self.num_nodes, self.num_edges = meta["num_nodes"], meta["num_edges"]
         self.sizes = meta["split_sizes"]
-        self.sync = GradientSync(model.parameters(), traffic=shard.graph.traffic)
+        self.sync = GradientSync(model.parameters(), group=group, traffic=shard.graph.traffic)
         self.sync.broadcast_parameters()
         self.steps: list[dict[str, int]] = []
 
@@ -209,7 +218,7 @@ class RankSession:
 
     def _sum(self, t: torch.Tensor) -> torch.Tensor:
         t = t.detach().clone()
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=self.group)  # one rank a replica: each row counted once
         return t
 
     def loss(self, out: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -258,6 +267,8 @@ class RankSession:
         step = self.steps[-1] if self.steps else {}
         mine = {"bytes": {**step, "total": sum(step.values())},
                 "peak_rss_mb": peak_rss_bytes() / 2**20,
+                "peak_device_mb": (torch.cuda.max_memory_allocated() / 2**20
+                                   if self.x.is_cuda else None),
                 "epoch_time_s": statistics.median(times) if times else float("nan")}
         everyone: list[Any] = [None] * self.world
         dist.all_gather_object(everyone, mine)
@@ -272,8 +283,11 @@ class RankSession:
             "partition": self.shard.meta["figures"],
             "peak_rss_mb_per_rank": [e["peak_rss_mb"] for e in everyone],
             "peak_rss_mb": max(e["peak_rss_mb"] for e in everyone),
+            **({"peak_device_mb_per_rank": [e["peak_device_mb"] for e in everyone]}
+               if self.x.is_cuda else {}),
             "epoch_time_s_per_rank": [e["epoch_time_s"] for e in everyone],
             "link": link.describe() if link is not None else None,
+            "dense_layout": self.layout.describe() if self.layout is not None else None,
         }
 
 
@@ -284,11 +298,13 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
     from ngra.models import build_model
     from ngra.fit import fit_runs
 
-    rank, k = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     device = _device(cfg)
-    group = dist.new_group(list(range(k)))  # the exchange's own group, apart from gradients'
+    layout = DenseLayout.of(cfg)
+    groups = rank_groups(layout, device)  # the exchange's own group, apart from gradients'
     link = link_model(device=device)  # forced strategies still report both predictions
-    shard = load_shard(folder, rank, k, group=group, exchange=cfg.exchange, link=link)
+    shard = load_shard(folder, layout.replica(rank), layout.data, group=groups.exchange,
+                       exchange=cfg.exchange, link=link)
     if device == "cuda":  # NCCL: this rank's GPU (launch set it from LOCAL_RANK)
         shard = shard.to(torch.device("cuda", torch.cuda.current_device()))
     resolved = cfg.resolved()
@@ -300,6 +316,7 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
                             num_layers=cfg.num_layers, num_edge_types=meta["num_edge_types"],
                             dropout=resolved["dropout"],
                             attention_dropout=resolved["attention_dropout"])
-        return RankSession(model.to(shard.x.device), shard, cfg.memory_budget)
+        model = split_linears(model.to(shard.x.device), layout, groups.tp)
+        return RankSession(model, shard, cfg.memory_budget, groups.gradients, layout)
 
     return fit_runs(cfg, session)

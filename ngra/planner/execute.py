@@ -37,7 +37,8 @@ from torch import nn
 
 from ngra.planner.plan import Plan
 
-__all__ = ["plan_mesh", "apply_plan", "Runner", "Recompute", "mse_loss", "full_grads"]
+__all__ = ["SPLITS", "plan_mesh", "apply_plan", "Runner", "Recompute", "mse_loss", "full_grads",
+           "tp_style"]
 
 
 def mse_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -75,25 +76,38 @@ class Recompute(nn.Module):
         return checkpoint(self.module, *args, use_reentrant=False, **kwargs)
 
 
-def _styles(plan: Plan, stages: Sequence[int], modules: Sequence[str] | None) -> dict:
+#: The configurations that split an ``nn.Linear`` (the others run it whole or are no Linear).
+SPLITS = ("col", "col_gather", "row", "row_slice")
+
+
+def tp_style(config: str) -> Any:
+    """torch's parallel style for a Linear split by ``config`` (one of :data:`SPLITS`)."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    make = {"col": lambda: ColwiseParallel(),
-            "col_gather": lambda: ColwiseParallel(output_layouts=Replicate()),
-            "row": lambda: RowwiseParallel(),
-            "row_slice": lambda: RowwiseParallel(input_layouts=Replicate())}
+    if config == "col":
+        return ColwiseParallel()
+    if config == "col_gather":
+        return ColwiseParallel(output_layouts=Replicate())
+    if config == "row":
+        return RowwiseParallel()
+    if config == "row_slice":
+        return RowwiseParallel(input_layouts=Replicate())
+    raise ValueError(f"{config!r} splits no Linear; the splits are {SPLITS}.")
+
+
+def _styles(plan: Plan, stages: Sequence[int], modules: Sequence[str] | None) -> dict:
     out = {}
     for s in stages:
         st = plan.stages[s]
         for k, (config, name) in enumerate(zip(st.configs, st.modules)):
-            if config not in make:
+            if config not in SPLITS:
                 continue
             path = modules[st.start + k] if modules is not None else name
             if not path:
                 raise ValueError(f"plan {plan.label!r}: layer {st.layers[k]!r} is split "
                                  f"({config}) but names no module to parallelize.")
-            out[path] = make[config]()
+            out[path] = tp_style(config)
     return out
 
 

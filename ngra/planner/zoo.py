@@ -7,12 +7,13 @@ a ``d``-way partition book: ``--partition DIR`` for its part count, else the boo
 :func:`ngra.distributed.trainer.partition_for`), so that the planner and the run read
 the same figures.
 
-Full-graph training (:mod:`ngra.distributed.trainer`) runs the dense layers data
-parallel over the partition: every rank holds the whole weights and its owned rows
-(``pp1 dpK tp1 m1``). A plan of another shape (tensor-parallel Linears, pipeline
-stages, micro-batches, recomputation) runs through :class:`ngra.planner.Runner`, not
-the graph trainer: ``--plan FILE`` naming one is refused, and ``--plan auto`` whose
-top pick is one runs the data-parallel plan and records both in the summary.
+Full-graph training (:mod:`ngra.distributed.trainer`) runs plans without a pipeline:
+``dp d x tp t`` on ``d``-way row partitions, each shared by ``t`` ranks that split the
+plan's split Linears and run its replicated layers whole (:mod:`ngra.distributed.dense`).
+Pipeline stages, micro-batches and recomputation cut a full-graph step into pieces the
+graph trainer does not make; such plans run through :class:`ngra.planner.Runner` (a plain
+MLP stack): ``--plan FILE`` naming one is refused, and ``--plan auto`` whose top pick is
+one runs the fastest plan the trainer runs and records both in the summary.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from ngra.planner.chain import Chain
 from ngra.planner.cost import Devices, Shape
 from ngra.planner.plan import Plan
 
-__all__ = ["book_halos", "default_memory", "device_link", "training_plan", "zoo_chain"]
+__all__ = ["book_halos", "default_memory", "device_link", "runs_in_trainer", "training_plan",
+           "zoo_chain"]
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +117,10 @@ def default_memory(devices: int) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / devices
 
 
-def _data_parallel(plan: Plan) -> bool:
-    return (plan.pipeline == 1 and plan.tensor == 1 and plan.micro_batches == 1
+def runs_in_trainer(plan: Plan) -> bool:
+    """Whether the graph trainer runs ``plan`` as it is: no pipeline, one micro-batch,
+    nothing recomputed (module docstring)."""
+    return (plan.pipeline == 1 and plan.micro_batches == 1
             and not any(s.recompute for s in plan.stages))
 
 
@@ -132,7 +136,7 @@ def training_plan(cfg: Any, *, can_measure: bool = True) -> dict[str, Any]:
             machine's RAM shared by the processes).
     """
     from ngra.partition import parse_bytes
-    from ngra.planner.search import choose_plan, evaluate
+    from ngra.planner.search import choose_plan, search
 
     k = cfg.nprocs
     resolved = cfg.resolved()
@@ -144,22 +148,25 @@ def training_plan(cfg: Any, *, can_measure: bool = True) -> dict[str, Any]:
     devices = Devices(k, memory, device_link(k, measure=can_measure))
     chosen = choose_plan(cfg.plan, chain, devices)
     record: dict[str, Any] = {"source": cfg.plan}
-    if _data_parallel(chosen):
+    if runs_in_trainer(chosen):
         record["used"] = chosen.record()
         return record
     if cfg.plan != "auto":
         raise ValueError(
             f"--plan {cfg.plan}: its plan for {chain.name!r} is {chosen.label!r}; ngra train "
-            f"runs the dense layers data parallel over the partition (pp1 dp{k} tp1 m1, "
-            "no recomputation). Tensor-parallel and pipeline plans run through "
-            "ngra.planner.Runner; give a data-parallel plan or --plan auto.")
-    layers = len(chain)
-    used = evaluate(chain, devices, Shape(1, k, 1, 1), [(0, layers, ("rep",) * layers, False)])
+            "runs plans of data- and tensor-parallel dense layers (pp1, m1, no "
+            "recomputation) over the partition. Pipeline, micro-batch and recomputation "
+            "plans run through ngra.planner.Runner; give another plan or --plan auto.")
+    used = next((p for p in search(chain, devices) if runs_in_trainer(p)), None)
+    if used is None:  # the data-parallel plan always runs; priced here if search dropped it
+        from ngra.planner.search import evaluate
+
+        n = len(chain)
+        used = evaluate(chain, devices, Shape(1, k, 1, 1), [(0, n, ("rep",) * n, False)])
     log.warning("the planner's top pick for %s on %d processes is %s (predicted %.1f ms a "
-                "step); ngra train runs the data-parallel plan (predicted %.1f ms)",
-                chain.name, k, chosen.label, chosen.predicted_time_s * 1e3,
-                used.predicted_time_s * 1e3)
+                "step); ngra train runs %s (predicted %.1f ms)", chain.name, k, chosen.label,
+                chosen.predicted_time_s * 1e3, used.label, used.predicted_time_s * 1e3)
     record.update(used=used.record(), planner_top=chosen.record(),
-                  note="the graph trainer runs data-parallel plans only; the top pick "
-                       "runs through ngra.planner.Runner")
+                  note="the graph trainer runs no pipeline, micro-batches or recomputation; "
+                       "the top pick runs through ngra.planner.Runner")
     return record

@@ -151,3 +151,39 @@ def user_model_on_ranks(folder: str, exchange: str, steps: int, seed: int,
     sh = load_shard(folder, r, k, group=dist.new_group(list(range(k))), exchange=exchange)
     return user_steps(sh.graph, sh.x, sh.y, sh.masks["train"], steps, seed, dist.all_reduce,
                       sh.meta["split_sizes"]["train"], sh.row_ids, fail_at)
+
+
+def train_and_inspect(jobs: list) -> list:
+    """:func:`train_configs`, and for each job this rank's local shape of every Linear its
+    plan splits (after the run: what tensor parallelism left on the rank)."""
+    from pathlib import Path
+
+    from ngra.distributed import dense
+    from ngra.distributed.trainer import run_rank
+
+    seen: dict[str, tuple[int, ...]] = {}
+    real = dense.split_linears
+
+    def spy(model, layout, tp):
+        out = real(model, layout, tp)
+        for path in layout.configs:
+            w = model.get_submodule(path).weight
+            seen[path] = tuple((w.to_local() if hasattr(w, "to_local") else w).shape)
+        return out
+
+    dense.split_linears = spy
+    import ngra.distributed.trainer as trainer
+
+    trainer.split_linears = spy
+    out = []
+    try:
+        for cfg, folder in jobs:
+            seen.clear()
+            summary = run_rank(cfg, Path(folder))
+            out.append((summary, dict(seen)))
+    finally:
+        dense.split_linears = trainer.split_linears = real
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, [s for _, s in out])
+    return [(summary, [g[i] for g in gathered]) for i, (summary, _) in enumerate(out)] \
+        if dist.get_rank() == 0 else None

@@ -10,7 +10,7 @@ import pytest
 from ngra.cli import main
 from ngra.distributed.link import calibration_path, save_link
 from ngra.planner import load_plans
-from ngra.planner.zoo import training_plan
+from ngra.planner.zoo import runs_in_trainer, training_plan
 from ngra.train import TrainConfig
 
 from planner_cases import make_link
@@ -35,19 +35,20 @@ def _plans_file(cfg, tmp_path, capsys):
     return out, load_plans(json.loads(out.read_text()))
 
 
-def test_auto_takes_the_top_data_parallel_plan(cfg, tmp_path, capsys):
+def test_auto_takes_the_top_plan_the_trainer_runs(cfg, tmp_path, capsys):
     record = training_plan(cfg)
     assert record["source"] == "auto"
     used = record["used"]
-    assert (used["pipeline"], used["data"], used["tensor"], used["micro_batches"]) == (1, 2, 1, 1)
+    assert (used["pipeline"], used["micro_batches"], used["recompute"]) == (1, 1, [False])
+    assert used["data"] * used["tensor"] == 2
     _, plans = _plans_file(cfg, tmp_path, capsys)
-    top = plans[0]
-    if (top.pipeline, top.tensor) == (1, 1):  # the planner's pick runs as it is
-        assert used["label"] == top.label and "planner_top" not in record
-    else:  # recorded beside the data-parallel plan that runs
-        assert record["planner_top"]["label"] == top.label and "note" in record
-    dp = next(p for p in plans if p.label == used["label"])
-    assert used["predicted_time_s"] == pytest.approx(dp.predicted_time_s)
+    runnable = [p for p in plans if runs_in_trainer(p)]
+    assert used["label"] == runnable[0].label
+    assert used["predicted_time_s"] == pytest.approx(runnable[0].predicted_time_s)
+    if runs_in_trainer(plans[0]):  # the planner's pick runs as it is
+        assert "planner_top" not in record
+    else:  # recorded beside the fastest plan that runs
+        assert record["planner_top"]["label"] == plans[0].label and "note" in record
 
 
 def test_a_plans_file_gives_its_plan_or_a_clear_error(cfg, tmp_path, capsys):
@@ -56,11 +57,15 @@ def test_a_plans_file_gives_its_plan_or_a_clear_error(cfg, tmp_path, capsys):
     dp = [p for p in data["plans"] if p["tensor"] == 1][:1]
     tp = [p for p in data["plans"] if p["tensor"] == 2][:1]
     assert dp and tp
-    path.write_text(json.dumps({"plans": dp + tp}))
-    record = training_plan(dataclasses.replace(cfg, plan=str(path)))
-    assert record["used"]["label"] == dp[0]["label"]
-    path.write_text(json.dumps({"plans": tp}))
-    with pytest.raises(ValueError, match="runs the dense layers data parallel"):
+    for first in (dp, tp):  # data- and tensor-parallel plans run as the file gives them
+        path.write_text(json.dumps({"plans": first + dp + tp}))
+        record = training_plan(dataclasses.replace(cfg, plan=str(path)))
+        assert record["used"]["label"] == first[0]["label"]
+    recomputed = json.loads(json.dumps(dp[0]))
+    recomputed["stages"][0]["recompute"] = True
+    path.write_text(json.dumps({"plans": [recomputed]}))
+    with pytest.raises(ValueError, match="Pipeline, micro-batch and recomputation plans run "
+                                         "through ngra.planner.Runner"):
         training_plan(dataclasses.replace(cfg, plan=str(path)))
 
 
@@ -72,9 +77,12 @@ def test_train_records_the_plan(cfg, tmp_path, capsys):
     assert main(["train", "--model", "gcn", "--dataset", SPEC, "--data-root", cfg.data_root,
                  "--nprocs", "2", "--epochs", "2", "--no-progress", "--plan", "auto",
                  "--out", str(out)]) == 0
-    assert "dense layers: plan pp1 dp2 tp1 m1" in capsys.readouterr().out
     summary = json.loads(out.read_text())
-    assert summary["plan"]["used"]["data"] == 2 and summary["world_size"] == 2
+    used = summary["plan"]["used"]
+    assert f"dense layers: plan {used['label']}" in capsys.readouterr().out
+    assert summary["world_size"] == 2
+    assert (summary["dense_layout"]["data"], summary["dense_layout"]["tensor"]) == \
+        (used["data"], used["tensor"])
     assert "extra" not in summary["config"] and summary["config"]["plan"] == "auto"
 
 
