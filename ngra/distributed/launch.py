@@ -88,6 +88,8 @@ def init_process_group(backend: str | None = None, timeout_s: float = DEFAULT_TI
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         kw["device_id"] = torch.device("cuda", local)
+        # NCCL moves CUDA tensors; the small CPU ones (metric sums, objects) go over gloo
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
 
 

@@ -203,6 +203,18 @@ def test_torchrun_starts_the_same_training(data, tmp_path):
     torch.testing.assert_close(_losses(summary), _losses(one), rtol=1e-4, atol=1e-5)
 
 
+def test_a_world_of_one_rank_trains_as_one_process(data, single):
+    """``torchrun --nproc_per_node 1`` (one GPU's NCCL run): the ring's hops go to the rank
+    itself, which gloo cannot send to."""
+    base = _cfg(data, "gcn", nprocs=1)
+    folder = str(prepare_shards(base))
+    jobs = [(dataclasses.replace(base, exchange=ex), folder) for ex in ("halo", "ring")]
+    for summary in launch(dist_ranks.train_configs, 1, jobs, threads=1)[0]:
+        assert summary["world_size"] == 1
+        torch.testing.assert_close(_losses(summary), _losses(single["gcn"]), rtol=1e-4,
+                                   atol=1e-5)
+
+
 def test_a_shard_holds_only_its_rank_s_rows_and_edges(data):
     """A slice of the whole graph's arrays saved as is would carry the whole array."""
     folder = Path(prepare_shards(_cfg(data, "gcn", nprocs=4, partition_method="range")))
