@@ -21,6 +21,12 @@ keeps per edge and per destination row:
 * ``fixed = 3 * parameter bytes`` -- parameters with their gradients and
   in-flight copies.
 
+The ``1 x 1`` grid is priced apart (:func:`whole_graph_cost`) and taken whenever it fits:
+it walks the graph's own arrays, so it stages no source rows, copies no edge data and
+builds no tile index arrays (the backward's transpose, 8 bytes an edge, instead), and its
+accumulator is the output itself (with its gradient: two rows, not four). A budget the
+whole layer fits in thus runs as fast as no budget.
+
 Vertex arrays of size ``N x F`` (layer inputs, outputs, their gradients) live
 outside the budget, as in NeuGraph, where they stay in host memory.
 
@@ -50,10 +56,14 @@ from ngra.runtime.stream import stager_for
 from ngra.runtime.tiles import Grid, TileView, lazy_grid, whole_graph_grid
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
-           "grid_for", "executor_grid"]
+           "whole_graph_cost", "grid_for", "executor_grid"]
 
 _state = threading.local()
 SAMPLE_EDGES = 4096
+#: A tile view's five int64 index arrays, per edge (see the module docstring).
+INDEX_BYTES_PER_EDGE = 40
+#: The whole graph's backward transpose, per edge: int32 reverse indices and positions.
+TRANSPOSE_BYTES_PER_EDGE = 8
 
 
 @contextlib.contextmanager
@@ -180,9 +190,19 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
     return TileCost(
         bytes_per_src_row=float((_row_bytes(terms) + 8) / GATHER_FRACTION),
         bytes_per_dst_row=float(4 * max(_nbytes(part), per_row) / d),
-        bytes_per_edge=float(2 * per_edge / m + 40 + _row_bytes(edata)),
+        bytes_per_edge=float(2 * per_edge / m + INDEX_BYTES_PER_EDGE + _row_bytes(edata)),
         fixed=float(3 * _nbytes(params)),
     )
+
+
+def whole_graph_cost(cost: TileCost, edata: Any) -> TileCost:
+    """The working set of the ``1 x 1`` grid of a layer whose tiles cost ``cost`` (module
+    docstring): no staged rows, edge data copies or tile indices; the transpose instead;
+    the output and its gradient per destination row."""
+    per_edge = cost.bytes_per_edge - INDEX_BYTES_PER_EDGE - _row_bytes(edata)
+    return TileCost(bytes_per_src_row=0.0, bytes_per_dst_row=cost.bytes_per_dst_row / 2,
+                    bytes_per_edge=max(per_edge, 0.0) + TRANSPOSE_BYTES_PER_EDGE,
+                    fixed=cost.fixed, prefetch_factor=1)
 
 
 def grid_for(plan: Any, graph: Graph, terms: Any, edata: Any, params: list[torch.Tensor],
@@ -201,7 +221,11 @@ def grid_for(plan: Any, graph: Graph, terms: Any, edata: Any, params: list[torch
     cost = measure_tile_cost(plan, graph, terms, edata, params)
     ckey = ("ngra.grid", budget, cost)
     if ckey not in cache:
-        choice = choose_grid(graph, cost, budget, verify=False)
+        try:  # the whole graph when it fits: nothing to tile, stage or rebuild
+            choice = choose_grid(graph, whole_graph_cost(cost, edata), budget, max_parts=1,
+                                 verify=False)
+        except ValueError:
+            choice = choose_grid(graph, cost, budget, verify=False)
         cache[ckey] = (executor_grid(graph, choice.dst_bounds, choice.src_bounds), choice)
     grid, choice = cache[ckey]
     cache[pkey] = (plan, grid, choice)

@@ -62,15 +62,18 @@ def model_step(folder: str, model: str, exchange: str, seed: int) -> dict:
 
 
 def train_configs(jobs: list) -> list:
-    """``run_rank`` for each ``(cfg, shard folder)``; rank 0's summaries (with each
-    rank's explain text of the first job)."""
+    """``run_rank`` for each ``(cfg, shard folder[, (P, Q)])`` (``(P, Q)``: every layer
+    call on a forced ``P x Q`` grid of the rank's local graph); rank 0's summaries."""
+    import contextlib
     from pathlib import Path
 
     from ngra.distributed.trainer import run_rank
+    from ngra.runtime.budget import grid_shape
 
     out = []
-    for cfg, folder in jobs:
-        summary = run_rank(cfg, Path(folder))
+    for cfg, folder, *shape in jobs:
+        with grid_shape(*shape[0]) if shape else contextlib.nullcontext():
+            summary = run_rank(cfg, Path(folder))
         out.append(summary)
     return out if dist.get_rank() == 0 else None
 

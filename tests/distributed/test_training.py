@@ -60,10 +60,14 @@ def test_ranks_train_as_one_process(data, single, k):
             for exchange in ("halo", "ring"):
                 jobs.append((dataclasses.replace(base, exchange=exchange), folder))
                 keys.append((model, method, exchange))
-    # the memory budget holds within each rank: its local graph streams in tiles
+    # the memory budget holds within each rank (its local layers fit 4 MB whole: 1 x 1)
     jobs.append((dataclasses.replace(jobs[0][0], memory_budget="4MB", explain=True),
                  jobs[0][1]))
     keys.append(("gcn", "metis", "halo"))
+    # and a rank's local graph streams in tiles (a forced 3 x 2 grid) to the same result
+    gat = keys.index(("gat", "metis", "halo"))
+    jobs.append((*jobs[gat], (3, 2)))
+    keys.append(keys[gat])
     jobs.append((dataclasses.replace(jobs[0][0], exchange="auto", explain=True), jobs[0][1]))
     keys.append(("gcn", "metis", "auto"))
     out = launch(dist_ranks.train_configs, k, jobs, threads=1)[0]
@@ -84,7 +88,8 @@ def test_ranks_train_as_one_process(data, single, k):
         assert all(b["allreduce"] > 0 for b in sent)
         assert len(summary["peak_rss_mb_per_rank"]) == k
         assert summary["partition"]["parts"] == k
-    assert "chunked streaming" in out[-2]["explain"] and "1 x 1 grid" not in out[-2]["explain"]
+    budgeted = out[-3]["explain"]
+    assert "chunked streaming (memory budget)" in budgeted and "of budget 3.81 MiB" in budgeted
     auto = out[-1]
     assert not any(lay["forced"] for lay in auto["exchange"])
     assert all(lay["predicted_halo_s"] > 0 and lay["predicted_ring_s"] > 0

@@ -169,3 +169,33 @@ def test_memory_budget_picks_a_grid_and_explains_too_small():
     with pytest.raises(ValueError, match="budget"):
         with ngra.memory_budget(64):
             layer(g, x)
+
+
+
+def test_a_budget_the_whole_layer_fits_walks_the_whole_graph():
+    """The 1 x 1 grid stages, copies and indexes nothing: priced so, it is taken whenever it
+    fits, also where the tiles' cost model (staged rows, index arrays) would have tiled."""
+    from ngra.compiler import compile_layer
+    from ngra.runtime.budget import grid_for, measure_tile_cost, whole_graph_cost
+    from ngra.runtime.executor import edge_data_csc
+    from ngra.runtime.staging import plan_parameters
+
+    graph, edge_data = prepare("gcn", _graph(1))
+    layer = build_model("gcn", 8, 3).layers[0]
+    x = torch.randn(N, 8)
+    edata = edge_data_csc(graph, edge_data)
+    plan = compile_layer(layer, graph, x, edata)
+    terms, params = plan.pre(x), plan_parameters(plan)
+    cost = measure_tile_cost(plan, graph, terms, edata, params)
+    n, e = graph.num_nodes, graph.num_edges
+    fits = whole_graph_cost(cost, edata).tile_bytes(n, n, e)
+    tiled = cost.tile_bytes(n, n, e)
+    assert fits < tiled  # no staged rows, no index arrays, two accumulator rows of four
+    between = int((fits + tiled) / 2)
+    grid, choice = grid_for(plan, graph, terms, edata, params, between)
+    assert choice.shape == (1, 1) and grid.num_tiles == 1
+    _, choice = grid_for(plan, graph, terms, edata, params, int(fits * 0.95))
+    assert choice.shape != (1, 1)
+    ref = layer(graph, x, edge_data)
+    with ngra.memory_budget(between):
+        torch.testing.assert_close(layer(graph, x, edge_data), ref)
