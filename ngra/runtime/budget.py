@@ -24,8 +24,10 @@ keeps per edge and per destination row:
 The ``1 x 1`` grid is priced apart (:func:`whole_graph_cost`) and taken whenever it fits:
 it walks the graph's own arrays, so it stages no source rows, copies no edge data and
 builds no tile index arrays (the backward's transpose, 8 bytes an edge, instead), and its
-accumulator is the output itself (with its gradient: two rows, not four). A budget the
-whole layer fits in thus runs as fast as no budget.
+accumulator is the layer's output itself, a vertex array like its gradient (outside the
+budget, below): what it adds is per edge. A budget the whole layer fits in thus runs as
+fast as no budget; a layer that keeps nothing per edge (GCN's g-SpMM) fits any budget
+above its parameters and transpose, since tiling it would divide nothing.
 
 Vertex arrays of size ``N x F`` (layer inputs, outputs, their gradients) live
 outside the budget, as in NeuGraph, where they stay in host memory.
@@ -198,9 +200,9 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
 def whole_graph_cost(cost: TileCost, edata: Any) -> TileCost:
     """The working set of the ``1 x 1`` grid of a layer whose tiles cost ``cost`` (module
     docstring): no staged rows, edge data copies or tile indices; the transpose instead;
-    the output and its gradient per destination row."""
+    no accumulator beside the output."""
     per_edge = cost.bytes_per_edge - INDEX_BYTES_PER_EDGE - _row_bytes(edata)
-    return TileCost(bytes_per_src_row=0.0, bytes_per_dst_row=cost.bytes_per_dst_row / 2,
+    return TileCost(bytes_per_src_row=0.0, bytes_per_dst_row=0.0,
                     bytes_per_edge=max(per_edge, 0.0) + TRANSPOSE_BYTES_PER_EDGE,
                     fixed=cost.fixed, prefetch_factor=1)
 

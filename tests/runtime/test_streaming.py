@@ -190,7 +190,7 @@ def test_a_budget_the_whole_layer_fits_walks_the_whole_graph():
     n, e = graph.num_nodes, graph.num_edges
     fits = whole_graph_cost(cost, edata).tile_bytes(n, n, e)
     tiled = cost.tile_bytes(n, n, e)
-    assert fits < tiled  # no staged rows, no index arrays, two accumulator rows of four
+    assert fits < tiled  # no staged rows, no index arrays, no accumulator beside the output
     between = int((fits + tiled) / 2)
     grid, choice = grid_for(plan, graph, terms, edata, params, between)
     assert choice.shape == (1, 1) and grid.num_tiles == 1
