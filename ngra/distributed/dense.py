@@ -29,7 +29,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DenseLayout", "RankGroups", "rank_groups", "split_linears"]
+__all__ = ["SPLITS", "DenseLayout", "RankGroups", "rank_groups", "split_linears", "tp_style"]
+
+#: The configurations that split an ``nn.Linear`` (the others run it whole or are no Linear).
+SPLITS = ("col", "col_gather", "row", "row_slice")
+
+
+def tp_style(config: str) -> Any:
+    """torch's parallel style for a Linear split by ``config`` (one of :data:`SPLITS`)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if config == "col":
+        return ColwiseParallel()
+    if config == "col_gather":
+        return ColwiseParallel(output_layouts=Replicate())
+    if config == "row":
+        return RowwiseParallel()
+    if config == "row_slice":
+        return RowwiseParallel(input_layouts=Replicate())
+    raise ValueError(f"{config!r} splits no Linear; the splits are {SPLITS}.")
 
 
 @dataclass(frozen=True)
@@ -117,8 +136,6 @@ def split_linears(model: torch.nn.Module, layout: DenseLayout, tp: Any) -> torch
         ValueError: a split path that names no ``nn.Linear`` of ``model``.
     """
     from torch.distributed.tensor.parallel import parallelize_module
-
-    from ngra.planner.execute import SPLITS, tp_style
 
     styles = {}
     for path, config in layout.configs.items():

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ngra.distributed.dense import SPLITS, tp_style
 from ngra.planner.plan import Plan
 
-__all__ = ["SPLITS", "plan_mesh", "apply_plan", "Runner", "Recompute", "mse_loss", "full_grads",
-           "tp_style"]
+__all__ = ["plan_mesh", "apply_plan", "Runner", "Recompute", "mse_loss", "full_grads"]
 
 
 def mse_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -74,26 +74,6 @@ class Recompute(nn.Module):
         from torch.utils.checkpoint import checkpoint
 
         return checkpoint(self.module, *args, use_reentrant=False, **kwargs)
-
-
-#: The configurations that split an ``nn.Linear`` (the others run it whole or are no Linear).
-SPLITS = ("col", "col_gather", "row", "row_slice")
-
-
-def tp_style(config: str) -> Any:
-    """torch's parallel style for a Linear split by ``config`` (one of :data:`SPLITS`)."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    if config == "col":
-        return ColwiseParallel()
-    if config == "col_gather":
-        return ColwiseParallel(output_layouts=Replicate())
-    if config == "row":
-        return RowwiseParallel()
-    if config == "row_slice":
-        return RowwiseParallel(input_layouts=Replicate())
-    raise ValueError(f"{config!r} splits no Linear; the splits are {SPLITS}.")
 
 
 def _styles(plan: Plan, stages: Sequence[int], modules: Sequence[str] | None) -> dict:
