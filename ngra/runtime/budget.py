@@ -21,13 +21,16 @@ keeps per edge and per destination row:
 * ``fixed = 3 * parameter bytes`` -- parameters with their gradients and
   in-flight copies.
 
-The ``1 x 1`` grid is priced apart (:func:`whole_graph_cost`) and taken whenever it fits:
-it walks the graph's own arrays, so it stages no source rows, copies no edge data and
-builds no tile index arrays (the backward's transpose, 8 bytes an edge, instead), and its
+The ``1 x 1`` grid is priced apart (``TileCosts.whole``) and taken whenever it fits: it
+walks the graph's own arrays, so it stages no source rows, copies no edge data and builds
+no tile index arrays (the backward's transpose, 8 bytes an edge, instead), and its
 accumulator is the layer's output itself, a vertex array like its gradient (outside the
-budget, below): what it adds is per edge. A budget the whole layer fits in thus runs as
-fast as no budget; a layer that keeps nothing per edge (GCN's g-SpMM) fits any budget
-above its parameters and transpose, since tiling it would divide nothing.
+budget, below). It is charged what autograd saves per destination row and, per edge, all
+that the sample tile's forward and backward create (seen through a dispatch mode, not only
+what autograd saves; summed as if alive at once). A budget the whole layer fits in thus
+runs as fast as no budget, and a layer that keeps nothing per edge or row (GCN's g-SpMM)
+fits any budget above its parameters and transpose, since tiling it divides nothing; an
+edge program with per-row state (MPNN) or GAT's softmax still tiles under a tight budget.
 
 Vertex arrays of size ``N x F`` (layer inputs, outputs, their gradients) live
 outside the budget, as in NeuGraph, where they stay in host memory.
@@ -43,9 +46,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ngra.graph import Graph
 from ngra.idtype import idtype_for
@@ -53,12 +58,12 @@ from ngra.kernels.registry import thread_setting
 from ngra.memstat import release_large_frees
 from ngra.partition import (GridChoice, TileCost, choose_grid, default_bounds, parse_bytes,
                             tile_graph)
-from ngra.runtime.staging import GATHER_FRACTION
+from ngra.runtime.staging import GATHER_FRACTION, plan_parameters
 from ngra.runtime.stream import stager_for
 from ngra.runtime.tiles import Grid, TileView, lazy_grid, whole_graph_grid
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
-           "whole_graph_cost", "grid_for", "executor_grid"]
+           "TileCosts", "grid_for", "executor_grid"]
 
 _state = threading.local()
 SAMPLE_EDGES = 4096
@@ -160,51 +165,102 @@ def _row_bytes(x: Any) -> int:
     return 0
 
 
-def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> tuple[float, float, Any, TileView]:
-    """Bytes autograd saves per sample-tile edge and per destination row, the partial, the tile."""
+class _EdgeTensors(TorchDispatchMode):
+    """Counts the bytes of every new (not a view) tensor with ``m`` rows the ops create."""
+
+    def __init__(self, m: int) -> None:
+        super().__init__()
+        self.m, self.nbytes = m, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == self.m:
+                    self.nbytes += t.numel() * t.element_size()
+        return out
+
+
+class _Sample(NamedTuple):
+    """Bytes per sample-tile edge that autograd saves and that the forward and backward
+    create, bytes saved per destination row, the partial, the tile."""
+
+    saved_edge: float
+    created_edge: float
+    saved_row: float
+    part: Any
+    tile: TileView
+
+
+def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> _Sample:
+    """What the edge stage of ``plan`` keeps and creates on a sample tile (:class:`_Sample`)."""
     tile = _sample_tile(graph)
+    # the sample's backward must stop at the terms: the layer's own graph stays untouched
+    terms, edata = tree_map(_detached, terms), tree_map(_detached, edata)
     stager = stager_for(plan, terms, edata, mode=None)
     st = stager.stage(tile)
     m, d = tile.num_edges, tile.num_dst
-    per_edge = per_row = 0
+    saved = {"edge": 0, "row": 0}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal per_edge, per_row
-        if t.dim() and t.shape[0] == m:
-            per_edge += t.numel() * t.element_size()
-        elif t.dim() and t.shape[0] == d:
-            per_row += t.numel() * t.element_size()
+        kind = "edge" if t.dim() and t.shape[0] == m else "row" if t.dim() and t.shape[0] == d \
+            else None
+        if kind is not None:
+            saved[kind] += t.numel() * t.element_size()
         return t
 
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        part = stager.to_host(st.run(plan))
-    return per_edge / m, per_row / d, part, tile
+    created = _EdgeTensors(m)
+    with torch.enable_grad(), created:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            part = stager.to_host(st.run(plan))
+        _sample_backward(plan, st, part)
+    return _Sample(saved["edge"] / m, created.nbytes / m, saved["row"] / d, part, tile)
+
+
+def _detached(t: Any) -> Any:
+    if isinstance(t, torch.Tensor):
+        return t.detach().requires_grad_(t.requires_grad)
+    return t
+
+
+def _sample_backward(plan: Any, st: Any, part: Any) -> None:
+    """The sample tile's backward, for what it creates per edge (its gradients are
+    returned and dropped: nothing accumulates into the parameters)."""
+    outs = [t for t in tree_leaves(part) if isinstance(t, torch.Tensor) and t.requires_grad]
+    wrt = [t for t in tree_leaves((st.src, st.dst, st.edata)) + plan_parameters(plan)
+           if isinstance(t, torch.Tensor) and t.requires_grad]
+    if outs and wrt:
+        torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
+
+
+class TileCosts(NamedTuple):
+    """A layer's working set on a tile of a grid of several (``tiles``) and on the ``1 x 1``
+    grid (``whole``), see the module docstring."""
+
+    tiles: TileCost
+    whole: TileCost
 
 
 def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
-                      params: list[torch.Tensor]) -> TileCost:
-    """The layer's :class:`TileCost`, measured on a sample tile (see module docs)."""
+                      params: list[torch.Tensor]) -> TileCosts:
+    """The layer's :class:`TileCosts`, measured on a sample tile (see module docs)."""
+    fixed = float(3 * _nbytes(params))
     if graph.num_edges == 0:
-        return TileCost(0, 0, 0, fixed=3 * _nbytes(params))
-    per_edge, per_row, part, tile = _saved_bytes(plan, graph, terms, edata)
-    m, d = tile.num_edges, tile.num_dst
-    per_edge, per_row = per_edge * m, per_row * d
-    return TileCost(
+        return TileCosts(TileCost(0, 0, 0, fixed=fixed), TileCost(0, 0, 0, fixed=fixed))
+    s = _saved_bytes(plan, graph, terms, edata)
+    tiles = TileCost(
         bytes_per_src_row=float((_row_bytes(terms) + 8) / GATHER_FRACTION),
-        bytes_per_dst_row=float(4 * max(_nbytes(part), per_row) / d),
-        bytes_per_edge=float(2 * per_edge / m + INDEX_BYTES_PER_EDGE + _row_bytes(edata)),
-        fixed=float(3 * _nbytes(params)),
+        bytes_per_dst_row=float(4 * max(_nbytes(s.part) / s.tile.num_dst, s.saved_row)),
+        bytes_per_edge=float(2 * s.saved_edge + INDEX_BYTES_PER_EDGE + _row_bytes(edata)),
+        fixed=fixed,
     )
-
-
-def whole_graph_cost(cost: TileCost, edata: Any) -> TileCost:
-    """The working set of the ``1 x 1`` grid of a layer whose tiles cost ``cost`` (module
-    docstring): no staged rows, edge data copies or tile indices; the transpose instead;
-    no accumulator beside the output."""
-    per_edge = cost.bytes_per_edge - INDEX_BYTES_PER_EDGE - _row_bytes(edata)
-    return TileCost(bytes_per_src_row=0.0, bytes_per_dst_row=0.0,
-                    bytes_per_edge=max(per_edge, 0.0) + TRANSPOSE_BYTES_PER_EDGE,
-                    fixed=cost.fixed, prefetch_factor=1)
+    # staged edge data is a copy on a tile, the graph's own array on the whole graph
+    created = max(s.created_edge - _row_bytes(edata), 0.0)
+    whole = TileCost(bytes_per_src_row=0.0, bytes_per_dst_row=float(s.saved_row),
+                     bytes_per_edge=float(max(created, 2 * s.saved_edge)
+                                          + TRANSPOSE_BYTES_PER_EDGE),
+                     fixed=fixed, prefetch_factor=1)
+    return TileCosts(tiles, whole)
 
 
 def grid_for(plan: Any, graph: Graph, terms: Any, edata: Any, params: list[torch.Tensor],
@@ -224,10 +280,9 @@ def grid_for(plan: Any, graph: Graph, terms: Any, edata: Any, params: list[torch
     ckey = ("ngra.grid", budget, cost)
     if ckey not in cache:
         try:  # the whole graph when it fits: nothing to tile, stage or rebuild
-            choice = choose_grid(graph, whole_graph_cost(cost, edata), budget, max_parts=1,
-                                 verify=False)
+            choice = choose_grid(graph, cost.whole, budget, max_parts=1, verify=False)
         except ValueError:
-            choice = choose_grid(graph, cost, budget, verify=False)
+            choice = choose_grid(graph, cost.tiles, budget, verify=False)
         cache[ckey] = (executor_grid(graph, choice.dst_bounds, choice.src_bounds), choice)
     grid, choice = cache[ckey]
     cache[pkey] = (plan, grid, choice)

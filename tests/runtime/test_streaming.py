@@ -172,30 +172,55 @@ def test_memory_budget_picks_a_grid_and_explains_too_small():
 
 
 
-def test_a_budget_the_whole_layer_fits_walks_the_whole_graph():
-    """The 1 x 1 grid stages, copies and indexes nothing: priced so, it is taken whenever it
-    fits, also where the tiles' cost model (staged rows, index arrays) would have tiled."""
+def _costs(name: str, f: int = 8):
     from ngra.compiler import compile_layer
-    from ngra.runtime.budget import grid_for, measure_tile_cost, whole_graph_cost
+    from ngra.runtime.budget import measure_tile_cost
     from ngra.runtime.executor import edge_data_csc
     from ngra.runtime.staging import plan_parameters
 
-    graph, edge_data = prepare("gcn", _graph(1))
-    layer = build_model("gcn", 8, 3).layers[0]
-    x = torch.randn(N, 8)
+    graph, edge_data = prepare(name, _graph(1))
+    layer = build_model(name, f, 3).layers[0]
+    x = torch.randn(N, f)
     edata = edge_data_csc(graph, edge_data)
     plan = compile_layer(layer, graph, x, edata)
     terms, params = plan.pre(x), plan_parameters(plan)
     cost = measure_tile_cost(plan, graph, terms, edata, params)
+    return graph, edge_data, layer, x, (plan, graph, terms, edata, params), cost
+
+
+def test_a_budget_the_whole_layer_fits_walks_the_whole_graph():
+    """The 1 x 1 grid stages, copies and indexes nothing: priced so, it is taken whenever it
+    fits, also where the tiles' cost model (staged rows, index arrays) would have tiled."""
+    from ngra.runtime.budget import grid_for
+
+    graph, edge_data, layer, x, args, cost = _costs("gcn")
     n, e = graph.num_nodes, graph.num_edges
-    fits = whole_graph_cost(cost, edata).tile_bytes(n, n, e)
-    tiled = cost.tile_bytes(n, n, e)
+    fits, tiled = cost.whole.tile_bytes(n, n, e), cost.tiles.tile_bytes(n, n, e)
     assert fits < tiled  # no staged rows, no index arrays, no accumulator beside the output
+    assert cost.whole.bytes_per_edge == 8  # g-SpMM creates nothing per edge: the transpose
     between = int((fits + tiled) / 2)
-    grid, choice = grid_for(plan, graph, terms, edata, params, between)
+    grid, choice = grid_for(*args, between)
     assert choice.shape == (1, 1) and grid.num_tiles == 1
-    _, choice = grid_for(plan, graph, terms, edata, params, int(fits * 0.95))
+    _, choice = grid_for(*args, int(fits * 0.95))
     assert choice.shape != (1, 1)
     ref = layer(graph, x, edge_data)
     with ngra.memory_budget(between):
         torch.testing.assert_close(layer(graph, x, edge_data), ref)
+
+
+def test_the_whole_graph_counts_what_the_edge_stage_creates_and_saves():
+    """Priced from what the sample tile's forward and backward create per edge (seen by a
+    dispatch mode, not only what autograd saves) and what it saves per row; measuring leaves
+    the layer's own autograd graph intact (the sample's backward stops at the terms)."""
+    from ngra.runtime.budget import TRANSPOSE_BYTES_PER_EDGE
+
+    _, _, _, _, _, gcn = _costs("gcn")
+    assert gcn.whole.bytes_per_edge < 4 * TRANSPOSE_BYTES_PER_EDGE  # g-SpMM: ids at most
+    graph, edge_data, layer, x, (plan, _, terms, edata, params), mpnn = _costs("mpnn", f=16)
+    assert mpnn.whole.bytes_per_edge > gcn.whole.bytes_per_edge
+    assert mpnn.whole.bytes_per_dst_row > 0  # the edge program's per-row state for backward
+    x = x.requires_grad_()
+    with ngra.memory_budget(int(1e9)):  # measured inside a live forward...
+        out = layer(graph, x, edge_data)
+    out.sum().backward()  # ...whose backward still runs
+    assert x.grad is not None and torch.isfinite(x.grad).all()
