@@ -100,11 +100,11 @@ def _workload(name, ds, dev):
 
 
 def _dropouts(name) -> tuple[float, float]:
-    """The zoo model's dropout and GAT's attention dropout, used by both frameworks."""
-    from ngra.models import MODELS as SPECS
+    """The zoo model's dropout and GAT's attention dropout, used by both frameworks (the
+    training benchmark's, without its overrides)."""
+    from train_bench import _attention_dropout, _dropout
 
-    att = SPECS["gat"].defaults.attention_dropout.value if name == "gat" else 0.0
-    return SPECS[name].defaults.dropout.value, att
+    return _dropout(name), _attention_dropout() if name == "gat" else 0.0
 
 
 def _ngra_step(name, ds, dev, budget=None):

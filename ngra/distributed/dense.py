@@ -113,13 +113,12 @@ def rank_groups(layout: DenseLayout, device: str = "cpu") -> RankGroups:
                          f"{layout.world_size} ranks; this run has {k}.")
     if layout.tensor == 1:
         return RankGroups(dist.new_group(list(range(k))), None, None)
-    pos = layout.position(rank)
-    exchange = gradients = None
-    for kind in ("exchange", "gradients"):
-        for p in range(layout.tensor):
-            g = dist.new_group([i * layout.tensor + p for i in range(layout.data)])
-            if p == pos:
-                exchange, gradients = (g, gradients) if kind == "exchange" else (exchange, g)
+    def replicas(pos: int) -> list[int]:  # one rank of each replica, all at ``pos``
+        return [i * layout.tensor + pos for i in range(layout.data)]
+
+    positions = range(layout.tensor)
+    exchange = [dist.new_group(replicas(p)) for p in positions][layout.position(rank)]
+    gradients = [dist.new_group(replicas(p)) for p in positions][layout.position(rank)]
     tp = None
     if layout.configs:
         from torch.distributed.device_mesh import init_device_mesh

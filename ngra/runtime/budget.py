@@ -49,7 +49,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ngra.graph import Graph
@@ -58,7 +58,7 @@ from ngra.kernels.registry import thread_setting
 from ngra.memstat import release_large_frees
 from ngra.partition import (GridChoice, TileCost, choose_grid, default_bounds, parse_bytes,
                             tile_graph)
-from ngra.runtime.staging import GATHER_FRACTION, plan_parameters
+from ngra.runtime.staging import GATHER_FRACTION, flatten, plan_parameters, unflatten
 from ngra.runtime.stream import stager_for
 from ngra.runtime.tiles import Grid, TileView, lazy_grid, whole_graph_grid
 
@@ -177,7 +177,7 @@ class _EdgeTensors(TorchDispatchMode):
         if not func.is_view:
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == self.m:
-                    self.nbytes += t.numel() * t.element_size()
+                    self.nbytes += _nbytes(t)
         return out
 
 
@@ -196,7 +196,7 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> _Sample:
     """What the edge stage of ``plan`` keeps and creates on a sample tile (:class:`_Sample`)."""
     tile = _sample_tile(graph)
     # the sample's backward must stop at the terms: the layer's own graph stays untouched
-    terms, edata = tree_map(_detached, terms), tree_map(_detached, edata)
+    terms, edata = _detached(terms), _detached(edata)
     stager = stager_for(plan, terms, edata, mode=None)
     st = stager.stage(tile)
     m, d = tile.num_edges, tile.num_dst
@@ -206,7 +206,7 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> _Sample:
         kind = "edge" if t.dim() and t.shape[0] == m else "row" if t.dim() and t.shape[0] == d \
             else None
         if kind is not None:
-            saved[kind] += t.numel() * t.element_size()
+            saved[kind] += _nbytes(t)
         return t
 
     created = _EdgeTensors(m)
@@ -217,18 +217,18 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> _Sample:
     return _Sample(saved["edge"] / m, created.nbytes / m, saved["row"] / d, part, tile)
 
 
-def _detached(t: Any) -> Any:
-    if isinstance(t, torch.Tensor):
-        return t.detach().requires_grad_(t.requires_grad)
-    return t
+def _detached(tree: Any) -> Any:
+    """Vertex or edge data (:func:`~ngra.runtime.staging.flatten`) as new autograd leaves."""
+    leaves, spec = flatten(tree)
+    return unflatten(spec, [t.detach().requires_grad_(t.requires_grad) for t in leaves])
 
 
 def _sample_backward(plan: Any, st: Any, part: Any) -> None:
     """The sample tile's backward, for what it creates per edge (its gradients are
     returned and dropped: nothing accumulates into the parameters)."""
     outs = [t for t in tree_leaves(part) if isinstance(t, torch.Tensor) and t.requires_grad]
-    wrt = [t for t in tree_leaves((st.src, st.dst, st.edata)) + plan_parameters(plan)
-           if isinstance(t, torch.Tensor) and t.requires_grad]
+    staged = [t for tree in (st.src, st.dst, st.edata) for t in flatten(tree)[0]]
+    wrt = [t for t in staged + plan_parameters(plan) if t.requires_grad]
     if outs and wrt:
         torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
 
