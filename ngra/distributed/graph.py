@@ -118,7 +118,7 @@ class DistGraph(Partitioned):
     @property
     def ring(self) -> RingPlan:
         if self._ring is None:
-            ip = self.local.indptr[: self.num_nodes + 1].to(torch.int64)
+            ip = self.local.indptr[: self.num_nodes + 1]
             device = self.local.indptr.device
             self._ring = build_ring(self.rank, self.world_size, self.num_nodes, ip.cpu(),
                                     self.local.indices.cpu(), self.halo_ids, self.bounds,
@@ -161,15 +161,19 @@ class DistGraph(Partitioned):
         from ngra.runtime.stream import propagate, run_streamed
 
         leaves, spec = flatten(terms)
-        src, _ = read_slots(plan, spec, len(leaves))
+        src, dst = read_slots(plan, spec, len(leaves))
         order = sorted(src)
         full = list(leaves)
         for i, t in zip(order, exchange_rows(self.halo, [leaves[i] for i in order])):
             full[i] = t
         for i in range(len(full)):
-            if i not in src:  # read at destinations only: every destination is owned
-                t = full[i]
+            if i in src:
+                continue
+            t = full[i]
+            if i in dst:  # read at destinations only: every destination is owned
                 full[i] = torch.cat([t, t.new_zeros((self.num_halo,) + tuple(t.shape[1:]))])
+            else:  # not read by the edge stage (the layer's input, for post): no copy
+                full[i] = t.new_zeros(()).expand((t.shape[0] + self.num_halo,) + t.shape[1:])
         local_terms = unflatten(spec, full)
         grid = choose_runtime_grid(plan, self.local, local_terms, edata)
         if grid.num_tiles > 1 and torch.is_grad_enabled():

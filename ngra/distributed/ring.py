@@ -31,8 +31,10 @@ import torch.distributed as dist
 
 from ngra import kernels
 from ngra.distributed.halo import Traffic
+from ngra.idtype import narrow
 from ngra.runtime.staging import Staged, flatten, plan_parameters, read_slots, unflatten
 from ngra.runtime.stream import _linear, tile_gradients
+from ngra.graph import segment_ids
 from ngra.runtime.tiles import TileView
 
 __all__ = ["RingPlan", "build_ring", "ring_propagate"]
@@ -76,24 +78,28 @@ def build_ring(rank: int, world_size: int, num_own: int, indptr: torch.Tensor,
                traffic: Traffic) -> RingPlan:
     """The ring tiles of a rank from its local CSC (``indptr [D + 1]`` over the owned
     destinations, ``indices`` local source rows: owned ``< D``, then halo rows), its halo
-    (new ids) and the ranks' destination ranges ``bounds [K + 1]`` (new ids)."""
+    (new ids) and the ranks' destination ranges ``bounds [K + 1]`` (new ids).
+
+    Lean: per-edge work goes through ``[D + H]`` row tables (each local row's owner and
+    row in the owner's chunk), and every tile array is 32-bit where it fits, so a rank's
+    tiles cost about 16 bytes an edge (sources, positions, and the reverse for backward)."""
     bounds = bounds.to(torch.int64)
-    src = indices.to(torch.int64)
-    d = num_own
-    lo = int(bounds[rank])
-    is_halo = src >= d
-    gid = torch.where(is_halo, halo[(src - d).clamp(min=0)] if halo.numel() else src, src + lo)
-    owner = torch.searchsorted(bounds, gid, right=True) - 1
-    chunk_local = gid - bounds[owner]
-    dst = torch.repeat_interleave(torch.arange(d), indptr[1:] - indptr[:-1])
+    d, lo = num_own, int(bounds[rank])
+    gid = torch.cat([torch.arange(lo, lo + d, dtype=torch.int64), halo.to(torch.int64)])
+    row_owner = torch.searchsorted(bounds, gid, right=True) - 1  # [D + H] owner of each row
+    row_chunk = gid - bounds[row_owner]  # [D + H] its row in the owner's chunk
+    del gid
+    owner = row_owner.to(torch.int32)[indices]  # [E]
+    dst = segment_ids(indptr, dtype=torch.int32)  # [E] destination of each edge
     views = []
     for j in range(world_size):
         pos = (owner == j).nonzero().flatten()
         counts = torch.bincount(dst[pos], minlength=d)
         ip = torch.zeros(d + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=ip[1:])
-        sidx = chunk_local[pos].contiguous()
         rows = int(bounds[j + 1] - bounds[j])
+        sidx = narrow(row_chunk[indices[pos]], max(rows - 1, 0))
+        ip, pos = narrow(ip, pos.numel()), narrow(pos, indices.numel())
         views.append(TileView(0, d, ip, sidx, pos, kernels.transpose_csc(ip, sidx, rows),
                               key=(0, j)))
     chunk_rows = (bounds[1:] - bounds[:-1]).tolist()

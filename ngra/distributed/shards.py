@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from ngra.distributed.cost import PartitionStats
 from ngra.distributed.halo import HaloPlan
 from ngra.graph import Graph
+from ngra.idtype import narrow
 from ngra.partition import PartitionBook, permute_graph
 
 __all__ = ["Shard", "build_shards", "data_fingerprint", "load_shard", "prep_key",
@@ -42,7 +43,7 @@ __all__ = ["Shard", "build_shards", "data_fingerprint", "load_shard", "prep_key"
 
 log = logging.getLogger(__name__)
 
-SHARD_VERSION = 2
+SHARD_VERSION = 3  # 3: 32-bit local structure and edge ids where they fit
 
 
 def prep_key(model: str) -> str:
@@ -112,8 +113,10 @@ def build_shards(ds: Any, model: str, book: PartitionBook, folder: str | os.Path
             raise AssertionError(f"rank {r}: the model's graph reads a source outside the "
                                  "book's halo (the book is not this graph's)")
         d, h = hi - lo, halo.numel()
-        indptr = torch.cat([ip[lo:hi + 1] - e0, torch.full((h,), e1 - e0, dtype=torch.int64)])
-        gids = rg.perm[e0:e1].to(torch.int64)
+        indptr = narrow(torch.cat([ip[lo:hi + 1] - e0,
+                                   torch.full((h,), e1 - e0, dtype=torch.int64)]), e1 - e0)
+        local_src = narrow(local_src, d + h - 1)
+        gids = narrow(rg.perm[e0:e1], graph.num_edges)
         send = [book.send_rows(r, p) for p in range(k)]
         recv = book.recv_counts(r)
         sent[r], received[r] = sum(s.numel() for s in send), sum(recv)
@@ -212,9 +215,7 @@ def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, gr
                          f"not {world_size}.")
     s = torch.load(folder / f"rank{rank}.pt", weights_only=True)
     d, h = int(s["num_own"]), int(s["halo"].numel())
-    e = int(s["indices"].numel())
-    local = Graph(s["indptr"], s["indices"], torch.arange(e, dtype=torch.int64), d + h,
-                  s["edge_weight"])
+    local = Graph(s["indptr"], s["indices"], None, d + h, s["edge_weight"])  # CSC order
     halo = HaloPlan(d, h, s["send_idx"], list(s["send_counts"]), list(s["recv_counts"]))
     st = meta["stats"]
     stats = PartitionStats.from_tensor(torch.tensor(st["rows"]), torch.tensor(st["sent"]),
