@@ -108,8 +108,30 @@ def _row(name: str, model: str, nprocs: int, threads: int, method: str, exchange
             pred_halo_s=sum(lay["predicted_halo_s"] for lay in s["exchange"]),
             pred_ring_s=sum(lay["predicted_ring_s"] for lay in s["exchange"]),
             halo_rows=sum(s["partition"]["halo_rows"]),
-            edge_cut=s["partition"]["edge_cut_fraction"])
+            edge_cut=s["partition"]["edge_cut_fraction"],
+            # the cost model's inputs, so a changed model can be re-scored (--rescore)
+            row_bytes=json.dumps([lay["row_bytes"] for lay in s["exchange"]]),
+            stats=json.dumps(s.get("partition_stats")))
     return row
+
+
+def rescore(rows: list[dict]) -> None:
+    """Recompute every multi-process row's predictions with this checkout's cost model,
+    from the row's recorded partition statistics and layer widths and this host's link
+    calibration (what ``ngra train`` reads)."""
+    from ngra.distributed.cost import PartitionStats, predict
+    from ngra.distributed.link import calibration_path, load_link
+
+    for r in rows:
+        if "error" in r or int(r["procs"]) < 2 or not r.get("stats"):
+            continue
+        st = json.loads(r["stats"])
+        stats = PartitionStats(tuple(st["rows"]), tuple(st["sent"]), tuple(st["received"]),
+                               tuple(tuple(e) for e in st["edges"]))
+        link = load_link(calibration_path("gloo", "cpu", int(r["procs"])))
+        preds = [predict(stats, b, link) for b in json.loads(r["row_bytes"])]
+        r["pred_halo_s"] = sum(h for h, _ in preds)
+        r["pred_ring_s"] = sum(g for _, g in preds)
 
 
 def main() -> int:
@@ -128,7 +150,22 @@ def main() -> int:
     ap.add_argument("--mem-cap-gb", type=float, default=20)
     ap.add_argument("--quick", action="store_true", help="Cora only: a smoke check")
     ap.add_argument("--out", default=str(RESULTS / "distributed"))
+    ap.add_argument("--rescore", action="store_true",
+                    help="run nothing: recompute the predictions of the cases in OUT.csv with "
+                         "this checkout's cost model and rewrite OUT.md")
     args = ap.parse_args()
+    out = Path(args.out)
+    if args.rescore:
+        import csv
+
+        with open(out.with_suffix(".csv"), newline="") as f:
+            rows = [{k: _number(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+        rescore(rows)
+        run = json.loads(out.with_suffix(".json").read_text())
+        out.with_suffix(".md").write_text(report(rows, run, rescored=True))
+        print(f"rewrote {out.with_suffix('.md')} with this checkout's cost model")
+        return 0
+    run = {"argv": sys.argv[1:], "epochs": args.epochs, "repeats": args.repeats}
     graphs = QUICK if args.quick else {k: {**GRAPHS, **MORE}.get(k, k)
                                        for k in args.graphs.split(",")}
     procs = [int(p) for p in args.procs.split(",")]
@@ -152,17 +189,16 @@ def main() -> int:
         print(f"{name} {model} procs={k}x{threads} {method} {exchange}: "
               f"{row.get('error') or fmt_seconds(row['epoch_s'])} "
               f"({time.monotonic() - t:.0f} s)", flush=True)
+        row["load_1m"] = max(row.get("load_1m", 0.0), os.getloadavg()[0])
         write(rows)  # after every case: an interrupted grid keeps what it measured
         return row
 
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(run) + "\n")
 
     def write(rows):
         write_csv(rows, out.with_suffix(".csv"))
-        out.with_suffix(".md").write_text(report(rows, args, loads))
-
-    loads = [os.getloadavg()[0]]
+        out.with_suffix(".md").write_text(report(rows, run))
 
     if not args.quick:  # each model's fixed cost per process: the same runs on Cora
         for model in args.models.split(","):
@@ -176,29 +212,44 @@ def main() -> int:
             case(name, spec, model, 1, 1)
             multi = [(k, m, x) for k in procs for m in methods for x in exchanges]
             done = {}
-            for round_ in range(args.repeats):  # halo and ring alternate within a round
+            for _ in range(args.repeats):  # halo and ring alternate within a round
                 for k, method, exchange in multi:
                     done[k, method, exchange] = case(name, spec, model, k, 1, method, exchange,
                                                      again=done.get((k, method, exchange)))
-                    loads.append(os.getloadavg()[0])
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.csv')}")
     return 0
 
 
-def report(rows: list[dict], args: argparse.Namespace, loads: list[float]) -> str:
+def _number(v: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
+
+
+def report(rows: list[dict], run: dict, rescored: bool = False) -> str:
     info = machine_info()
     ok = [r for r in rows if "error" not in r]
     base = {(r["graph"], r["model"], r["threads"]): r for r in ok if r["procs"] == 1}
+    loads = [r["load_1m"] for r in rows if "load_1m" in r] or [os.getloadavg()[0]]
     lines = ["# Multi-process training", "",
              "Regenerate: `python experiments/distributed_bench.py"
-             + "".join(f" {a}" for a in sys.argv[1:]) + "`"
-             f" ({args.epochs} epochs a case, median step; multi-process cases in "
-             f"{args.repeats} interleaved round(s), the fastest round's epoch and the largest "
+             + "".join(f" {a}" for a in run["argv"]) + "`"
+             f" ({run['epochs']} epochs a case, median step; multi-process cases in "
+             f"{run['repeats']} interleaved round(s), the fastest round's epoch and the largest "
              "peak).", "",
              "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
-             f"1-minute load average during the grid: {min(loads):.1f} to {max(loads):.1f}"
+             f"1-minute load average after each case: {min(loads):.1f} to {max(loads):.1f}"
              " (above 2 the cores were shared with other work: times are noisy, memory and"
-             " bytes are not).", "", "## Cases", ""]
+             " bytes are not).", ""]
+    if rescored:
+        lines += ["Predictions re-scored (`--rescore`) with the cost model of "
+                  f"git {info.get('git', '?')} from each case's recorded partition statistics "
+                  "and layer widths and this host's link calibration; the measurements are "
+                  "the run's.", ""]
+    lines += ["## Cases", ""]
     shown = []
     for r in rows:
         b2 = base.get((r["graph"], r["model"], 2))
@@ -255,7 +306,7 @@ def report(rows: list[dict], args: argparse.Namespace, loads: list[float]) -> st
     lines.append("* 2 processes x 1 thread vs 1 process x 2 threads (fastest 2-rank "
                  "configuration): " + ", ".join(f"{g}/{m} {fmt_ratio(x)}" for g, m, x in t2)
                  + " (target <= 1.3x)")
-    cells, right = {}, 0
+    cells, right, regrets = {}, 0, []
     for r in ok:
         if r["procs"] > 1:
             cells.setdefault((r["graph"], r["model"], r["procs"], r["method"]), {})[
@@ -268,15 +319,21 @@ def report(rows: list[dict], args: argparse.Namespace, loads: list[float]) -> st
         pick = "ring" if h["pred_ring_s"] < h["pred_halo_s"] else "halo"
         faster = "ring" if g["epoch_s"] < h["epoch_s"] else "halo"
         right += pick == faster
+        regret = pair[pick]["epoch_s"] / pair[faster]["epoch_s"] - 1
+        regrets.append(regret)
         detail.append({"cell": " ".join(map(str, key)), "pick": pick, "faster": faster,
                        "halo": fmt_seconds(h["epoch_s"]), "ring": fmt_seconds(g["epoch_s"]),
-                       "ok": "yes" if pick == faster else "no"})
+                       "pred": f"{fmt_seconds(h['pred_halo_s'])} / {fmt_seconds(h['pred_ring_s'])}",
+                       "ok": "yes" if pick == faster else f"no (+{regret:.0%})"})
     n = len(detail)
     lines.append(f"* cost model picks the measured faster strategy in {right} of {n} cells "
-                 f"({right / n:.0%})" if n else "* cost model: no complete cell")
+                 f"({right / n:.0%}); the pick's epoch over the faster one's: mean "
+                 f"+{sum(regrets) / n:.1%}, worst +{max(regrets):.0%}"
+                 if n else "* cost model: no complete cell")
     lines += ["", markdown_table(detail, [("cell", "cell (graph model ranks partition)"),
                                           ("pick", "cost model"), ("faster", "measured faster"),
                                           ("halo", "halo epoch"), ("ring", "ring epoch"),
+                                          ("pred", "predicted halo / ring"),
                                           ("ok", "right")]), ""]
     return "\n".join(lines)
 

@@ -7,13 +7,21 @@ tile from each owner) and the calibrated :class:`~ngra.distributed.link.LinkMode
 
 For a layer whose edge stage reads ``b`` bytes a source row (the plan's terms after
 hoisting, not the raw input), with ``t(e) = e * b / gather_bytes`` the time to read ``e``
-edges' source rows (the sparse stages' bound):
+edges' source rows (the sparse stages' bound) and ``v(n) = n * b / stream_bytes`` the time
+of element-wise work over ``n`` rows (packing, padding, outputs, partial sums), both times
+``shared`` (every rank computes at once):
 
 * halo: ``2 * max_r all_to_all(max(sent_r, received_r) * b)`` (forward and the reverse
-  in backward; not overlapped) ``+ max_r 3 t(E_r)`` (forward and backward compute);
+  in backward; not overlapped) ``+ max_r [3 t(E_r) + v(4 S_r + 6 D_r + 6 H_r)]``: forward
+  and backward compute over the rank's ``E_r`` in-edges, and the rows it touches besides:
+  the ``S_r`` rows it sends packed (and their gradients added back), its ``D_r + H_r``
+  local rows padded into one array, aggregated and differentiated;
 * ring: the ``K`` steps of the ring, each as slow as its slowest rank, each rank's step
-  ``max(t(E_rj), p2p(rows_j * b))`` in forward (transfer overlapped with compute) and
-  ``max(2 t(E_rj), 2 p2p(rows_j * b))`` in backward (chunk and gradient both travel).
+  ``max(t(E_rj) + v(4 D_r + R_j), p2p(R_j * b))`` in forward (transfer overlapped with
+  compute; each step writes a ``D_r``-row partial and merges it, and receives the
+  ``R_j`` rows of chunk ``j``) and ``max(2 t(E_rj) + v(D_r + 6 R_j), 2 p2p(R_j * b))`` in
+  backward (chunk and gradient both travel; the chunk's gradient is computed, added to
+  what arrived and passed on).
 
 The cheaper prediction wins; ``--exchange halo|ring`` overrides it.
 """
@@ -90,16 +98,23 @@ def predict(stats: PartitionStats, row_bytes: int, link: LinkModel) -> tuple[flo
     def compute(e: int) -> float:
         return e * per_edge
 
+    def rows(n: float) -> float:
+        return link.stream_time(n * row_bytes) * link.shared
+
     halo_comm = max(link.all_to_all(max(s, r) * row_bytes)
                     for s, r in zip(stats.sent, stats.received))
-    halo = 2 * halo_comm + max(3 * compute(sum(row)) for row in stats.edges)
+    halo = 2 * halo_comm + max(
+        3 * compute(sum(edges)) + rows(4 * s + 6 * d + 6 * h)
+        for edges, s, d, h in zip(stats.edges, stats.sent, stats.rows, stats.received))
     ring = 0.0
     for s in range(k):
         fwd = bwd = 0.0
         for r in range(k):
             j = (r - s) % k
             c, m = compute(stats.edges[r][j]), link.p2p(stats.rows[j] * row_bytes)
-            fwd, bwd = max(fwd, c, m), max(bwd, 2 * c, 2 * m)
+            d, n = stats.rows[r], stats.rows[j]
+            fwd = max(fwd, c + rows(4 * d + n), m)
+            bwd = max(bwd, 2 * c + rows(d + 6 * n), 2 * m)
         ring += fwd + bwd
     return halo, ring
 

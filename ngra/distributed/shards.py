@@ -213,7 +213,8 @@ def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, gr
     if meta["stamp"]["parts"] != world_size:
         raise ValueError(f"the shards in {folder} are for {meta['stamp']['parts']} ranks, "
                          f"not {world_size}.")
-    s = torch.load(folder / f"rank{rank}.pt", weights_only=True)
+    # mapped, not read: pages come in as they are touched (a GCN never reads edge_ids)
+    s = torch.load(folder / f"rank{rank}.pt", weights_only=True, mmap=True)
     d, h = int(s["num_own"]), int(s["halo"].numel())
     local = Graph(s["indptr"], s["indices"], None, d + h, s["edge_weight"])  # CSC order
     halo = HaloPlan(d, h, s["send_idx"], list(s["send_counts"]), list(s["recv_counts"]))

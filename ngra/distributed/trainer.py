@@ -281,6 +281,7 @@ class RankSession:
                                      "note": "one training step (forward, backward, gradient "
                                              "all-reduce), counted at the sends"},
             "partition": self.shard.meta["figures"],
+            "partition_stats": self.shard.meta["stats"],  # the cost model's inputs
             "peak_rss_mb_per_rank": [e["peak_rss_mb"] for e in everyone],
             "peak_rss_mb": max(e["peak_rss_mb"] for e in everyone),
             **({"peak_device_mb_per_rank": [e["peak_device_mb"] for e in everyone]}

@@ -1,0 +1,50 @@
+"""The exchange cost model (``ngra.distributed.cost``) on hand-made partitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from ngra.distributed.cost import PartitionStats, choose_exchange, predict
+from ngra.distributed.link import AlphaBeta, LinkModel
+
+
+def _link(beta: float, stream: float = 4e9) -> LinkModel:
+    ops = {op: AlphaBeta(1e-4, beta) for op in
+           ("p2p", "all_to_all", "all_reduce", "all_gather", "broadcast")}
+    return LinkModel("gloo", "cpu", 4, "test", ops, gemm_flops=1e11, gather_bytes=2e9,
+                     stream_bytes=stream)
+
+
+def _stats(rows: int, halo: int, local_edges: int, remote_edges: int) -> PartitionStats:
+    """Four equal ranks; each receives ``halo`` rows from (and sends as many to) the
+    others and has ``remote_edges`` in-edges from each other rank."""
+    edges = tuple(tuple(local_edges if r == j else remote_edges for j in range(4))
+                  for r in range(4))
+    return PartitionStats((rows,) * 4, (halo,) * 4, (halo,) * 4, edges)
+
+
+def test_a_small_halo_is_exchanged_and_a_whole_graph_halo_on_a_slow_link_streams():
+    small = _stats(100_000, 2_000, 1_000_000, 10_000)
+    assert choose_exchange(small, 64, _link(1e-9)).strategy == "halo"
+    # every rank reads every row of every other rank, the link is slow and the edges are
+    # many: the ring hides its transfers behind compute, the halo waits for its all_to_all
+    dense = _stats(100_000, 300_000, 3_000_000, 3_000_000)
+    assert choose_exchange(dense, 64, _link(1e-8)).strategy == "ring"
+
+
+def test_the_ring_pays_for_its_partial_sums():
+    """Few edges a row: the ring's K partials of the owned rows and their merges cost
+    more than padding the halo once (what the vertex-side term adds to the model)."""
+    sparse = _stats(1_000_000, 900_000, 1_000_000, 1_000_000)
+    halo, ring = predict(sparse, 64, _link(1e-10))
+    assert ring > halo
+    halo_fast, ring_fast = predict(sparse, 64, _link(1e-10, stream=1e15))  # free row work
+    assert halo - halo_fast < ring - ring_fast
+
+
+def test_forced_strategy_and_bad_input():
+    st = _stats(10, 2, 10, 1)
+    assert choose_exchange(st, 8, _link(1e-9), "ring").strategy == "ring"
+    assert choose_exchange(st, 8, None).strategy == "halo"  # no link: halo, no prediction
+    with pytest.raises(ValueError, match="exchange must be one of"):
+        choose_exchange(st, 8, _link(1e-9), "both")
