@@ -32,12 +32,13 @@ from ngra.kernels.registry import register
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sum_rows(indices, src, acc, lo, hi, pf):
-    """``acc += sum_{j in [lo, hi)} src[indices[j]]``, four edges a step: the four rows
-    are summed in registers and ``acc`` (the output row) is read and written once per
-    four edges instead of once per edge (copy-sum on R-MAT 2^18 / ego-Twitter, F=64, one
-    thread: 10-20% faster). The order of the float additions is ``((a + b) + (c + d))``
-    per step, not one edge after another."""
+def _sum_rows(indices, src, scale, acc, lo, hi, pf):
+    """``acc += sum_{j in [lo, hi)} src[u]``, ``u = indices[j]``, each row times
+    ``scale[u]`` unless ``scale`` is ``None`` (numba compiles that case apart). Four edges
+    a step: the four rows are summed in registers and ``acc`` (the output row) is read
+    and written once per four edges instead of once per edge (copy-sum on R-MAT 2^18 /
+    ego-Twitter, F=64, one thread: 10-20% faster). The float additions run
+    ``((a + b) + (c + d))`` per step, not one edge after another."""
     nf = src.shape[1]
     num_edges = indices.shape[0]
     j = lo
@@ -46,38 +47,19 @@ def _sum_rows(indices, src, acc, lo, hi, pf):
             for q in range(4):
                 prefetch_row(src, indices[j + pf + q])
         a, b, c, d = indices[j], indices[j + 1], indices[j + 2], indices[j + 3]
-        for f in range(nf):
-            acc[f] += (src[a, f] + src[b, f]) + (src[c, f] + src[d, f])
+        if scale is None:
+            for f in range(nf):
+                acc[f] += (src[a, f] + src[b, f]) + (src[c, f] + src[d, f])
+        else:
+            wa, wb, wc, wd = scale[a], scale[b], scale[c], scale[d]
+            for f in range(nf):
+                acc[f] += (wa * src[a, f] + wb * src[b, f]) + (wc * src[c, f] + wd * src[d, f])
         j += 4
     while j < hi:
         if j + pf < num_edges:
             prefetch_row(src, indices[j + pf])
         u = indices[j]
-        for f in range(nf):
-            acc[f] += src[u, f]
-        j += 1
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _sum_scaled_rows(indices, src, scale, acc, lo, hi, pf):
-    """:func:`_sum_rows` of ``scale[u] * src[u]``."""
-    nf = src.shape[1]
-    num_edges = indices.shape[0]
-    j = lo
-    while j + 4 <= hi:
-        if j + pf + 3 < num_edges:
-            for q in range(4):
-                prefetch_row(src, indices[j + pf + q])
-        a, b, c, d = indices[j], indices[j + 1], indices[j + 2], indices[j + 3]
-        wa, wb, wc, wd = scale[a], scale[b], scale[c], scale[d]
-        for f in range(nf):
-            acc[f] += (wa * src[a, f] + wb * src[b, f]) + (wc * src[c, f] + wd * src[d, f])
-        j += 4
-    while j < hi:
-        if j + pf < num_edges:
-            prefetch_row(src, indices[j + pf])
-        u = indices[j]
-        w = scale[u]
+        w = src.dtype.type(1) if scale is None else scale[u]
         for f in range(nf):
             acc[f] += w * src[u, f]
         j += 1
@@ -121,7 +103,7 @@ def _spmm_sum(
                                 x = x * (edge[e, f] if vec_edge else edge[e, h])
                             out[v, f] += x
         elif not has_edge:
-            _sum_rows(indices, src, out[v], lo, hi, pf)
+            _sum_rows(indices, src, None, out[v], lo, hi, pf)
         elif vec_edge:
             for j in range(lo, hi):
                 if j + pf < num_edges:
@@ -158,7 +140,7 @@ def _spmm_scaled(indptr, indices, src, sscale, dscale, out, mean, pf, v0, v1):
         lo, hi = indptr[v], indptr[v + 1]
         for f in range(nf):
             out[v, f] = 0
-        _sum_scaled_rows(indices, src, sscale, out[v], lo, hi, pf)
+        _sum_rows(indices, src, sscale, out[v], lo, hi, pf)
         scale = dscale[v]
         if mean and hi > lo:
             scale = scale / (hi - lo)
