@@ -6,7 +6,9 @@ execution (one tile) and chunked streaming (many tiles per destination column):
 * ``partial(indptr, msg, drop=None)`` reduces one tile's edge results ``[E_t, ...]``
   over the tile's local CSC (``indptr`` over the destination interval) into a
   partial state (``drop``: the softmax gather's attention dropout on the tile's edges);
-* ``combine(state, partial)`` merges partial states of tiles in the same column;
+* ``combine(state, partial, in_place=False)`` merges partial states of tiles in the same
+  column (``in_place``: both are the caller's to overwrite, outside autograd: no
+  state-sized temporaries);
 * ``finalize(state, in_degree, in_place=False)`` turns the column's state into the
   ``acc`` handed to ``apply_vertex`` (``in_place``: the state is the caller's to
   overwrite). Destinations without in-edges get 0.
@@ -41,10 +43,10 @@ class Accumulator:
     def partial(self, indptr: torch.Tensor, msg: Any, drop: Any = None) -> Any:
         return _map(msg, lambda m: kernels.segment_reduce(indptr, m, "sum"))
 
-    def combine(self, state: Any, part: Any) -> Any:
+    def combine(self, state: Any, part: Any, in_place: bool = False) -> Any:
         if state is None:
             return part
-        return _map2(state, part, torch.add)
+        return _map2(state, part, _add_into if in_place else torch.add)
 
     def finalize(self, state: Any, in_degree: torch.Tensor, in_place: bool = False) -> Any:
         return state
@@ -86,7 +88,7 @@ class ExtremeAccumulator(Accumulator):
         has = indptr[1:] > indptr[:-1]
         return (_map(msg, lambda m: kernels.segment_reduce(indptr, m, self.name)), has)
 
-    def combine(self, state: Any, part: Any) -> Any:
+    def combine(self, state: Any, part: Any, in_place: bool = False) -> Any:
         if state is None:
             return part
         (a, ha), (b, hb) = state, part
@@ -140,7 +142,7 @@ class SoftmaxAccumulator(Accumulator):
         o = kernels.segment_reduce(indptr, _bcast(w, value) * value, "sum")
         return (m, s, o)
 
-    def combine(self, state: Any, part: Any) -> Any:
+    def combine(self, state: Any, part: Any, in_place: bool = False) -> Any:
         if state is None:
             return part
         (m1, s1, o1), (m2, s2, o2) = state, part
@@ -150,6 +152,9 @@ class SoftmaxAccumulator(Accumulator):
         m = torch.maximum(m1, m2)
         # Scores of empty rows are 0 in both, and so are their sums: the rescale is harmless.
         a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+        if in_place and _writable(s1, s2, o1, o2):  # factors [D, H]; no copy of o [D, H, C]
+            return (m, s1.mul_(a1).add_(s2.mul_(a2)),
+                    o1.mul_(_bcast(a1, o1)).add_(o2.mul_(_bcast(a2, o2))))
         return (m, s1 * a1 + s2 * a2, o1 * _bcast(a1, o1) + o2 * _bcast(a2, o2))
 
     def finalize(self, state: Any, in_degree: torch.Tensor, in_place: bool = False) -> Any:
@@ -157,7 +162,7 @@ class SoftmaxAccumulator(Accumulator):
         if s is None:  # a fused kernel's whole-graph state is normalized already
             return o
         s = torch.where(s > 0, s, torch.ones_like(s))
-        return o / _bcast(s, o)
+        return o.div_(_bcast(s, o)) if in_place and _writable(o) else o / _bcast(s, o)
 
     def final_stats(self, state: Any, acc: torch.Tensor) -> Any:
         m, s, _ = state
@@ -222,3 +227,14 @@ def _map2(x: Any, y: Any, fn: Any) -> Any:
     if isinstance(x, Mapping):
         return {k: fn(x[k], y[k]) for k in x}
     return fn(x, y)
+
+
+def _writable(*ts: torch.Tensor) -> bool:
+    """Whether in-place ops may write ``ts``: none is an expanded view (an empty tile's
+    partial can be a broadcast zero)."""
+    return all(t.is_contiguous() for t in ts)
+
+
+def _add_into(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.add_(b) if _writable(a) and a.shape == torch.broadcast_shapes(a.shape, b.shape) \
+        else a + b

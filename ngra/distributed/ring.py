@@ -165,11 +165,13 @@ def _walk(c: _Context, t_leaves: list, e_leaves: list, keep: bool) -> tuple[Any,
         edata = unflatten(c.e_spec, [e.index_select(0, view.edge_ids) for e in e_leaves])
         if keep:
             rng[j] = torch.get_rng_state()
-        state = acc.combine(state, plan.edge(view, src, dst, edata, c.drop_of(view)))
+        # no_grad: the partials are this walk's own, merged in place
+        state = acc.combine(state, plan.edge(view, src, dst, edata, c.drop_of(view)),
+                            in_place=True)
         _wait(reqs)
         if s < k - 1:
             cur = nxt
-    out = acc.finalize(state, c.in_deg)
+    out = acc.finalize(state, c.in_deg, in_place=True)
     return out, state, rng
 
 
