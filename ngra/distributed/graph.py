@@ -29,7 +29,7 @@ from ngra.distributed.cost import ExchangeChoice, PartitionStats, choose_exchang
 from ngra.distributed.halo import HaloPlan, Traffic, exchange_rows
 from ngra.distributed.link import LinkModel
 from ngra.distributed.ring import RingPlan, build_ring, ring_propagate
-from ngra.graph import Graph
+from ngra.graph import EdgeFactors, Graph
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import flatten, read_slots, unflatten
 
@@ -74,6 +74,7 @@ class DistGraph(Partitioned):
         halo.group = group
         self.halo = halo
         self._ring: RingPlan | None = None
+        self._weights: torch.Tensor | None = None  # factored weights per edge, for the ring
         self._choices: dict[tuple[int, int], tuple[Any, ExchangeChoice]] = {}
         self._order: list[tuple[int, int]] = []  # first-call order of (layer, width)
 
@@ -153,6 +154,10 @@ class DistGraph(Partitioned):
     def propagate(self, plan: Any, terms: Any, edata: Any, drop: Any = None) -> Any:
         choice = self.choice(plan, terms)
         if choice.strategy == "ring":
+            if isinstance(edata, EdgeFactors):  # the ring's tiles take edge data by position
+                if self._weights is None:
+                    self._weights = self.local.edge_weight  # once: [E] products
+                edata = self._weights
             return ring_propagate(self.ring, plan, terms, edata, self.in_degrees(), drop)
         return self._halo_propagate(plan, terms, edata, drop)
 

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from ngra.distributed.cost import PartitionStats
 from ngra.distributed.halo import HaloPlan
-from ngra.graph import Graph
+from ngra.graph import EdgeFactors, Graph
 from ngra.idtype import narrow
 from ngra.partition import PartitionBook, permute_graph
 
@@ -43,7 +43,7 @@ __all__ = ["Shard", "build_shards", "data_fingerprint", "load_shard", "prep_key"
 
 log = logging.getLogger(__name__)
 
-SHARD_VERSION = 3  # 3: 32-bit local structure and edge ids where they fit
+SHARD_VERSION = 4  # 3: 32-bit structure and edge ids; 4: GCN's weights as factors
 
 
 def prep_key(model: str) -> str:
@@ -94,7 +94,9 @@ def build_shards(ds: Any, model: str, book: PartitionBook, folder: str | os.Path
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
-    rg = permute_graph(graph, book.reordering)
+    factors = graph.edge_factors  # GCN's weights: per-vertex factors, not per-edge weights
+    rg = permute_graph(graph.with_edge_weight(None) if factors is not None else graph,
+                       book.reordering)
     ip = rg.indptr.to(torch.int64)
     order = book.reordering.order
     k = book.num_parts
@@ -124,7 +126,9 @@ def build_shards(ds: Any, model: str, book: PartitionBook, folder: str | os.Path
         rows_orig = order[lo:hi]
         shard = {
             "indptr": indptr, "indices": local_src, "edge_ids": gids,
-            "edge_weight": None if rg.edge_weight is None else rg.edge_weight[e0:e1],
+            "edge_weight": (None if rg.edge_weight is None or factors is not None
+                            else rg.edge_weight[e0:e1]),
+            **_local_factors(factors, order, lo, hi, halo),
             "edge_data": _take_edges(edge_data, gids),
             "halo": halo, "send_idx": torch.cat(send), "send_counts": [s.numel() for s in send],
             "recv_counts": recv, "row_ids": rows_orig, "x": ds.x[rows_orig],
@@ -150,6 +154,19 @@ def build_shards(ds: Any, model: str, book: PartitionBook, folder: str | os.Path
     tmp.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(tmp, folder / "meta.json")
     return folder
+
+
+def _local_factors(factors: Any, order: torch.Tensor, lo: int, hi: int,
+                   halo: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A rank's share of factored edge weights (``src[u] * dst[v]``): the source factor
+    of each local row (owned, then halo) and the destination factor of each owned row
+    (halo rows, which have no in-edges, get 0); the book's new ids through ``order``."""
+    if factors is None:
+        return {}
+    rows = order[torch.cat([torch.arange(lo, hi, dtype=torch.int64), halo.to(torch.int64)])]
+    dst = torch.zeros(rows.numel(), dtype=factors.dst.dtype)
+    dst[: hi - lo] = factors.dst[order[lo:hi]]
+    return {"src_factor": factors.src[rows], "dst_factor": dst}
 
 
 def _take_edges(edge_data: Any, ids: torch.Tensor) -> Any:
@@ -216,7 +233,8 @@ def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, gr
     # mapped, not read: pages come in as they are touched (a GCN never reads edge_ids)
     s = torch.load(folder / f"rank{rank}.pt", weights_only=True, mmap=True)
     d, h = int(s["num_own"]), int(s["halo"].numel())
-    local = Graph(s["indptr"], s["indices"], None, d + h, s["edge_weight"])  # CSC order
+    factors = (EdgeFactors(s["src_factor"], s["dst_factor"]) if "src_factor" in s else None)
+    local = Graph(s["indptr"], s["indices"], None, d + h, s["edge_weight"], factors)  # CSC order
     halo = HaloPlan(d, h, s["send_idx"], list(s["send_counts"]), list(s["recv_counts"]))
     st = meta["stats"]
     stats = PartitionStats.from_tensor(torch.tensor(st["rows"]), torch.tensor(st["sent"]),
