@@ -231,8 +231,9 @@ def _map2(x: Any, y: Any, fn: Any) -> Any:
 
 def _writable(*ts: torch.Tensor) -> bool:
     """Whether in-place ops may write ``ts``: none is an expanded view (an empty tile's
-    partial can be a broadcast zero)."""
-    return all(t.is_contiguous() for t in ts)
+    partial can be a broadcast zero) or part of an autograd graph (a probe's marker
+    returns a custom Function's view)."""
+    return all(t.is_contiguous() and not t.requires_grad for t in ts)
 
 
 def _add_into(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

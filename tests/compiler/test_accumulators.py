@@ -52,3 +52,14 @@ def test_in_place_merge_of_a_broadcast_zero_partial(name):
                           in_place=True)
         for x, y in zip(got if name == "softmax" else [got], want if name == "softmax" else [want]):
             torch.testing.assert_close(x, y)
+
+
+def test_in_place_finalize_leaves_an_autograd_graph_alone():
+    """Under autograd (chunked streaming's forward), in_place falls back to out of place:
+    the state stays intact and gradients flow."""
+    acc = make_accumulator("softmax")
+    m, s, o = _softmax_part(torch.Generator().manual_seed(2), 4, 2, 3)
+    o = o.requires_grad_()
+    out = acc.finalize((m, s, o * 1), torch.ones(4), in_place=True)
+    out.sum().backward()
+    torch.testing.assert_close(o.grad, (1 / s).unsqueeze(-1).expand_as(o))
