@@ -122,14 +122,15 @@ def rescore(rows: list[dict]) -> None:
     from ngra.distributed.cost import PartitionStats, predict
     from ngra.distributed.link import calibration_path, load_link
 
+    links: dict[int, Any] = {}
     for r in rows:
         if "error" in r or int(r["procs"]) < 2 or not r.get("stats"):
             continue
-        st = json.loads(r["stats"])
-        stats = PartitionStats(tuple(st["rows"]), tuple(st["sent"]), tuple(st["received"]),
-                               tuple(tuple(e) for e in st["edges"]))
-        link = load_link(calibration_path("gloo", "cpu", int(r["procs"])))
-        preds = [predict(stats, b, link) for b in json.loads(r["row_bytes"])]
+        k = int(r["procs"])
+        if k not in links:
+            links[k] = load_link(calibration_path("gloo", "cpu", k))
+        stats = PartitionStats.from_dict(json.loads(r["stats"]))
+        preds = [predict(stats, b, links[k]) for b in json.loads(r["row_bytes"])]
         r["pred_halo_s"] = sum(h for h, _ in preds)
         r["pred_ring_s"] = sum(g for _, g in preds)
 
@@ -165,7 +166,8 @@ def main() -> int:
         out.with_suffix(".md").write_text(report(rows, run, rescored=True))
         print(f"rewrote {out.with_suffix('.md')} with this checkout's cost model")
         return 0
-    run = {"argv": sys.argv[1:], "epochs": args.epochs, "repeats": args.repeats}
+    run = {"argv": sys.argv[1:], "epochs": args.epochs, "repeats": args.repeats,
+           "machine": machine_info()}  # the run's, which --rescore keeps
     graphs = QUICK if args.quick else {k: {**GRAPHS, **MORE}.get(k, k)
                                        for k in args.graphs.split(",")}
     procs = [int(p) for p in args.procs.split(",")]
@@ -177,9 +179,10 @@ def main() -> int:
                      args.time_cap, args.mem_cap_gb)
         row = _row(name, model, k, threads, method, exchange, s)
         if again is not None:  # a later round of the same case: keep the fastest epoch
-            if "error" in row or "error" in again:
-                again.update(row if "error" in again else {})
-            else:
+            if "error" in again:  # an earlier round failed: this one replaces it
+                again.clear()
+                again.update(row)
+            elif "error" not in row:
                 again.update(epoch_s=min(again["epoch_s"], row["epoch_s"]),
                              peak_mb=max(again["peak_mb"], row["peak_mb"]),
                              rounds=again.get("rounds", 1) + 1)
@@ -230,7 +233,7 @@ def _number(v: str) -> Any:
 
 
 def report(rows: list[dict], run: dict, rescored: bool = False) -> str:
-    info = machine_info()
+    info = run.get("machine") or machine_info()
     ok = [r for r in rows if "error" not in r]
     base = {(r["graph"], r["model"], r["threads"]): r for r in ok if r["procs"] == 1}
     loads = [r["load_1m"] for r in rows if "load_1m" in r] or [os.getloadavg()[0]]
@@ -246,9 +249,9 @@ def report(rows: list[dict], run: dict, rescored: bool = False) -> str:
              " bytes are not).", ""]
     if rescored:
         lines += ["Predictions re-scored (`--rescore`) with the cost model of "
-                  f"git {info.get('git', '?')} from each case's recorded partition statistics "
-                  "and layer widths and this host's link calibration; the measurements are "
-                  "the run's.", ""]
+                  f"git {machine_info().get('git', '?')} from each case's recorded partition "
+                  "statistics and layer widths and this host's link calibration; the "
+                  "measurements are the run's.", ""]
     lines += ["## Cases", ""]
     shown = []
     for r in rows:
@@ -277,8 +280,11 @@ def report(rows: list[dict], run: dict, rescored: bool = False) -> str:
         ("acc", "test acc")]))
     lines += ["", "## Targets", ""]
     # Cora measures each process's fixed cost (below); the targets are the other graphs'
+    # (Cora's own only in a --quick run, where it is the one graph)
+    fixed_only = "cora" if {r["graph"] for r in ok} - {"cora"} else None
     mem = [r["peak_mb"] / base[(r["graph"], r["model"], 2)]["peak_mb"] for r in ok
-           if r["procs"] == 4 and r["graph"] != "cora" and (r["graph"], r["model"], 2) in base]
+           if r["procs"] == 4 and r["graph"] != fixed_only
+           and (r["graph"], r["model"], 2) in base]
     lines.append(f"* per-rank peak memory at 4 ranks vs one process: worst "
                  f"{fmt_ratio(max(mem)) if mem else '—'}, best {fmt_ratio(min(mem)) if mem else '—'}"
                  " (target <= 0.35x)")
@@ -299,7 +305,7 @@ def report(rows: list[dict], run: dict, rescored: bool = False) -> str:
             + f"): worst {fmt_ratio(max(data)[0])}, best {fmt_ratio(min(data)[0])}")
     t2 = []
     for (g, m, th), b in base.items():
-        if th != 2 or g == "cora" and len(base) > 2:  # Cora alone: the --quick check
+        if th != 2 or g == fixed_only:
             continue
         two = [r["epoch_s"] for r in ok if (r["graph"], r["model"], r["procs"]) == (g, m, 2)]
         if two:

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ngra.distributed.link import LinkModel
 
 __all__ = ["ExchangeChoice", "PartitionStats", "STRATEGIES", "choose_exchange"]
@@ -59,10 +57,11 @@ class PartitionStats:
         return len(self.rows)
 
     @classmethod
-    def from_tensor(cls, rows: torch.Tensor, sent: torch.Tensor, received: torch.Tensor,
-                    edges: torch.Tensor) -> PartitionStats:
-        return cls(tuple(rows.tolist()), tuple(sent.tolist()), tuple(received.tolist()),
-                   tuple(tuple(r) for r in edges.tolist()))
+    def from_dict(cls, d: dict) -> PartitionStats:
+        """From the lists a shard folder's ``meta.json`` (and a run's summary,
+        ``partition_stats``) hold: ``rows``, ``sent``, ``received``, ``edges``."""
+        return cls(tuple(d["rows"]), tuple(d["sent"]), tuple(d["received"]),
+                   tuple(tuple(r) for r in d["edges"]))
 
 
 @dataclass(frozen=True)

@@ -113,12 +113,15 @@ def rank_groups(layout: DenseLayout, device: str = "cpu") -> RankGroups:
                          f"{layout.world_size} ranks; this run has {k}.")
     if layout.tensor == 1:
         return RankGroups(dist.new_group(list(range(k))), None, None)
-    def replicas(pos: int) -> list[int]:  # one rank of each replica, all at ``pos``
-        return [i * layout.tensor + pos for i in range(layout.data)]
 
-    positions = range(layout.tensor)
-    exchange = [dist.new_group(replicas(p)) for p in positions][layout.position(rank)]
-    gradients = [dist.new_group(replicas(p)) for p in positions][layout.position(rank)]
+    def at_my_position() -> Any:
+        """One group per position (one rank of each replica; every rank creates them all,
+        in order), this rank's."""
+        groups = [dist.new_group([i * layout.tensor + p for i in range(layout.data)])
+                  for p in range(layout.tensor)]
+        return groups[layout.position(rank)]
+
+    exchange, gradients = at_my_position(), at_my_position()  # exchange traffic kept apart
     tp = None
     if layout.configs:
         from torch.distributed.device_mesh import init_device_mesh

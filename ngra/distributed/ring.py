@@ -31,10 +31,10 @@ import torch.distributed as dist
 
 from ngra import kernels
 from ngra.distributed.halo import Traffic
+from ngra.graph import segment_ids
 from ngra.idtype import narrow
 from ngra.runtime.staging import Staged, flatten, plan_parameters, read_slots, unflatten
 from ngra.runtime.stream import _linear, tile_gradients
-from ngra.graph import segment_ids
 from ngra.runtime.tiles import TileView
 
 __all__ = ["RingPlan", "build_ring", "ring_propagate"]

@@ -233,13 +233,11 @@ def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, gr
     # mapped, not read: pages come in as they are touched (a GCN never reads edge_ids)
     s = torch.load(folder / f"rank{rank}.pt", weights_only=True, mmap=True)
     d, h = int(s["num_own"]), int(s["halo"].numel())
-    factors = (EdgeFactors(s["src_factor"], s["dst_factor"]) if "src_factor" in s else None)
+    factors = EdgeFactors(s["src_factor"], s["dst_factor"]) if "src_factor" in s else None
     local = Graph(s["indptr"], s["indices"], None, d + h, s["edge_weight"], factors)  # CSC order
     halo = HaloPlan(d, h, s["send_idx"], list(s["send_counts"]), list(s["recv_counts"]))
-    st = meta["stats"]
-    stats = PartitionStats.from_tensor(torch.tensor(st["rows"]), torch.tensor(st["sent"]),
-                                       torch.tensor(st["received"]), torch.tensor(st["edges"]))
-    graph = DistGraph(local, d, s["halo"], torch.tensor(meta["bounds"]), halo, stats,
+    graph = DistGraph(local, d, s["halo"], torch.tensor(meta["bounds"]), halo,
+                      PartitionStats.from_dict(meta["stats"]),
                       rank=rank, world_size=world_size, group=group, exchange=exchange,
                       link=link, edge_ids=s["edge_ids"])
     masks = {"train": s["train_mask"], "val": s["val_mask"], "test": s["test_mask"]}

@@ -171,7 +171,6 @@ def test_memory_budget_picks_a_grid_and_explains_too_small():
             layer(g, x)
 
 
-
 def _costs(name: str, f: int = 8):
     from ngra.compiler import compile_layer
     from ngra.runtime.budget import measure_tile_cost
