@@ -111,6 +111,7 @@ def _row(name: str, model: str, nprocs: int, threads: int, method: str, exchange
             edge_cut=s["partition"]["edge_cut_fraction"],
             # the cost model's inputs, so a changed model can be re-scored (--rescore)
             row_bytes=json.dumps([lay["row_bytes"] for lay in s["exchange"]]),
+            attention=json.dumps([lay.get("attention", model == "gat") for lay in s["exchange"]]),
             stats=json.dumps(s.get("partition_stats")))
     return row
 
@@ -130,7 +131,11 @@ def rescore(rows: list[dict]) -> None:
         if k not in links:
             links[k] = load_link(calibration_path("gloo", "cpu", k))
         stats = PartitionStats.from_dict(json.loads(r["stats"]))
-        preds = [predict(stats, b, links[k]) for b in json.loads(r["row_bytes"])]
+        widths = json.loads(r["row_bytes"])
+        # rows of runs before the summary said so: every layer of the zoo's GAT attends
+        attention = (json.loads(r["attention"]) if r.get("attention")
+                     else [r["model"] == "gat"] * len(widths))
+        preds = [predict(stats, b, links[k], a) for b, a in zip(widths, attention)]
         r["pred_halo_s"] = sum(h for h, _ in preds)
         r["pred_ring_s"] = sum(g for _, g in preds)
 

@@ -225,6 +225,14 @@ class CompiledPlan:
                 side[n.op].add(n.attrs["key"])
         return side[Op.SRC], side[Op.DST]
 
+    def runs_attention_aggregate(self) -> bool:
+        """Whether a whole-graph tile whose sources are its destinations runs
+        :func:`~ngra.kernels.attention_aggregate` (a softmax gather whose scores are
+        rowdots of its own value, GAT): its backward walks the edges one more time than
+        ``softmax_aggregate``'s, which the exchange cost model counts."""
+        m = self.program.lowering.get(None)
+        return isinstance(m, SoftmaxMatch) and m.weights is not None
+
     def fuses_input_dropout(self, x: Any) -> bool:
         """Whether :meth:`pre` can apply an input dropout inside the Linears that read ``x``
         (a plain ``[N, F]`` tensor: :func:`~ngra.kernels.dropout_linear` works on rows)."""

@@ -12,16 +12,24 @@ of element-wise work over ``n`` rows (packing, padding, outputs, partial sums), 
 ``shared`` (every rank computes at once):
 
 * halo: ``2 * max_r all_to_all(max(sent_r, received_r) * b)`` (forward and the reverse
-  in backward; not overlapped) ``+ max_r [3 t(E_r) + v(4 S_r + 6 D_r + 6 H_r)]``: forward
-  and backward compute over the rank's ``E_r`` in-edges, and the rows it touches besides:
-  the ``S_r`` rows it sends packed (and their gradients added back), its ``D_r + H_r``
-  local rows padded into one array, aggregated and differentiated;
+  in backward; not overlapped) ``+ max_r [(3 + a) t(E_r) + v(4 S_r + 6 D_r + 6 H_r)]``:
+  forward and backward compute over the rank's ``E_r`` in-edges, and the rows it touches
+  besides: the ``S_r`` rows it sends packed (and their gradients added back), its
+  ``D_r + H_r`` local rows padded into one array, aggregated and differentiated. ``a`` is
+  1 for an attention layer (a softmax gather whose scores are rowdots of its own value,
+  GAT): the halo's one tile over the local graph runs
+  :func:`~ngra.kernels.attention_aggregate`, whose backward walks the edges once more
+  (its pass over destinations gathers every edge's value row again), where the ring's
+  tiles run ``softmax_aggregate``'s edge-buffer backward (an ``H``-element buffer entry
+  an edge instead); else 0;
 * ring: the ``K`` steps of the ring, each as slow as its slowest rank, each rank's step
-  ``max(t(E_rj) + v(4 D_r + R_j), p2p(R_j * b))`` in forward (transfer overlapped with
-  compute; each step writes a ``D_r``-row partial and merges it, and receives the
-  ``R_j`` rows of chunk ``j``) and ``max(2 t(E_rj) + v(D_r + 6 R_j), 2 p2p(R_j * b))`` in
-  backward (chunk and gradient both travel; the chunk's gradient is computed, added to
-  what arrived and passed on).
+  ``o(t(E_rj) + v(4 D_r + R_j), p2p(R_j * b))`` in forward (each step writes a
+  ``D_r``-row partial and merges it, and receives the ``R_j`` rows of chunk ``j``) and
+  ``o(2 t(E_rj) + v(D_r + 6 R_j), 2 p2p(R_j * b))`` in backward (chunk and gradient both
+  travel; the chunk's gradient is computed, added to what arrived and passed on), where
+  ``o(w, m) = max(w, m) + (1 - 1 / shared) min(w, m)``: a transfer hides behind the
+  compute only as far as a core is free to move it (all of it when each rank has its
+  own cores, half when the ranks outnumber the cores two to one).
 
 The cheaper prediction wins; ``--exchange halo|ring`` overrides it.
 """
@@ -75,6 +83,7 @@ class ExchangeChoice:
     ring_s: float
     halo_bytes: int  # sent by the busiest rank in forward
     ring_bytes: int
+    attention: bool = False  # the halo's tile runs attention_aggregate (module docs)
 
     def describe(self) -> str:
         why = "forced (--exchange)" if self.forced else "cost model"
@@ -86,11 +95,14 @@ class ExchangeChoice:
     def as_dict(self) -> dict:
         return {"strategy": self.strategy, "forced": self.forced, "row_bytes": self.row_bytes,
                 "predicted_halo_s": self.halo_s, "predicted_ring_s": self.ring_s,
-                "halo_bytes": self.halo_bytes, "ring_bytes": self.ring_bytes}
+                "halo_bytes": self.halo_bytes, "ring_bytes": self.ring_bytes,
+                "attention": self.attention}
 
 
-def predict(stats: PartitionStats, row_bytes: int, link: LinkModel) -> tuple[float, float]:
-    """``(halo_s, ring_s)``: predicted seconds of one layer's forward and backward."""
+def predict(stats: PartitionStats, row_bytes: int, link: LinkModel,
+            attention: bool = False) -> tuple[float, float]:
+    """``(halo_s, ring_s)``: predicted seconds of one layer's forward and backward
+    (``attention``: the layer's halo tile runs ``attention_aggregate``; module docs)."""
     k = stats.world_size
     per_edge = row_bytes / link.gather_bytes * link.shared  # every rank gathers at once
 
@@ -100,10 +112,14 @@ def predict(stats: PartitionStats, row_bytes: int, link: LinkModel) -> tuple[flo
     def rows(n: float) -> float:
         return link.stream_time(n * row_bytes) * link.shared
 
+    def overlap(work: float, transfer: float) -> float:
+        # the transfer hides behind the work as far as a core is free to move it
+        return max(work, transfer) + (1 - 1 / max(link.shared, 1.0)) * min(work, transfer)
+
     halo_comm = max(link.all_to_all(max(s, r) * row_bytes)
                     for s, r in zip(stats.sent, stats.received))
     halo = 2 * halo_comm + max(
-        3 * compute(sum(edges)) + rows(4 * s + 6 * d + 6 * h)
+        (3 + attention) * compute(sum(edges)) + rows(4 * s + 6 * d + 6 * h)
         for edges, s, d, h in zip(stats.edges, stats.sent, stats.rows, stats.received))
     ring = 0.0
     for s in range(k):
@@ -112,15 +128,16 @@ def predict(stats: PartitionStats, row_bytes: int, link: LinkModel) -> tuple[flo
             j = (r - s) % k
             c, m = compute(stats.edges[r][j]), link.p2p(stats.rows[j] * row_bytes)
             d, n = stats.rows[r], stats.rows[j]
-            fwd = max(fwd, c + rows(4 * d + n), m)
-            bwd = max(bwd, 2 * c + rows(d + 6 * n), 2 * m)
+            fwd = max(fwd, overlap(c + rows(4 * d + n), m))
+            bwd = max(bwd, overlap(2 * c + rows(d + 6 * n), 2 * m))
         ring += fwd + bwd
     return halo, ring
 
 
 def choose_exchange(stats: PartitionStats, row_bytes: int, link: LinkModel | None,
-                    strategy: str = "auto") -> ExchangeChoice:
-    """The exchange of a layer reading ``row_bytes`` per source row (see the module docs)."""
+                    strategy: str = "auto", attention: bool = False) -> ExchangeChoice:
+    """The exchange of a layer reading ``row_bytes`` per source row (``attention``: an
+    attention layer; see the module docs)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"exchange must be one of {STRATEGIES}; got {strategy!r}.")
     k = stats.world_size
@@ -130,10 +147,10 @@ def choose_exchange(stats: PartitionStats, row_bytes: int, link: LinkModel | Non
     if link is None or k < 2:
         halo_s = ring_s = 0.0
     else:
-        halo_s, ring_s = predict(stats, row_bytes, link)
+        halo_s, ring_s = predict(stats, row_bytes, link, attention)
     if strategy == "auto":
         pick = "ring" if ring_s < halo_s else "halo"
     else:
         pick = strategy
     return ExchangeChoice(pick, strategy != "auto", row_bytes, halo_s, ring_s, halo_bytes,
-                          ring_bytes)
+                          ring_bytes, bool(attention))

@@ -132,7 +132,8 @@ class DistGraph(Partitioned):
         key = (id(layer), _row_bytes(plan, terms))
         hit = self._choices.get(key)
         if hit is None or hit[0]() is not layer:
-            choice = choose_exchange(self.stats, key[1], self.link, self.exchange)
+            attention = getattr(plan, "runs_attention_aggregate", lambda: False)()
+            choice = choose_exchange(self.stats, key[1], self.link, self.exchange, attention)
             self._choices[key] = (weakref.ref(layer), choice)
             if key not in self._order:
                 self._order.append(key)

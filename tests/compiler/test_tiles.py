@@ -76,3 +76,13 @@ def test_partial_states_with_empty_tiles(how):
         out = layer(g, x)
         got = [out] + grads(out, probe, _inputs(layer, x, None))
     assert_close_all(got, expect, f"{how} on a 4x3 grid", **TOL)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_plans_say_whether_their_whole_graph_tile_attends(name):
+    """The exchange cost model counts attention_aggregate's extra backward walk: only
+    GAT's plans (softmax scores that are rowdots of the value itself) run it."""
+    layer, g, ed, _, _ = zoo_case(name, make_graph("skewed", n=23))
+    x = torch.randn(g.num_nodes, 6, dtype=torch.float64)
+    plan = compile_layer(layer.double(), g, x, edge_data_csc(g, ed))
+    assert plan.runs_attention_aggregate() is name.startswith("gat")

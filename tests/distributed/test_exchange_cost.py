@@ -8,11 +8,13 @@ from ngra.distributed.cost import PartitionStats, choose_exchange, predict
 from ngra.distributed.link import AlphaBeta, LinkModel
 
 
-def _link(beta: float, stream: float = 4e9) -> LinkModel:
+def _link(beta: float, stream: float = 4e9, shared: float = 1.0) -> LinkModel:
+    """A link whose ranks compute as fast per rank whatever ``shared`` says (the rates
+    are scaled by it): ``shared`` then only says how busy the cores are."""
     ops = {op: AlphaBeta(1e-4, beta) for op in
            ("p2p", "all_to_all", "all_reduce", "all_gather", "broadcast")}
-    return LinkModel("gloo", "cpu", 4, "test", ops, gemm_flops=1e11, gather_bytes=2e9,
-                     stream_bytes=stream)
+    return LinkModel("gloo", "cpu", 4, "test", ops, gemm_flops=1e11, gather_bytes=2e9 * shared,
+                     stream_bytes=stream * shared, shared=shared)
 
 
 def _stats(rows: int, halo: int, local_edges: int, remote_edges: int) -> PartitionStats:
@@ -40,6 +42,29 @@ def test_the_ring_pays_for_its_partial_sums():
     assert ring > halo
     halo_fast, ring_fast = predict(sparse, 64, _link(1e-10, stream=1e15))  # free row work
     assert halo - halo_fast < ring - ring_fast
+
+
+def test_an_attention_layers_halo_walks_its_edges_once_more():
+    """GAT's halo tile runs attention_aggregate (one more walk over the edges in backward
+    than the ring's softmax_aggregate tiles): with many local edges that tips the choice."""
+    st = _stats(100_000, 100_000, 3_000_000, 300_000)
+    link = _link(1e-10)
+    plain, attending = predict(st, 64, link), predict(st, 64, link, attention=True)
+    assert attending[1] == plain[1]  # the ring's tiles are the same
+    walk = 3_000_000 + 3 * 300_000  # a rank's in-edges, one more time
+    assert attending[0] - plain[0] == pytest.approx(walk * 64 / link.gather_bytes)
+    assert choose_exchange(st, 64, link).strategy == "halo"
+    choice = choose_exchange(st, 64, link, attention=True)
+    assert choice.strategy == "ring" and choice.as_dict()["attention"] is True
+
+
+def test_busy_cores_hide_no_ring_transfer():
+    """Ranks that outnumber the cores (``shared`` 2) cannot move a chunk while computing:
+    the ring's steps cost compute plus half the transfer, the halo's prediction is the same."""
+    st = _stats(200_000, 100_000, 1_000_000, 1_000_000)
+    free, busy = predict(st, 64, _link(3e-9)), predict(st, 64, _link(3e-9, shared=2.0))
+    assert busy[0] == pytest.approx(free[0])
+    assert busy[1] > free[1] * 1.3  # transfer and compute about equal: +0.5 of the smaller
 
 
 def test_forced_strategy_and_bad_input():
