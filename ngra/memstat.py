@@ -92,7 +92,7 @@ def malloc_trim() -> None:
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
 LARGE_FREE_BYTES = 1 << 20
-_released = False
+_released: int | None = None  # the threshold set, once set
 
 
 def release_large_frees(threshold: int = LARGE_FREE_BYTES) -> bool:
@@ -107,16 +107,18 @@ def release_large_frees(threshold: int = LARGE_FREE_BYTES) -> bool:
     1.06x with this). Process-wide and for the rest of the process (an explicit
     threshold also turns glibc's adaptation off). Large buffers are then
     page-faulted afresh on each allocation, the price of a bounded peak.
-    :func:`ngra.memory_budget` calls it. Returns False where not glibc.
+    :func:`ngra.memory_budget` calls it, and a multi-process rank (from 8 MiB). A later call
+    only lowers the threshold. Returns False where not glibc.
     """
     global _released
-    if _released:
+    if _released is not None and _released <= threshold:
         return True
     try:
         ok = bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, int(threshold)))
     except (OSError, AttributeError):
         return False
-    _released = ok
+    if ok:
+        _released = int(threshold)
     return ok
 
 

@@ -29,13 +29,15 @@ the same epoch; ``--runs`` trains each seed in turn on the same ranks
 adds ``world_size``, each layer's exchange, bytes sent a training step per rank (counted
 at the sends), the partition's figures and each rank's peak memory and step time.
 
-A rank serves allocations of 1 MiB and more with their own mappings
-(:func:`ngra.memstat.release_large_frees`, as a memory budget does): its per-step
-temporaries (owned- and halo-row activations, exchange buffers) are mostly 1-32 MiB,
-which glibc would take from heap arenas that keep freed pages, and a rank's peak then
-grew with every epoch (R-MAT 2^20 GCN on 4 ranks, range, halo: the largest rank 924 MB
-after 4 epochs, 1,259 MB -- one process's peak -- after 100). Mapped, it stays at 761 MB
-after 30 epochs, for 7-17% of step time (freshly mapped pages fault in every step).
+A rank serves allocations of :data:`RANK_LARGE_FREE_BYTES` (8 MiB) and more with their
+own mappings (:func:`ngra.memstat.release_large_frees`, as a memory budget does from
+1 MiB): its per-step temporaries (owned- and halo-row activations, exchange buffers) are
+mostly 1-32 MiB, which glibc would take from heap arenas that keep freed pages, and a
+rank's peak then grew with every epoch (R-MAT 2^20 GCN on 4 ranks, range, halo: the
+largest rank 924 MB after 4 epochs, 1,259 MB -- one process's peak -- after 100). From
+8 MiB it stays at 828 MB after 30 epochs (from 1 MiB: 761 MB; from 32 MiB it grows as
+before); freshly mapped pages fault in every step: 2 ranks, R-MAT 2^20 872 -> 985 ms an
+epoch, ego-Twitter 63 -> 65-67 ms (from 1 MiB: 80 ms, its 1-8 MiB temporaries mapped too).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ log = logging.getLogger(__name__)
 
 #: The METIS seed of on-the-fly books (independent of --seed, so one book serves all runs).
 BOOK_SEED = 0
+
+#: A rank maps allocations of this size and more (see the module docstring).
+RANK_LARGE_FREE_BYTES = 8 << 20
 
 
 def train_distributed(cfg: Any, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -312,7 +317,7 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
     from ngra.fit import fit_runs
 
     rank = dist.get_rank()
-    released = release_large_frees()  # a bounded peak over epochs (module docstring)
+    released = release_large_frees(RANK_LARGE_FREE_BYTES)  # a peak bounded over epochs
     device = _device(cfg)
     layout = DenseLayout.of(cfg)
     groups = rank_groups(layout, device)  # the exchange's own group, apart from gradients'

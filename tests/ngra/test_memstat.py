@@ -47,3 +47,21 @@ def test_child_peak_is_its_own_and_resets():
 
 def test_rss_readings_are_consistent():
     assert 0 < memstat.rss_bytes() <= memstat.peak_rss_bytes()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_release_large_frees_only_lowers_its_threshold():
+    """A rank maps from 8 MiB; a memory budget entered later asks for 1 MiB and gets it;
+    asking for 8 MiB again keeps 1 MiB (a fresh process: mallopt is process-wide)."""
+    child = textwrap.dedent(f"""
+        import importlib.util, json
+        spec = importlib.util.spec_from_file_location("memstat", {memstat.__file__!r})
+        m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+        seen = []
+        for mib in (8, 1, 8):
+            seen.append([m.release_large_frees(mib * 2**20), m._released // 2**20])
+        print(json.dumps(seen))
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert json.loads(out) == [[True, 8], [True, 1], [True, 1]]
