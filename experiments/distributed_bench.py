@@ -111,7 +111,7 @@ def _row(name: str, model: str, nprocs: int, threads: int, method: str, exchange
             edge_cut=s["partition"]["edge_cut_fraction"],
             # the cost model's inputs, so a changed model can be re-scored (--rescore)
             row_bytes=json.dumps([lay["row_bytes"] for lay in s["exchange"]]),
-            attention=json.dumps([lay.get("attention", model == "gat") for lay in s["exchange"]]),
+            attention=json.dumps([lay["attention"] for lay in s["exchange"]]),
             stats=json.dumps(s.get("partition_stats")))
     return row
 

@@ -16,7 +16,7 @@ import gc
 import sys
 
 __all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim", "release_large_frees",
-           "tensor_peak_bytes", "register_mapped", "release_mapped", "is_mapped", "io_read_bytes"]
+           "tensor_peak_bytes", "mapped_from", "register_mapped", "release_mapped", "is_mapped", "io_read_bytes"]
 
 
 def _status_kb(key: str) -> int | None:
@@ -120,6 +120,12 @@ def release_large_frees(threshold: int = LARGE_FREE_BYTES) -> bool:
     if ok:
         _released = int(threshold)
     return ok
+
+
+def mapped_from() -> int | None:
+    """The threshold :func:`release_large_frees` set in this process (``None``: glibc's
+    own adaptive one)."""
+    return _released
 
 
 def tensor_peak_bytes(fn, device: str = "cpu") -> int:

@@ -59,7 +59,7 @@ def test_release_large_frees_only_lowers_its_threshold():
         m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
         seen = []
         for mib in (8, 1, 8):
-            seen.append([m.release_large_frees(mib * 2**20), m._released // 2**20])
+            seen.append([m.release_large_frees(mib * 2**20), m.mapped_from() // 2**20])
         print(json.dumps(seen))
     """)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
