@@ -163,30 +163,38 @@ def test_sage_and_gin_match_pyg(pyg):
     torch.testing.assert_close(gin(g, x), ref(x, g.edge_index()), rtol=1e-5, atol=1e-5)
 
 
-def test_gat_elu_saves_its_output_not_its_input():
-    from ngra.models.zoo import _elu
+ACTIVATIONS = {"elu": torch.nn.functional.elu, "relu": torch.nn.functional.relu}
 
+
+def _activation(name: str):
+    from ngra.models.zoo import _elu, _relu
+
+    return {"elu": _elu, "relu": _relu}[name]
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activations_save_their_output_not_their_input(name):
+    """The zoo's ELU (GAT) and ReLU (GCN, SAGE, GIN, MPNN, R-GCN) between layers."""
+    act = _activation(name)
     x = torch.randn(40, 5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(_elu, (x,))
+    assert torch.autograd.gradcheck(act, (x,))
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        y = _elu(x * 1.0)
-    torch.testing.assert_close(y, torch.nn.functional.elu(x))
+        y = act(x * 1.0)
+    torch.testing.assert_close(y, ACTIVATIONS[name](x))
     assert len(saved) == 1 and saved[0] is y
 
 
-
-def _elu_case(hold: str):
-    """x -> _elu -> y @ w -> sum, backward; ``hold`` keeps y alive in some way.
+def _activation_case(name: str, hold: str):
+    """x -> act -> y @ w -> sum, backward; ``hold`` keeps y alive in some way.
     Returns (what was kept, its values before backward, whether x's gradient was written
     into y's memory)."""
-    from ngra.models.zoo import _elu
-
+    act = _activation(name)
     torch.manual_seed(0)
     x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 3, dtype=torch.float64)
-    want = torch.autograd.grad((torch.nn.functional.elu(x) @ w).sum(), [x])[0]
-    y = _elu(x)
+    want = torch.autograd.grad((ACTIVATIONS[name](x) @ w).sum(), [x])[0]
+    y = act(x)
     kept, stored, ptr = None, [], y.data_ptr()
     if hold == "variable":
         kept = y
@@ -202,22 +210,22 @@ def _elu_case(hold: str):
     return kept, snapshot, x.grad.data_ptr() == ptr
 
 
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
 @pytest.mark.parametrize("hold", ["nothing", "variable", "view", "hook"])
-def test_elu_backward_in_place_only_over_an_unseen_output(hold):
-    """ELU's backward writes the gradient over its saved output when no one can see that
-    output any more (one N x F tensor less at a GAT's backward peak); a user's variable
-    or view of it keeps its values."""
-    kept, snapshot, in_place = _elu_case(hold)
+def test_activation_backward_in_place_only_over_an_unseen_output(name, hold):
+    """The activation's backward writes the gradient over its saved output when no one can
+    see that output any more (one N x F tensor less at the backward peak: GAT's, and GCN's
+    on R-MAT 2^23); a user's variable or view of it keeps its values."""
+    kept, snapshot, in_place = _activation_case(name, hold)
     assert in_place == (hold in ("nothing", "hook"))
     if kept is not None:
         torch.testing.assert_close(kept.detach(), snapshot)
 
 
-def test_elu_double_backward_stays_out_of_place():
-    from ngra.models.zoo import _elu
-
-    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradgradcheck(_elu, (x,))
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_double_backward_stays_out_of_place(name):
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True) + 0.05
+    assert torch.autograd.gradgradcheck(_activation(name), (x,))
 
 
 def test_build_model_checks_hyper_parameters():
