@@ -255,3 +255,25 @@ def test_tile_cost_validation():
         choose_grid(CASES["hub"], TileCost(1, 1, 1), "1MB", max_parts=0)
     with pytest.raises(TypeError, match="TileCost"):
         choose_grid(CASES["hub"], (1, 1, 1), "1MB")
+
+
+@pytest.mark.parametrize("cost", [TileCost(16, 8, 4, fixed=3), TileCost(0, 4, 4, prefetch_factor=1),
+                                  TileCost(0, 0, 0)])
+def test_the_one_tile_grid_is_priced_without_the_search(graph_case, cost, monkeypatch):
+    """``max_parts=1`` without ``verify`` prices the one candidate directly (no per-vertex
+    prefix arrays): the same choice and peak as the search and as built tiles, and at one
+    byte under that peak the same too-small error."""
+    g = graph_case
+    need = brute_peak(g, cost, 1, 1)
+    fast = choose_grid(g, cost, need, max_parts=1, verify=False)
+    monkeypatch.setattr(budget_mod, "_one_tile", lambda *a: None)
+    searched = choose_grid(g, cost, need, max_parts=1, verify=False)
+    monkeypatch.undo()
+    assert fast.shape == searched.shape == (1, 1)
+    assert fast.predicted_peak_bytes == searched.predicted_peak_bytes == need
+    assert fast.worst_tile == searched.worst_tile
+    assert torch.equal(fast.stats.src_rows_per_tile, searched.stats.src_rows_per_tile)
+    assert torch.equal(fast.dst_bounds, searched.dst_bounds)
+    if need > 0:
+        with pytest.raises(ValueError, match="too small"):
+            choose_grid(g, cost, need - 1, max_parts=1, verify=False)
