@@ -264,6 +264,8 @@ def check_rev(
     built ``perm`` untouched, so that backward passes that read no edge data never
     build it; a tuple comes back as a tuple.
     """
+    if getattr(rev, "deferred", False):  # a graph's own reverse, made when first used
+        return rev
     lazy = hasattr(rev, "indptr") and hasattr(rev, "indices") and hasattr(rev, "has_perm")
     if lazy:
         n = check_csc(rev.indptr, rev.indices, num_dst, names=("rev_indptr", "rev_indices"))

@@ -24,7 +24,7 @@ from ngra.kernels._checks import (
     spmm_layout,
 )
 from ngra.kernels.registry import current_backend, forward_skipped, lookup, use_backend
-from ngra.kernels.transpose import Rev, reverse_of
+from ngra.kernels.transpose import Rev, csc_walk_preferred, reverse_of, walks_csc
 
 __all__ = ["gspmm"]
 
@@ -60,7 +60,10 @@ def gspmm(
         rev: optional reverse structure ``(rev_indptr [num_src + 1], rev_indices
             [E], rev_perm [E])`` as returned by :meth:`ngra.Graph.csr` or
             :func:`ngra.kernels.transpose_csc`; built (and cached) on demand by the
-            backward pass when ``None``. (default: ``None``)
+            backward pass when ``None``. Under :func:`ngra.kernels.transpose.prefer_csc_walk`
+            (a memory budget) a sum/mean without ``edge_feat`` given no reverse, or a
+            :class:`~ngra.graph.DeferredReverse` not made yet, computes the source
+            gradient from the CSC itself and makes none. (default: ``None``)
         scale: optional ``(src_scale [num_src], dst_scale [num_dst])``: edge weights
             that are a product of per-vertex factors, :math:`w_e = s_u d_v` (GCN's
             normalization), applied on the fly; sum/mean without ``edge_feat`` only,
@@ -121,6 +124,7 @@ class _GSpMM(torch.autograd.Function):
         else:
             out, arg = lookup("gspmm", src.device)(indptr, indices, src, edge, reduce, None)
         ctx.reduce, ctx.rev, ctx.num_src = reduce, rev, src.shape[0]
+        ctx.walk = csc_walk_preferred()
         # Backward reads source rows only for the edge gradient (and the arg-extreme
         # routing): otherwise keep none, since a streamed tile's staged rows would stay
         # alive until backward for nothing.
@@ -140,6 +144,14 @@ class _GSpMM(torch.autograd.Function):
         indptr, indices, src, edge, arg = ctx.saved_tensors
         need_src, need_edge = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
         grad_out = grad_out.contiguous()
+        if ctx.reduce == "mean":
+            deg = (indptr[1:] - indptr[:-1]).clamp(min=1).to(grad_out.dtype)
+            grad_out = grad_out / deg.view(-1, 1, 1)
+        if (edge is None and ctx.reduce in ("sum", "mean")
+                and walks_csc(ctx.walk, ctx.rev, grad_out.device)):
+            grad_src = lookup("gspmm_csc_backward", grad_out.device)(
+                indptr, indices, grad_out, ctx.num_src, None, None) if need_src else None
+            return None, None, grad_src, None, None, None
         # edge ids (the CSR's perm) are read only with edge features or arg routing
         need_perm = edge is not None or ctx.reduce in ("max", "min")
         rev = reverse_of(indptr, indices, ctx.num_src, ctx.rev, need_perm) if need_src else None
@@ -148,9 +160,6 @@ class _GSpMM(torch.autograd.Function):
                 indptr, indices, rev, grad_out, src, edge, arg, need_src, need_edge
             )
             return None, None, grad_src, grad_edge, None, None
-        if ctx.reduce == "mean":
-            deg = (indptr[1:] - indptr[:-1]).clamp(min=1).to(grad_out.dtype)
-            grad_out = grad_out / deg.view(-1, 1, 1)
         # Sources: a sum g-SpMM over the reverse graph; edges: a per-edge dot with
         # the source row (g-SDDMM). Backends may fuse the two (cpu does).
         grad_src, grad_edge = lookup("gspmm_backward", src.device)(
@@ -191,6 +200,7 @@ class _GSpMMScaled(torch.autograd.Function):
         else:
             out = lookup("gspmm_scaled", src.device)(indptr, indices, src, s_src, s_dst, reduce)
         ctx.reduce, ctx.rev, ctx.num_src = reduce, rev, src.shape[0]
+        ctx.walk = csc_walk_preferred()
         ctx.save_for_backward(indptr, indices, s_src, s_dst)
         return out
 
@@ -205,6 +215,10 @@ class _GSpMMScaled(torch.autograd.Function):
             if ctx.reduce == "mean":
                 deg = (indptr[1:] - indptr[:-1]).clamp(min=1).to(grad_out.dtype)
                 grad_out = grad_out / deg.view(-1, 1, 1)
+            if walks_csc(ctx.walk, ctx.rev, grad_out.device):
+                grad = lookup("gspmm_csc_backward", grad_out.device)(
+                    indptr, indices, grad_out, ctx.num_src, s_dst, s_src)
+                return None, None, grad, None, None, None, None
             rev_indptr, rev_indices, _ = reverse_of(indptr, indices, ctx.num_src, ctx.rev,
                                                     need_perm=False)
             grad = lookup("gspmm_scaled", grad_out.device)(

@@ -12,22 +12,58 @@ so do not mutate graph tensors that way.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ngra.kernels._checks import check_csc, kernel_offsets, tensor_version
-from ngra.kernels.registry import lookup
+from ngra.kernels.registry import lookup, thread_setting
 
-__all__ = ["rev_arrays", "reverse_of", "transpose_csc"]
+__all__ = ["csc_walk_preferred", "prefer_csc_walk", "rev_arrays", "reverse_of", "transpose_csc",
+           "walks_csc"]
 
 Rev = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+_walk = threading.local()
 
 _CACHE_SIZE = 4
 _cache: list[tuple[weakref.ref, weakref.ref, int, int, int, Rev]] = []
 _lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def prefer_csc_walk() -> Iterator[None]:
+    """Inside the block, backward passes that can compute source gradients from the CSC
+    itself (the sum/mean g-SpMM without edge data, :func:`ngra.kernels.gspmm`) do so when
+    no reverse CSR exists yet (``rev=None``, or a
+    :class:`~ngra.graph.DeferredReverse` not made yet), instead of building one: ``4``
+    bytes an edge and ``4`` a source row less, for a slower pass (every thread reads all
+    the edges). A memory budget enters it. Recorded by forward: its backward may run
+    after the block."""
+    with thread_setting(_walk, "on", True):
+        yield
+
+
+def csc_walk_preferred() -> bool:
+    """Whether :func:`prefer_csc_walk` is active in this thread."""
+    return getattr(_walk, "on", False)
+
+
+def walks_csc(preferred: bool, rev: Any, device: torch.device) -> bool:
+    """Whether a backward that can walk the CSC should: preferred (at forward), no reverse
+    made yet, and the backend has the walk (cpu and ref; a GPU's atomics-free walk would
+    read every edge once per source range, so the GPU transposes)."""
+    if not preferred or not (rev is None or (getattr(rev, "deferred", False) and not rev.built)):
+        return False
+    try:
+        lookup("gspmm_csc_backward", device)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def transpose_csc(indptr: torch.Tensor, indices: torch.Tensor, num_src: int, *,

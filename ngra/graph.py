@@ -24,7 +24,7 @@ import torch
 
 from ngra.idtype import ids_dtype, narrow, np_idtype, offsets_dtype
 
-__all__ = ["Graph", "CSR", "EdgeFactors", "segment_ids"]
+__all__ = ["Graph", "CSR", "DeferredReverse", "EdgeFactors", "segment_ids"]
 
 #: Most vertices a graph may have (its offsets are allocated per vertex up front).
 MAX_NODES = 2**31 - 1
@@ -86,6 +86,42 @@ class CSR:
 
     def __iter__(self):  # (indptr, indices, perm), like the tuples kernels take
         return iter((self.indptr, self.indices, self.perm))
+
+
+class DeferredReverse:
+    """A reverse CSR that is made on first use: ``make()`` returns it (a :class:`CSR`),
+    ``peek()`` the one made already or ``None``.
+
+    Kernels that can compute a source gradient from the CSC itself check :attr:`built` and,
+    where the caller prefers it (:func:`ngra.kernels.transpose.prefer_csc_walk`, entered
+    by a memory budget), never make it; any other use of its fields makes it.
+    """
+
+    __slots__ = ("_make", "_peek")
+    deferred = True
+
+    def __init__(self, make: Any, peek: Any) -> None:
+        self._make, self._peek = make, peek
+
+    @property
+    def built(self) -> bool:
+        return self._peek() is not None
+
+    @property
+    def csr(self) -> CSR:
+        return self._make()
+
+    indptr = property(lambda self: self.csr.indptr)
+    indices = property(lambda self: self.csr.indices)
+    perm = property(lambda self: self.csr.perm)
+
+    @property
+    def has_perm(self) -> bool:
+        built = self._peek()
+        return built is not None and built.has_perm
+
+    def __iter__(self):
+        return iter(self.csr)
 
 
 class Graph:
@@ -400,6 +436,10 @@ class Graph:
 
             self._cache["csr"] = CSR(rev_indptr, rev_indices, make_perm=make_perm)
         return self._cache["csr"]
+
+    def deferred_csr(self) -> DeferredReverse:
+        """:meth:`csr`, made when first used (:class:`DeferredReverse`)."""
+        return DeferredReverse(self.csr, lambda: self._cache.get("csr"))
 
     def to(self, device: torch.device | str) -> Graph:
         """This graph with its arrays (and a built reverse CSR) on ``device``."""

@@ -205,6 +205,24 @@ def run_rows(kernel, indptr: np.ndarray, *args, row_bytes: int = 64,
             f.result()
 
 
+def run_ranges(kernel, num: int, threads: int, *args) -> None:
+    """Run ``kernel(*args, lo, hi)`` over ``threads`` equal ranges of ``[0, num)``, one a
+    thread, for kernels where every range walks all of the input (each writes only the
+    output rows of its own range, so more ranges than threads would only walk it more)."""
+    threads = max(1, min(threads, num))
+    bounds = [num * t // threads for t in range(threads + 1)]
+    if threads == 1:
+        kernel(*args, 0, num)
+        return
+    pool = _get_pool(threads - 1)
+    futures = [pool.submit(kernel, *args, bounds[t], bounds[t + 1]) for t in range(1, threads)]
+    try:
+        kernel(*args, bounds[0], bounds[1])
+    finally:
+        for f in futures:
+            f.result()
+
+
 def as_numpy(t: torch.Tensor | None) -> np.ndarray | None:
     """A zero-copy numpy view of a contiguous CPU tensor (``None`` passes through)."""
     if t is None:

@@ -25,6 +25,8 @@ from ngra.kernels.cpu._util import (
     dummy,
     prefetch_distance,
     prefetch_row,
+    row_threads,
+    run_ranges,
     run_rows,
 )
 from ngra.kernels.cpu.gsddmm import gsddmm as _gsddmm
@@ -146,6 +148,32 @@ def _spmm_scaled(indptr, indices, src, sscale, dscale, out, mean, pf, v0, v1):
             scale = scale / (hi - lo)
         for f in range(nf):
             out[v, f] *= scale
+
+
+@njit(cache=True, nogil=True)
+def _csc_scatter(indptr, indices, g, dweight, sscale, out, has_weight, has_scale, u0, u1):
+    """``out[u] = sscale[u] * sum_{j: indices[j] = u} dweight[v] g[v]`` for the sources
+    ``u`` in ``[u0, u1)``, walking every destination ``v``'s in-edges (the CSC as it is):
+    each range's thread reads all the edges and adds only into its own rows."""
+    nf = g.shape[1]
+    for u in range(u0, u1):
+        for f in range(nf):
+            out[u, f] = 0
+    for v in range(indptr.shape[0] - 1):
+        lo, hi = indptr[v], indptr[v + 1]
+        if hi == lo:
+            continue
+        w = dweight[v] if has_weight else g.dtype.type(1)
+        for j in range(lo, hi):
+            u = indices[j]
+            if u >= u0 and u < u1:
+                for f in range(nf):
+                    out[u, f] += w * g[v, f]
+    if has_scale:
+        for u in range(u0, u1):
+            s = sscale[u]
+            for f in range(nf):
+                out[u, f] *= s
 
 
 @njit(cache=True, nogil=True)
@@ -444,3 +472,34 @@ def gspmm_arg_backward(
             row_bytes=src.shape[1] * src.shape[2] * src.element_size(),
         )
     return grad_src, grad_edge
+
+
+@register("gspmm_csc_backward", "cpu")
+def gspmm_csc_backward(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    grad_out: torch.Tensor,
+    num_src: int,
+    dst_weight: torch.Tensor | None,
+    src_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    """See :func:`ngra.kernels.ref.gspmm.gspmm_csc_backward` (same contract). Each of the
+    threads takes an equal range of sources and walks all the edges (no reverse CSR, no
+    atomics); the edge scan is repeated per thread, the row updates are not."""
+    out = torch.empty((num_src,) + tuple(grad_out.shape[1:]), dtype=grad_out.dtype)
+    ip, g = as_numpy(indptr), _flat(grad_out)
+    dtype = grad_out.dtype
+    run_ranges(
+        _csc_scatter,
+        num_src,
+        row_threads(ip, g.strides[0]),
+        ip,
+        as_numpy(indices),
+        g,
+        as_numpy(dst_weight.to(dtype).contiguous()) if dst_weight is not None else dummy(g.dtype, 1),
+        as_numpy(src_scale.to(dtype).contiguous()) if src_scale is not None else dummy(g.dtype, 1),
+        _flat(out),
+        dst_weight is not None,
+        src_scale is not None,
+    )
+    return out

@@ -123,3 +123,25 @@ def gspmm_arg_backward(
         full.scatter_add_(0, a, g * torch.gather(src, 0, u))
         grad_edge = full if edge.shape[2] == src.shape[2] else full.sum(-1, keepdim=True)
     return grad_src, grad_edge
+
+
+@register("gspmm_csc_backward", "ref")
+def gspmm_csc_backward(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    grad_out: torch.Tensor,
+    num_src: int,
+    dst_weight: torch.Tensor | None,
+    src_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    """``grad_src[u] = src_scale[u] * sum_{j: indices[j] = u} dst_weight[v] grad_out[v]``
+    (``v`` the destination of CSC edge ``j``; a missing weight or scale is 1): the sum
+    g-SpMM's source gradient, computed from the CSC as it is (no reverse structure).
+    ``grad_out`` [M, H, D], weights [M], scales [N]; returns [N, H, D]."""
+    seg = dst_ids(indptr)
+    g = grad_out if dst_weight is None else grad_out * dst_weight.to(grad_out.dtype).view(-1, 1, 1)
+    out = grad_out.new_zeros((num_src,) + tuple(grad_out.shape[1:]))
+    out.index_add_(0, indices.long(), g.index_select(0, seg))
+    if src_scale is not None:
+        out = out * src_scale.to(out.dtype).view(-1, 1, 1)
+    return out

@@ -23,7 +23,10 @@ keeps per edge and per destination row:
 
 The ``1 x 1`` grid is priced apart (``TileCosts.whole``) and taken whenever it fits: it
 walks the graph's own arrays, so it stages no source rows, copies no edge data and builds
-no tile index arrays (the backward's transpose, 8 bytes an edge, instead), and its
+no tile index arrays (at most the backward's transpose instead: 4 bytes an edge and 4 a
+row, 4 more an edge where the backward reads edge data; none for a sum g-SpMM, whose
+backward under a budget walks the CSC, :func:`ngra.kernels.transpose.prefer_csc_walk`;
+the sample tile tells which, :class:`_SampleReverse`), and its
 accumulator is the layer's output itself, a vertex array like its gradient (outside the
 budget, below). It is charged what autograd saves per destination row and, per edge, all
 that the sample tile's forward and backward create (seen through a dispatch mode, not only
@@ -35,8 +38,8 @@ edge program with per-row state (MPNN) or GAT's softmax still tiles under a tigh
 Vertex arrays of size ``N x F`` (layer inputs, outputs, their gradients) live
 outside the budget, as in NeuGraph, where they stay in host memory.
 
-Entering a budget also makes glibc return freed large blocks (>= 1 MiB) to the
-OS at once (:func:`ngra.memstat.release_large_frees`): without it, the heap
+Entering a budget also prefers the CSC walk to a transpose in backward (above) and
+makes glibc return freed large blocks (>= 1 MiB) to the OS at once (:func:`ngra.memstat.release_large_frees`): without it, the heap
 arenas keep the per-tile temporaries of a chunked walk and the process peak
 drifts above the working set.
 """
@@ -52,9 +55,10 @@ import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ngra.graph import Graph
+from ngra.graph import CSR, DeferredReverse, Graph
 from ngra.idtype import idtype_for
 from ngra.kernels.registry import thread_setting
+from ngra.kernels.transpose import prefer_csc_walk
 from ngra.memstat import release_large_frees
 from ngra.partition import (GridChoice, TileCost, choose_grid, default_bounds, parse_bytes,
                             tile_graph)
@@ -69,8 +73,11 @@ _state = threading.local()
 SAMPLE_EDGES = 4096
 #: A tile view's five int64 index arrays, per edge (see the module docstring).
 INDEX_BYTES_PER_EDGE = 40
-#: The whole graph's backward transpose, per edge: int32 reverse indices and positions.
-TRANSPOSE_BYTES_PER_EDGE = 8
+#: The whole graph's backward transpose, per edge: int32 reverse indices, and int32
+#: positions for a plan whose backward reads them (edge data); per source row, an offset.
+TRANSPOSE_BYTES_PER_EDGE = 4
+PERM_BYTES_PER_EDGE = 4
+TRANSPOSE_BYTES_PER_ROW = 4
 
 
 @contextlib.contextmanager
@@ -84,7 +91,7 @@ def memory_budget(size: int | float | str) -> Iterator[int]:
     """
     budget = parse_bytes(size)
     release_large_frees()  # freed tile temporaries go back to the OS (see ngra.memstat)
-    with thread_setting(_state, "budget", budget):
+    with thread_setting(_state, "budget", budget), prefer_csc_walk():
         yield budget
 
 
@@ -134,15 +141,41 @@ def executor_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tens
                      idtype_for(max(graph.num_nodes, graph.num_edges)))
 
 
+class _SampleReverse(DeferredReverse):
+    """The sample tile's reverse, built before the measurement (the whole graph's is the
+    graph's own CSR, priced apart: ``TRANSPOSE_BYTES_PER_EDGE``). Like the whole graph's,
+    it counts as made only once a kernel uses it (:attr:`used`; a g-SpMM under a budget
+    walks the CSC instead), and its positions once read (:attr:`read_perm`)."""
+
+    __slots__ = ("_csr", "used")
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, num_src: int) -> None:
+        from ngra.kernels import transpose_csc
+
+        rev_indptr, rev_indices, perm = transpose_csc(indptr, indices, num_src)
+        self._csr = CSR(rev_indptr, rev_indices, make_perm=lambda: perm)
+        self.used = False
+        super().__init__(self._use, lambda: self._csr if self.used else None)
+
+    def _use(self) -> CSR:
+        self.used = True
+        return self._csr
+
+    @property
+    def read_perm(self) -> bool:
+        return self.used and self._csr.has_perm
+
+
 def _sample_tile(graph: Graph) -> TileView:
     """The first destinations holding about ``SAMPLE_EDGES`` edges, with global source ids
-    (staged as the identity on sources)."""
+    (staged as the identity on sources) and their reverse (:class:`_SampleReverse`)."""
     indptr = graph.indptr
     m_target = min(graph.num_edges, SAMPLE_EDGES)
     d = int(torch.searchsorted(indptr, torch.tensor(m_target), right=False))
     d = max(1, min(d, graph.num_nodes))
     m = int(indptr[d])
-    return TileView(0, d, indptr[: d + 1], graph.indices[:m], torch.arange(m))
+    return TileView(0, d, indptr[: d + 1], graph.indices[:m], torch.arange(m),
+                    _SampleReverse(indptr[: d + 1], graph.indices[:m], graph.num_nodes))
 
 
 def _nbytes(x: Any) -> int:
@@ -201,11 +234,17 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> _Sample:
     st = stager.stage(tile)
     m, d = tile.num_edges, tile.num_dst
     saved = {"edge": 0, "row": 0}
+    # the graph's own arrays (kernels save the tile's indices, a view of them, and its
+    # per-vertex edge factors or edge data): not new memory
+    factors = graph.edge_factors
+    structure = {_storage(t) for t in (graph.indptr, graph.indices, tile.rev._csr.indptr,
+                                       tile.rev._csr.indices, *flatten(edata)[0],
+                                       *((factors.src, factors.dst) if factors else ()))}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         kind = "edge" if t.dim() and t.shape[0] == m else "row" if t.dim() and t.shape[0] == d \
             else None
-        if kind is not None:
+        if kind is not None and _storage(t) not in structure:
             saved[kind] += _nbytes(t)
         return t
 
@@ -215,6 +254,10 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> _Sample:
             part = stager.to_host(st.run(plan))
         _sample_backward(plan, st, part)
     return _Sample(saved["edge"] / m, created.nbytes / m, saved["row"] / d, part, tile)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 def _detached(tree: Any) -> Any:
@@ -256,9 +299,11 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
     )
     # staged edge data is a copy on a tile, the graph's own array on the whole graph
     created = max(s.created_edge - _row_bytes(edata), 0.0)
-    whole = TileCost(bytes_per_src_row=0.0, bytes_per_dst_row=float(s.saved_row),
-                     bytes_per_edge=float(max(created, 2 * s.saved_edge)
-                                          + TRANSPOSE_BYTES_PER_EDGE),
+    rev = s.tile.rev  # the whole graph's is made only where the sample's was used
+    transpose = (TRANSPOSE_BYTES_PER_EDGE + PERM_BYTES_PER_EDGE * rev.read_perm) * rev.used
+    whole = TileCost(bytes_per_src_row=0.0,
+                     bytes_per_dst_row=float(s.saved_row + TRANSPOSE_BYTES_PER_ROW * rev.used),
+                     bytes_per_edge=float(max(created, 2 * s.saved_edge) + transpose),
                      fixed=fixed, prefetch_factor=1)
     return TileCosts(tiles, whole)
 

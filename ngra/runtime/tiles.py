@@ -108,9 +108,10 @@ def whole_graph_grid(graph: Graph) -> Grid:
     """The 1 x 1 grid: one tile holding every edge, with global ids (cached on the graph)."""
     key = "ngra.whole-grid"
     if key not in graph._cache:
-        # the graph's CSR itself: kernels build its perm only if they read edge data
+        # the graph's CSR itself, made when a kernel first needs it (under a memory budget
+        # a sum g-SpMM's backward walks the CSC instead); its perm only for edge data
         tile = TileView(0, graph.num_nodes, graph.indptr, graph.indices, None,
-                        graph.csr(), whole=True)
+                        graph.deferred_csr(), whole=True)
         graph._cache[key] = Grid(((tile,),), ((tile,),), (1, 1))
     return graph._cache[key]
 

@@ -251,3 +251,79 @@ def test_factor_scaled_sum_matches_per_edge_weights(case, reduce, gen):
               [x], grad)
     want = run("ref", lambda a, e: gspmm(indptr, indices, a, e, reduce=reduce), [x, w], grad)
     assert_same([got[0], got[1][0]], [want[0], want[1][0]], torch.float64)
+
+
+def _deferred_rev(indptr, indices, num_src):
+    """A DeferredReverse over this CSC, and a list that records each time it is made."""
+    from ngra.graph import CSR, DeferredReverse
+
+    made = []
+
+    def make():
+        made.append(True)
+        return CSR(*transpose_csc(indptr, indices, num_src))
+
+    return DeferredReverse(make, lambda: None), made
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["copy", "scaled"])
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_csc_walk_backward_matches_the_reverse_and_makes_none(case, reduce, scaled, backend,
+                                                              gen):
+    """Under ``prefer_csc_walk`` (a memory budget) the sum/mean g-SpMM's source gradient is
+    computed from the CSC itself: the same as the reverse CSR's (the reference), for copy and
+    factor-scaled messages, int32 and int64 ids, several threads; the deferred reverse it
+    was given is never made, and without the preference it is."""
+    from ngra.kernels.transpose import prefer_csc_walk
+
+    index_dtype = INDEX_DTYPES[sorted(CASES).index(case) % 2]
+    indptr, indices, num_src = graph_case(case, gen, index_dtype)
+    num_dst = indptr.numel() - 1
+    x = torch.randn(num_src, 2, 3, dtype=torch.float64, generator=gen)
+    scale = ((torch.rand(num_src, dtype=torch.float64, generator=gen) + 0.5,
+              torch.rand(num_dst, dtype=torch.float64, generator=gen) + 0.5) if scaled else None)
+    rev, made = _deferred_rev(indptr, indices, num_src)
+
+    def fn(a):
+        return gspmm(indptr, indices, a, reduce=reduce, rev=rev, scale=scale)
+
+    want = run("ref", lambda a: gspmm(indptr, indices, a, reduce=reduce, scale=scale), [x],
+               gen=gen)
+    with prefer_csc_walk():
+        got = run(backend, fn, [x], want[2])
+    assert not made
+    assert_same([got[0], got[1][0]], [want[0], want[1][0]], torch.float64)
+    run(backend, fn, [x], want[2])  # no preference: the reverse is made and used
+    assert made
+
+
+def test_csc_walk_is_recorded_at_forward_and_needs_no_reverse_argument(gen):
+    """The preference is read when forward runs (a budget's block may close before
+    ``backward``), and with ``rev=None`` the walk builds no cached transpose either."""
+    from ngra.kernels import transpose as tr
+    from ngra.kernels.transpose import prefer_csc_walk
+
+    indptr, indices, num_src = graph_case("hub", gen)
+    x = torch.randn(num_src, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    calls = []
+    real = tr.lookup
+
+    def spy(op, device="cpu"):
+        calls.append(op)
+        return real(op, device)
+
+    with use_backend("cpu"):
+        with prefer_csc_walk():
+            out = gspmm(indptr, indices, x)
+        tr.lookup = spy
+        try:
+            out.sum().backward()
+        finally:
+            tr.lookup = real
+    assert "transpose_csc" not in calls
+    dst = torch.repeat_interleave(torch.arange(indptr.numel() - 1), torch.diff(indptr))
+    want = torch.zeros(num_src, dtype=torch.float64).index_add_(
+        0, indices.long(), torch.ones(dst.numel(), dtype=torch.float64))
+    torch.testing.assert_close(x.grad, want.view(-1, 1).expand(-1, 4))

@@ -14,6 +14,7 @@ late in a full run) is charged to the layer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -24,6 +25,7 @@ from ngra import compiler
 from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
 from ngra.models import GATConv, GCNConv, MPNNConv
 from ngra.probes import Recorder
+from ngra.runtime.budget import grid_shape
 
 
 def main() -> None:
@@ -68,6 +70,8 @@ def main() -> None:
             out.square().sum().backward()
     peak = peak_rss_bytes()
     grids = [c.shape for c in rec.notes.get("grid", [])]
+    if ":" in budget:  # a forced grid (not annotated as a budget's choice)
+        grids = [tuple(map(int, budget.split(":")[1].split("x")))]
     print(json.dumps({"before": before, "peak": peak, "startup_peak": startup_peak,
                       "tiles": grids[0][0] * grids[0][1] if grids else 1,
                       "peak_reset": reset, "num_nodes": n, "num_edges": e, "width": f,
@@ -75,8 +79,18 @@ def main() -> None:
 
 
 def _budget(budget: str):
-    """``ngra.memory_budget(budget)``, or no budget for ``"none"``."""
-    return ngra.memory_budget(int(budget)) if budget != "none" else _null()
+    """``ngra.memory_budget(budget)``, or no budget for ``"none"``; ``"B:PxQ"`` is budget
+    ``B`` with the grid forced to ``P x Q`` tiles (``ngra.grid_shape``)."""
+    if budget == "none":
+        return _null()
+    if ":" not in budget:
+        return ngra.memory_budget(int(budget))
+    size, shape = budget.split(":")
+    p, q = map(int, shape.split("x"))
+    stack = contextlib.ExitStack()
+    stack.enter_context(ngra.memory_budget(int(size)))
+    stack.enter_context(grid_shape(p, q))
+    return stack
 
 
 class _null:

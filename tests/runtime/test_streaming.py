@@ -171,7 +171,7 @@ def test_memory_budget_picks_a_grid_and_explains_too_small():
             layer(g, x)
 
 
-def _costs(name: str, f: int = 8):
+def _costs(name: str, f: int = 8, grad: bool = False):
     from ngra.compiler import compile_layer
     from ngra.runtime.budget import measure_tile_cost
     from ngra.runtime.executor import edge_data_csc
@@ -179,7 +179,7 @@ def _costs(name: str, f: int = 8):
 
     graph, edge_data = prepare(name, _graph(1))
     layer = build_model(name, f, 3).layers[0]
-    x = torch.randn(N, f)
+    x = torch.randn(N, f, requires_grad=grad)
     edata = edge_data_csc(graph, edge_data)
     plan = compile_layer(layer, graph, x, edata)
     terms, params = plan.pre(x), plan_parameters(plan)
@@ -192,11 +192,22 @@ def test_a_budget_the_whole_layer_fits_walks_the_whole_graph():
     fits, also where the tiles' cost model (staged rows, index arrays) would have tiled."""
     from ngra.runtime.budget import grid_for
 
-    graph, edge_data, layer, x, args, cost = _costs("gcn")
+    from ngra.kernels.transpose import prefer_csc_walk
+    from ngra.runtime.budget import measure_tile_cost
+
+    graph, edge_data, layer, x, args, cost = _costs("gcn", grad=True)
     n, e = graph.num_nodes, graph.num_edges
     fits, tiled = cost.whole.tile_bytes(n, n, e), cost.tiles.tile_bytes(n, n, e)
     assert fits < tiled  # no staged rows, no index arrays, no accumulator beside the output
-    assert cost.whole.bytes_per_edge == 8  # g-SpMM creates nothing per edge: the transpose
+    # g-SpMM creates nothing per edge: the lean transpose, an int32 id an edge (no positions:
+    # its backward reads no edge data) and an offset a row; the graph's own indices that it
+    # saves are not counted again
+    assert cost.whole.bytes_per_edge == 4 and cost.whole.bytes_per_dst_row == 4
+    with prefer_csc_walk():  # as under a budget: its backward walks the CSC, no transpose
+        walk = measure_tile_cost(*args)
+    assert walk.whole.bytes_per_edge == 0 and walk.whole.bytes_per_dst_row == 0
+    # an input that needs no gradient: no backward over the graph at all
+    assert _costs("gcn")[-1].whole.bytes_per_edge == 0
     between = int((fits + tiled) / 2)
     grid, choice = grid_for(*args, between)
     assert choice.shape == (1, 1) and grid.num_tiles == 1
@@ -218,6 +229,8 @@ def test_the_whole_graph_counts_what_the_edge_stage_creates_and_saves():
     graph, edge_data, layer, x, (plan, _, terms, edata, params), mpnn = _costs("mpnn", f=16)
     assert mpnn.whole.bytes_per_edge > gcn.whole.bytes_per_edge
     assert mpnn.whole.bytes_per_dst_row > 0  # the edge program's per-row state for backward
+    *_, gat = _costs("gat")
+    assert gat.whole.bytes_per_edge >= 2 * TRANSPOSE_BYTES_PER_EDGE  # its backward reads perm
     x = x.requires_grad_()
     with ngra.memory_budget(int(1e9)):  # measured inside a live forward...
         out = layer(graph, x, edge_data)
