@@ -34,6 +34,7 @@ improvement) and up to 200 epochs with patience 10 for GCN (its paper's window o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import math
 import os
@@ -56,6 +57,10 @@ DATA_ROOT = os.environ.get("NGRA_DATA") or str(REPO.parent / "shared" / "data")
 MODELS = ("gcn", "gat")
 DATASETS = ("cora", "citeseer")
 FRAMEWORKS = ("ngra", "pyg", "dgl")
+#: ngra with its dropout masks (input and attention) drawn from torch's generator instead of
+#: the counter-based hash, on the reference kernels: is a gap to PyG the masks' generator?
+MASK_CHECK = "ngra-torchmasks"
+NOTES = RESULTS / "accuracy_notes.md"  # hand-written notes, appended to the report
 PROTOCOLS = {"best200": {"gcn": (200, None), "gat": (200, None)},
              "paper": {"gcn": (200, 10), "gat": (1000, 100)}}  # (max epochs, patience)
 #: test accuracy (%) the papers report: GCN Table 2 (Kipf & Welling, ICLR 2017),
@@ -166,6 +171,38 @@ def _train_baseline(framework: str, model: str, ds: Any, seed: int, epochs: int,
     return {"val_acc": best[0], "test_acc": best[1], "best_epoch": best[2], "epochs": done}
 
 
+@contextlib.contextmanager
+def torch_masks():
+    """ngra's dropout and attention-dropout masks from torch's generator (seeded by the
+    kernels' two seeds, so forward and backward draw the same mask) on the reference
+    backend, whose kernels read the masks from :mod:`ngra.kernels.ref.dropout`."""
+    import ngra.kernels.ref.dropout as rd
+    import ngra.kernels.ref.softmax_aggregate as rs
+    from ngra.kernels import use_backend
+
+    def generator(s1: int, s2: int) -> torch.Generator:
+        return torch.Generator().manual_seed((int(s1) << 32) | int(s2))
+
+    def keep_mask(x, s1, s2, thr, base=None):
+        if base is not None:
+            raise NotImplementedError("torch_masks: row-based masks (several processes)")
+        return torch.rand(x.shape, generator=generator(s1, s2)) >= thr / 2**32
+
+    def edge_keep_scale(drop, heads, dtype, device=None):
+        c = drop.counters(device).long()
+        u = torch.rand(int(c.max()) + 1, heads, generator=generator(drop.s1, drop.s2))[c]
+        return (u >= drop.thr / 2**32).to(dtype) * drop.scale
+
+    saved = rd.keep_mask, rd.edge_keep_scale, rs.edge_keep_scale
+    rd.keep_mask, rd.edge_keep_scale, rs.edge_keep_scale = keep_mask, edge_keep_scale, \
+        edge_keep_scale
+    try:
+        with use_backend("ref"):
+            yield
+    finally:
+        rd.keep_mask, rd.edge_keep_scale, rs.edge_keep_scale = saved
+
+
 def run_cell(model: str, dataset: str, protocol: str, framework: str,
              seeds: list[int]) -> list[dict[str, Any]]:
     """One table cell: a run per seed."""
@@ -180,9 +217,10 @@ def run_cell(model: str, dataset: str, protocol: str, framework: str,
     rows = []
     for seed in seeds:
         t0 = time.perf_counter()
-        if framework == "ngra":
-            s = train(TrainConfig(model=model, dataset=dataset, epochs=epochs, seed=seed,
-                                  patience=patience, data_root=DATA_ROOT, progress=False))
+        if framework in ("ngra", MASK_CHECK):
+            with torch_masks() if framework == MASK_CHECK else contextlib.nullcontext():
+                s = train(TrainConfig(model=model, dataset=dataset, epochs=epochs, seed=seed,
+                                      patience=patience, data_root=DATA_ROOT, progress=False))
             res = {k: s[k] for k in ("test_acc", "val_acc", "best_epoch", "epochs")}
         else:
             res = _train_baseline(framework, model, ds, seed, epochs, patience)
@@ -277,7 +315,37 @@ def write_report(rows: list[dict[str, Any]], path: Path, meta: dict[str, str]) -
         "gap is the same in both frameworks.",
         "",
     ]
+    lines += _mask_check(cells)
+    if NOTES.exists():
+        lines += [NOTES.read_text().rstrip(), ""]
     path.write_text("\n".join(lines))
+
+
+def _mask_check(cells: dict[tuple, list]) -> list[str]:
+    """The mask-generator check: ngra with torch's masks beside ngra and PyG, on the seeds
+    all three ran."""
+    out = []
+    for (model, dataset, protocol, fw), rs in sorted(cells.items()):
+        if fw != MASK_CHECK:
+            continue
+        runs = {f: {int(r["seed"]): float(r["test_acc"]) for r in
+                    cells.get((model, dataset, protocol, f), [])}
+                for f in ("ngra", MASK_CHECK, "pyg")}
+        seeds = sorted(set.intersection(*(set(v) for v in runs.values())))
+        if not seeds:
+            continue
+        mean = {f: 100 * statistics.fmean(v[k] for k in seeds) for f, v in runs.items()}
+        out.append(f"| {model} | {dataset} | {protocol} | {len(seeds)} ({seeds[0]}-{seeds[-1]}) | "
+                   f"{mean['ngra']:.2f} | {mean[MASK_CHECK]:.2f} | {mean['pyg']:.2f} |")
+    if not out:
+        return []
+    return ["## The dropout masks' generator", "",
+            f"`{MASK_CHECK}`: ngra with every dropout mask (the input dropout and the attention "
+            "weights') drawn by torch's generator (`torch.rand`, seeded from the kernels' two "
+            "seeds) on the reference kernels, in place of the counter-based hash "
+            f"(`--frameworks {MASK_CHECK}`). Mean test accuracy (%) over the seeds all three ran:",
+            "", f"| model | dataset | protocol | seeds | ngra | {MASK_CHECK} | PyG |",
+            "|---|---|---|---|---|---|---|", *out, ""]
 
 
 def _meta(argv: list[str]) -> dict[str, str]:
@@ -302,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     for name, pool, given in (("model", MODELS, args.models), ("dataset", DATASETS, args.datasets),
                               ("protocol", tuple(PROTOCOLS), args.protocols),
-                              ("framework", FRAMEWORKS, args.frameworks)):
+                              ("framework", FRAMEWORKS + (MASK_CHECK,), args.frameworks)):
         bad = [x for x in given if x not in pool]
         if bad:
             raise SystemExit(f"unknown {name}(s) {bad}; choose from {list(pool)}")
