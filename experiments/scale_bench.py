@@ -23,7 +23,9 @@ Usage::
         --settings budget --budget 2GB --append --out experiments/results/scale
 
 Writes ``<out>.md`` (with the command) and ``<out>.csv``; ``--append`` adds rows to an
-existing CSV and rewrites the markdown from all of them.
+existing CSV (a case run again replaces its row) and rewrites the markdown from all of
+them, followed by the hand-written ``<out>_notes.md`` (the runs behind the rows, the
+targets) when it exists.
 """
 
 from __future__ import annotations
@@ -241,7 +243,14 @@ def write(rows: list[dict], out: Path, command: str) -> None:
             largest[key] = max(largest.get(key, 0), int(r["scale"]))
     lines += ["", "Largest scale trained (of those run):", ""]
     lines += [f"- {f} {m} ({s}): 2^{v}" for (f, m, s), v in sorted(largest.items())]
+    notes = out.with_name(out.name + "_notes.md")  # hand-written: the runs, the targets
+    if notes.is_file():
+        lines += ["", notes.read_text().rstrip()]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def _case(row: dict) -> tuple:
+    return row["framework"], row["model"], str(row["scale"]), row["setting"]
 
 
 def main() -> None:
@@ -283,7 +292,8 @@ def main() -> None:
                 for setting in settings:
                     row = run_case(fw, model, scale, setting, args, env)
                     print(row, flush=True)
-                    rows.append(row)
+                    # a case run again replaces its row
+                    rows = [r for r in rows if _case(r) != _case(row)] + [row]
                     write(rows, out, command)
     write(rows, out, command)
 
