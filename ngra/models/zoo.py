@@ -240,55 +240,54 @@ class GNN(nn.Module):
         return x
 
 
-class _ELU(torch.autograd.Function):
-    """ELU (alpha = 1) that saves its output, not its input as ``F.elu`` does: the next
-    layer saves the same tensor as its input, so a GAT keeps one ``N x F`` tensor per
-    activation instead of two. (Not ``F.elu(inplace=True)``, which saves the output too
-    but fails on a tensor that a custom Function returned as a view.)
+def _output_saving(name: str, fn: Callable[[torch.Tensor], torch.Tensor],
+                   grad: Callable[..., torch.Tensor], doc: str) -> type:
+    """An activation that saves its output, not its input, and whose backward writes the
+    input gradient over that output when nothing else holds it.
 
-    Backward writes the input gradient over the saved output when nothing else can see
-    it any more: the consumers of the output have run their backward (they come first)
-    and no user variable, view, hook or double-backward graph holds it. That is one
-    ``N x F`` tensor less at a GAT's backward peak, which is this node's. "Nothing else"
-    is the storage's use count that :func:`~ngra.kernels._checks.sole_owner_uses`
-    measures on a throwaway graph at import, so the check follows torch's bookkeeping
-    instead of assuming it.
+    The next layer saves the same tensor as its input, so a model keeps one ``N x F``
+    tensor per activation instead of two. (Not ``F.elu(inplace=True)``, which saves the
+    output too but fails on a tensor that a custom Function returned as a view.) Backward
+    reuses the output's memory when nothing else can see it any more: the consumers of the
+    output have run their backward (they come first) and no user variable, view, hook or
+    double-backward graph holds it; that is one ``N x F`` tensor less at the backward's
+    peak. "Nothing else" is the storage's use count that
+    :func:`~ngra.kernels._checks.sole_owner_uses` measures on a throwaway graph at import,
+    so the check follows torch's bookkeeping instead of assuming it. ``grad(g, y, out)`` is
+    torch's element-wise backward kernel given the result (``out``: write into it, or
+    ``None``), so reading and writing ``y`` in place is exact.
     """
 
-    @staticmethod
     def forward(ctx, x):
-        y = F.elu(x)
+        y = fn(x)
         ctx.save_for_backward(y)
         return y
 
-    @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, g):
         (y,) = ctx.saved_tensors
-        if _reusable(y):
-            # torch's kernel, element-wise: reading and writing y in place is exact
-            return torch.ops.aten.elu_backward.grad_input(grad, 1.0, 1.0, 1.0, True, y,
-                                                          grad_input=y)
-        # torch's own kernel, given the result (is_result): one output, no temporaries
-        return torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y)
+        return grad(g, y, y if _reusable(y) else None)
+
+    return type(name, (torch.autograd.Function,), {
+        "__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-class _ReLU(torch.autograd.Function):
-    """ReLU whose backward writes the input gradient over its saved output when nothing
-    else holds it, as :class:`_ELU` does (``F.relu`` saves its output too, but its backward
-    always allocates): GCN on R-MAT 2^23 (hidden 16), 512 MB off the backward's peak."""
+def _elu_grad(g, y, out):
+    if out is None:
+        return torch.ops.aten.elu_backward(g, 1.0, 1.0, 1.0, True, y)
+    return torch.ops.aten.elu_backward.grad_input(g, 1.0, 1.0, 1.0, True, y, grad_input=out)
 
-    @staticmethod
-    def forward(ctx, x):
-        y = F.relu(x)
-        ctx.save_for_backward(y)
-        return y
 
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        if _reusable(y):
-            return torch.ops.aten.threshold_backward.grad_input(grad, y, 0, grad_input=y)
-        return torch.ops.aten.threshold_backward(grad, y, 0)
+def _relu_grad(g, y, out):
+    if out is None:
+        return torch.ops.aten.threshold_backward(g, y, 0)
+    return torch.ops.aten.threshold_backward.grad_input(g, y, 0, grad_input=out)
+
+
+_ELU = _output_saving("_ELU", F.elu, _elu_grad, "ELU (alpha = 1), GAT's (``F.elu`` saves "
+                      "its input): one ``N x F`` tensor less at a GAT's backward peak.")
+_ReLU = _output_saving("_ReLU", F.relu, _relu_grad, "ReLU (``F.relu`` saves its output "
+                       "too, but its backward always allocates): GCN on R-MAT 2^23 (hidden "
+                       "16), 512 MB off the backward's peak.")
 
 
 #: what an activation's saved output shows in backward when nothing else holds it
@@ -296,7 +295,7 @@ _SOLE_OWNER_USES = sole_owner_uses("output")
 
 
 def _reusable(y: torch.Tensor) -> bool:
-    """Whether backward may write over the saved output ``y`` (see :class:`_ELU`)."""
+    """Whether backward may write over the saved output ``y`` (see :func:`_output_saving`)."""
     return not torch.is_grad_enabled() and storage_uses(y) == _SOLE_OWNER_USES
 
 
