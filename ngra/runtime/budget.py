@@ -29,8 +29,12 @@ backward under a budget walks the CSC, :func:`ngra.kernels.transpose.prefer_csc_
 the sample tile tells which, :class:`_SampleReverse`), and its
 accumulator is the layer's output itself, a vertex array like its gradient (outside the
 budget, below). It is charged what autograd saves per destination row and, per edge, all
-that the sample tile's forward and backward create (seen through a dispatch mode, not only
-what autograd saves; summed as if alive at once). A budget the whole layer fits in thus
+that the forward and backward create (seen through a dispatch mode, not only what autograd
+saves; summed as if alive at once), measured on a graph of its own: the first vertices'
+induced subgraph run whole (:func:`_square_sample`), so the price is that of the kernels
+the 1 x 1 grid runs (GAT's ``attention_aggregate``, which keeps nothing per edge, where a
+tile runs ``softmax_aggregate`` with edge buffers: R-MAT 2^20 GAT under 2 GB tiled 4 x 1
+at 1.6x the unbudgeted peak when priced from the tile kernel). A budget the whole layer fits in thus
 runs as fast as no budget, and a layer that keeps nothing per edge or row (GCN's g-SpMM)
 fits any budget above its parameters and transpose, since tiling it divides nothing; an
 edge program with per-row state (MPNN) or GAT's softmax still tiles under a tight budget.
@@ -55,7 +59,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ngra.graph import CSR, DeferredReverse, Graph
+from ngra.graph import CSR, DeferredReverse, Graph, segment_ids
 from ngra.idtype import idtype_for
 from ngra.kernels.registry import thread_setting
 from ngra.kernels.transpose import prefer_csc_walk
@@ -225,9 +229,19 @@ class _Sample(NamedTuple):
     tile: TileView
 
 
-def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> _Sample:
-    """What the edge stage of ``plan`` keeps and creates on a sample tile (:class:`_Sample`)."""
-    tile = _sample_tile(graph)
+def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any,
+                 whole: bool = False) -> _Sample:
+    """What the edge stage of ``plan`` keeps and creates on a sample tile (:class:`_Sample`):
+    a tile of the first destinations, or with ``whole`` the first vertices' induced
+    subgraph run as a whole graph (:func:`_square_sample`), which runs the kernels the
+    1 x 1 grid runs (GAT's ``attention_aggregate`` only there)."""
+    sample = _square_sample(graph, terms, edata) if whole else None
+    own: tuple = ()
+    if sample is not None:
+        tile, terms, edata = sample
+        own = tuple(flatten(terms)[0])  # vertex arrays: outside the budget
+    else:
+        tile = _sample_tile(graph)
     # the sample's backward must stop at the terms: the layer's own graph stays untouched
     terms, edata = _detached(terms), _detached(edata)
     stager = stager_for(plan, terms, edata, mode=None)
@@ -237,8 +251,9 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> _Sample:
     # the graph's own arrays (kernels save the tile's indices, a view of them, and its
     # per-vertex edge factors or edge data): not new memory
     factors = graph.edge_factors
-    structure = {_storage(t) for t in (graph.indptr, graph.indices, tile.rev._csr.indptr,
-                                       tile.rev._csr.indices, *flatten(edata)[0],
+    structure = {_storage(t) for t in (graph.indptr, graph.indices, tile.indptr, tile.src_idx,
+                                       tile.rev._csr.indptr, tile.rev._csr.indices,
+                                       *flatten(edata)[0], *own, *flatten(terms)[0] * bool(own),
                                        *((factors.src, factors.dst) if factors else ()))}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -254,6 +269,38 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any) -> _Sample:
             part = stager.to_host(st.run(plan))
         _sample_backward(plan, st, part)
     return _Sample(saved["edge"] / m, created.nbytes / m, saved["row"] / d, part, tile)
+
+
+def _square_sample(graph: Graph, terms: Any, edata: Any) -> tuple[TileView, Any, Any] | None:
+    """The subgraph induced by the first ``k`` vertices (``k`` doubled until it holds about
+    ``SAMPLE_EDGES`` edges, or is the graph), as a whole-graph tile with its rows of the
+    vertex terms and edge data; ``None`` when it has no edge (then the tile sample stands
+    in)."""
+    n, indptr, indices = graph.num_nodes, graph.indptr, graph.indices
+    want = min(graph.num_edges, SAMPLE_EDGES)
+    k = max(1, min(n, int(torch.searchsorted(indptr, torch.tensor(want)))))
+    while True:
+        ids = indices[: int(indptr[k])]
+        keep = ids < k
+        if int(keep.sum()) >= want // 4 or k >= n:
+            break
+        k = min(n, 2 * k)
+    if not bool(keep.any()):
+        return None
+    dst = segment_ids(indptr[: k + 1], dtype=torch.int64)
+    counts = torch.bincount(dst[keep], minlength=k)
+    sub_indptr = torch.zeros(k + 1, dtype=indptr.dtype)
+    torch.cumsum(counts, 0, out=sub_indptr[1:])
+    sub_indices = ids[keep].contiguous()
+    eids = torch.nonzero(keep).squeeze(1)
+    t_leaves, t_spec = flatten(terms)
+    terms = unflatten(t_spec, [t[:k] if t.dim() and t.shape[0] == n else t for t in t_leaves])
+    e_leaves, e_spec = flatten(edata)
+    by_vertex = e_spec == "factors"
+    edata = unflatten(e_spec, [t[:k] if by_vertex else t.index_select(0, eids) for t in e_leaves])
+    tile = TileView(0, k, sub_indptr, sub_indices, None,
+                    _SampleReverse(sub_indptr, sub_indices, k), whole=True)
+    return tile, terms, edata
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -297,6 +344,8 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
         bytes_per_edge=float(2 * s.saved_edge + INDEX_BYTES_PER_EDGE + _row_bytes(edata)),
         fixed=fixed,
     )
+    # the 1 x 1 grid's kernels, measured on a small graph of their own
+    s = _saved_bytes(plan, graph, terms, edata, whole=True)
     # staged edge data is a copy on a tile, the graph's own array on the whole graph
     created = max(s.created_edge - _row_bytes(edata), 0.0)
     rev = s.tile.rev  # the whole graph's is made only where the sample's was used

@@ -236,3 +236,15 @@ def test_the_whole_graph_counts_what_the_edge_stage_creates_and_saves():
         out = layer(graph, x, edge_data)
     out.sum().backward()  # ...whose backward still runs
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_the_whole_graph_is_priced_from_the_kernels_it_runs():
+    """The 1 x 1 grid's price is measured on a small graph run whole (the first vertices'
+    induced subgraph), so GAT's is its fused ``attention_aggregate`` (nothing per edge but the
+    transpose with positions), not the tile kernel's edge buffers; it then fits budgets its
+    tiles would not."""
+    from ngra.runtime.budget import PERM_BYTES_PER_EDGE, TRANSPOSE_BYTES_PER_EDGE
+
+    graph, edge_data, layer, x, args, gat = _costs("gat", grad=True)
+    assert gat.whole.bytes_per_edge <= TRANSPOSE_BYTES_PER_EDGE + PERM_BYTES_PER_EDGE
+    assert gat.tiles.bytes_per_edge > 4 * gat.whole.bytes_per_edge
