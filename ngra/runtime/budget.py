@@ -170,16 +170,18 @@ class _SampleReverse(DeferredReverse):
         return self.used and self._csr.has_perm
 
 
-def _sample_tile(graph: Graph) -> TileView:
+def _sample_tile(graph: Graph, reverse: bool = False) -> TileView:
     """The first destinations holding about ``SAMPLE_EDGES`` edges, with global source ids
-    (staged as the identity on sources) and their reverse (:class:`_SampleReverse`)."""
+    (staged as the identity on sources); with ``reverse``, their reverse
+    (:class:`_SampleReverse`: the 1 x 1 price reads whether it was used), else none (a tile's
+    price counts its reverse in ``INDEX_BYTES_PER_EDGE``)."""
     indptr = graph.indptr
     m_target = min(graph.num_edges, SAMPLE_EDGES)
     d = int(torch.searchsorted(indptr, torch.tensor(m_target), right=False))
     d = max(1, min(d, graph.num_nodes))
     m = int(indptr[d])
-    return TileView(0, d, indptr[: d + 1], graph.indices[:m], torch.arange(m),
-                    _SampleReverse(indptr[: d + 1], graph.indices[:m], graph.num_nodes))
+    rev = _SampleReverse(indptr[: d + 1], graph.indices[:m], graph.num_nodes) if reverse else None
+    return TileView(0, d, indptr[: d + 1], graph.indices[:m], torch.arange(m), rev)
 
 
 def _nbytes(x: Any) -> int:
@@ -241,7 +243,7 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any,
         tile, terms, edata = sample
         own = tuple(flatten(terms)[0])  # vertex arrays: outside the budget
     else:
-        tile = _sample_tile(graph)
+        tile = _sample_tile(graph, reverse=whole)
     # the sample's backward must stop at the terms: the layer's own graph stays untouched
     terms, edata = _detached(terms), _detached(edata)
     stager = stager_for(plan, terms, edata, mode=None)
@@ -251,9 +253,9 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any,
     # the graph's own arrays (kernels save the tile's indices, a view of them, and its
     # per-vertex edge factors or edge data): not new memory
     factors = graph.edge_factors
+    reverse = (tile.rev._csr.indptr, tile.rev._csr.indices) if tile.rev is not None else ()
     structure = {_storage(t) for t in (graph.indptr, graph.indices, tile.indptr, tile.src_idx,
-                                       tile.rev._csr.indptr, tile.rev._csr.indices,
-                                       *flatten(edata)[0], *own, *flatten(terms)[0] * bool(own),
+                                       *reverse, *flatten(edata)[0], *own,
                                        *((factors.src, factors.dst) if factors else ()))}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
