@@ -25,6 +25,7 @@ from ngra.kernels._checks import (
 )
 from ngra.kernels.registry import current_backend, forward_skipped, lookup, use_backend
 from ngra.kernels.transpose import Rev, csc_walk_preferred, reverse_of, walks_csc
+from ngra.memstat import is_mapped
 
 __all__ = ["gspmm"]
 
@@ -61,7 +62,8 @@ def gspmm(
             [E], rev_perm [E])`` as returned by :meth:`ngra.Graph.csr` or
             :func:`ngra.kernels.transpose_csc`; built (and cached) on demand by the
             backward pass when ``None``. Under :func:`ngra.kernels.transpose.prefer_csc_walk`
-            (a memory budget) a sum/mean without ``edge_feat`` given no reverse, or a
+            (a memory budget), or when ``indices`` is memory-mapped (the on-disk store),
+            a sum/mean without ``edge_feat`` given no reverse, or a
             :class:`~ngra.graph.DeferredReverse` not made yet, computes the source
             gradient from the CSC itself and makes none. (default: ``None``)
         scale: optional ``(src_scale [num_src], dst_scale [num_dst])``: edge weights
@@ -124,7 +126,7 @@ class _GSpMM(torch.autograd.Function):
         else:
             out, arg = lookup("gspmm", src.device)(indptr, indices, src, edge, reduce, None)
         ctx.reduce, ctx.rev, ctx.num_src = reduce, rev, src.shape[0]
-        ctx.walk = csc_walk_preferred()
+        ctx.walk = csc_walk_preferred() or is_mapped(indices)  # on disk: no transpose
         # Backward reads source rows only for the edge gradient (and the arg-extreme
         # routing): otherwise keep none, since a streamed tile's staged rows would stay
         # alive until backward for nothing.
@@ -200,7 +202,7 @@ class _GSpMMScaled(torch.autograd.Function):
         else:
             out = lookup("gspmm_scaled", src.device)(indptr, indices, src, s_src, s_dst, reduce)
         ctx.reduce, ctx.rev, ctx.num_src = reduce, rev, src.shape[0]
-        ctx.walk = csc_walk_preferred()
+        ctx.walk = csc_walk_preferred() or is_mapped(indices)  # on disk: no transpose
         ctx.save_for_backward(indptr, indices, s_src, s_dst)
         return out
 

@@ -44,10 +44,12 @@ from tqdm.auto import tqdm
 from ngra.checkpoint import (CHECKPOINT_NAME, PREVIOUS_NAME, load_latest_checkpoint,
                              save_checkpoint)
 from ngra.errors import CheckpointError, TrainingDivergedError
-from ngra.memstat import io_read_bytes, is_mapped, peak_rss_bytes, release_mapped
+from ngra.memstat import (io_read_bytes, is_mapped, peak_rss_bytes, release_large_frees,
+                          release_mapped)
 from ngra.models import HYPER_PARAMETERS, param_groups
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.placement import Placement, placed
+from ngra.spill import saved_on_disk
 
 if TYPE_CHECKING:
     from ngra.train import TrainConfig
@@ -313,10 +315,18 @@ class Session:
         self.read_start = io_read_bytes()  # disk_read_mb: what training reads (storage=disk)
 
     def context(self) -> Any:
-        """Around every forward: the placement on a GPU, else the memory budget."""
+        """Around every forward (and a training step's backward): the placement on a GPU,
+        else the memory budget; with the data on disk (``storage="disk"``) the saved
+        activations go to disk too (:func:`ngra.spill.saved_on_disk`)."""
         if self.device.type == "cuda" and self.placement is not None:
             return placed(self.placement)
-        return memory_budget(self.budget) if self.budget else contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        if self.budget:
+            stack.enter_context(memory_budget(self.budget))
+        if self.info.get("storage") == "disk":
+            release_large_frees()  # freed vertex arrays go back to the OS, as under a budget
+            stack.enter_context(saved_on_disk(near=self.x))
+        return stack
 
     def loss(self, out: torch.Tensor) -> tuple[torch.Tensor, float]:
         """``(loss to differentiate, the loss's value)`` of the training rows."""

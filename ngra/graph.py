@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ngra.idtype import ids_dtype, narrow, np_idtype, offsets_dtype
+from ngra.memstat import is_mapped
 
 __all__ = ["Graph", "CSR", "DeferredReverse", "EdgeFactors", "segment_ids"]
 
@@ -484,9 +485,11 @@ class Graph:
             raise ValueError("add_self_loops on a graph with factored edge weights: add the "
                              "loops first, then normalize (gcn_norm(add_self_loops=True)).")
         n, e = self.num_nodes, self.num_edges
+        new_e = e + n
+        if order == "csc" and self._weight is None and is_mapped(self.indices):
+            return Graph(*_self_loops_on_disk(self.indptr.numpy(), self.indices.numpy()), None, n)
         ends = self.indptr[1:].numpy()  # a loop goes after the last in-edge of its vertex
         idx = self.indices.numpy()
-        new_e = e + n
         indptr = narrow(self.indptr.to(torch.int64) + torch.arange(n + 1), new_e)
         indices = torch.from_numpy(np.insert(idx, ends, np.arange(n, dtype=idx.dtype)))
         indices = indices.to(ids_dtype(n))
@@ -552,6 +555,28 @@ class Graph:
         dinv[torch.isinf(dinv)] = 0
         norm = dinv[g.indices] * w * dinv[g.dst_index()]
         return Graph(g.indptr, g.indices, g._perm, g.num_nodes, norm.contiguous())
+
+
+def _self_loops_on_disk(ip: np.ndarray, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`Graph.add_self_loops` (CSC order) of a structure memory-mapped from disk,
+    written to disk beside it a block of destinations at a time
+    (:func:`~ngra.memstat.scratch_mapped`): never a whole copy in memory, which at R-MAT
+    2^26 would be 4.2 GiB of ids."""
+    from ngra.kernels.cpu._util import walk_blocks
+    from ngra.memstat import release_mapped, scratch_mapped
+
+    n = ip.shape[0] - 1
+    new_e = int(ip[n]) + n
+    out_ip = scratch_mapped(idx, (n + 1,), np_idtype(offsets_dtype(new_e)))
+    out_idx = scratch_mapped(idx, (new_e,), np_idtype(ids_dtype(n)))
+    for v0, v1 in walk_blocks(ip, (idx,)):
+        e0, e1 = int(ip[v0]), int(ip[v1])
+        rows = np.arange(v0, v1 + 1, dtype=np.int64)
+        out_ip[v0:v1 + 1] = ip[v0:v1 + 1] + rows
+        out_idx[e0 + v0:e1 + v1] = np.insert(idx[e0:e1], ip[v0 + 1:v1 + 1] - e0, rows[:-1])
+        release_mapped(out_ip, v0, v1 + 1)
+        release_mapped(out_idx, e0 + v0, e1 + v1)
+    return torch.from_numpy(out_ip), torch.from_numpy(out_idx)
 
 
 def segment_ids(indptr: torch.Tensor, start: int = 0,

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import sys
+import weakref
+
+import numpy as np
 
 __all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim", "release_large_frees",
-           "tensor_peak_bytes", "mapped_from", "register_mapped", "release_mapped", "is_mapped", "io_read_bytes"]
+           "tensor_peak_bytes", "mapped_from", "register_mapped", "release_mapped", "prefetch_mapped",
+           "mapped_file", "register_mmap", "scratch_mapped", "is_mapped", "io_read_bytes"]
 
 
 def _status_kb(key: str) -> int | None:
@@ -160,7 +165,8 @@ def tensor_peak_bytes(fn, device: str = "cpu") -> int:
 
 
 # ------------------------------------------------------------- memory-mapped arrays
-_MAPPED: dict[int, tuple[int, int, object, int]] = {}  # id(mmap) -> (start, end, mmap, base)
+#: id(mmap) -> (start, end, mmap, base, file): the mapped arrays :func:`release_mapped` knows
+_MAPPED: dict[int, tuple[int, int, object, int, str | None]] = {}
 
 
 def register_mapped(array) -> None:
@@ -173,7 +179,82 @@ def register_mapped(array) -> None:
         return
     offset = int(getattr(array, "offset", 0))
     base = array.ctypes.data - offset % _mmap.ALLOCATIONGRANULARITY  # where the mapping starts
-    _MAPPED[id(mm)] = (array.ctypes.data, array.ctypes.data + array.nbytes, mm, base)
+    name = getattr(array, "filename", None)
+    _MAPPED[id(mm)] = (array.ctypes.data, array.ctypes.data + array.nbytes, mm, base,
+                       str(name) if name is not None else None)
+    weakref.finalize(array, _MAPPED.pop, id(mm), None)  # forget it (and unmap) with the array
+
+
+def register_mmap(mm, array, name: str | None = None) -> None:
+    """Remember an array over the whole of ``mmap.mmap`` ``mm`` (mapped from offset 0),
+    as :func:`register_mapped` does for a numpy memmap; ``name`` is what
+    :func:`mapped_file` answers for it."""
+    if array.size == 0:
+        return
+    start = array.ctypes.data
+    _MAPPED[id(mm)] = (start, start + array.nbytes, mm, start, name)
+    weakref.finalize(array, _MAPPED.pop, id(mm), None)
+
+
+def scratch_mapped(near, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A new writable array in a file on disk, mapped: where a result derived from a
+    memory-mapped array (``near``) is as large as it, it goes to disk beside it instead of
+    into memory. The file is made in the folder ``near`` was mapped from (else the temp
+    folder) and unlinked at once, so its disk space goes back when the array is freed, or
+    the process ends. Writers drop the pages they wrote with :func:`release_mapped`."""
+    import tempfile
+
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype=dtype)
+    folder = os.path.dirname(mapped_file(near) or "") or None
+    try:
+        fd, path = tempfile.mkstemp(prefix=".ngra-scratch-", suffix=".bin", dir=folder)
+    except OSError:
+        fd, path = tempfile.mkstemp(prefix=".ngra-scratch-", suffix=".bin")
+    try:
+        os.ftruncate(fd, nbytes)
+        a = np.memmap(path, dtype=dtype, mode="r+", shape=tuple(shape))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    register_mapped(a)
+    return a
+
+
+def _mapping(t) -> tuple[int, int, object, int, str | None] | None:
+    if not _MAPPED:
+        return None
+    ptr = t.data_ptr() if hasattr(t, "data_ptr") else t.ctypes.data
+    for entry in list(_MAPPED.values()):
+        if entry[0] <= ptr < entry[1]:
+            return entry
+    return None
+
+
+def _advise(t, lo: int | None, hi: int | None, advice: int) -> bool:
+    import mmap as _mmap
+
+    entry = _mapping(t)
+    if entry is None:
+        return False
+    _, _, mm, base, _ = entry
+    ptr = t.data_ptr() if hasattr(t, "data_ptr") else t.ctypes.data
+    nbytes = (t.numel() * t.element_size()) if hasattr(t, "numel") else t.nbytes
+    shape0 = t.shape[0] if len(t.shape) else 1
+    row = nbytes // max(shape0, 1)
+    a = ptr + (0 if lo is None else lo * row)
+    b = ptr + (nbytes if hi is None else hi * row)
+    page = _mmap.PAGESIZE
+    a0 = max((a - base) // page * page, 0)
+    b0 = min(-(-(b - base) // page) * page, len(mm))
+    if b0 > a0:
+        try:
+            mm.madvise(advice, a0, b0 - a0)
+        except (OSError, ValueError, AttributeError):
+            return False
+    return True
 
 
 def release_mapped(t, lo: int | None = None, hi: int | None = None) -> bool:
@@ -186,31 +267,25 @@ def release_mapped(t, lo: int | None = None, hi: int | None = None) -> bool:
     """
     import mmap as _mmap
 
-    if not _MAPPED:
-        return False
-    ptr = t.data_ptr() if hasattr(t, "data_ptr") else t.ctypes.data
-    nbytes = (t.numel() * t.element_size()) if hasattr(t, "numel") else t.nbytes
-    for start, end, mm, base in list(_MAPPED.values()):
-        if start <= ptr < end:
-            shape0 = t.shape[0] if len(t.shape) else 1
-            row = nbytes // max(shape0, 1)
-            a = ptr + (0 if lo is None else lo * row)
-            b = ptr + (nbytes if hi is None else hi * row)
-            page = _mmap.PAGESIZE
-            a0 = (a - base) // page * page
-            b0 = min(-(-(b - base) // page) * page, len(mm))
-            if b0 > a0:
-                try:
-                    mm.madvise(_mmap.MADV_DONTNEED, a0, b0 - a0)
-                except (OSError, ValueError, AttributeError):
-                    return False
-            return True
-    return False
+    return _advise(t, lo, hi, _mmap.MADV_DONTNEED)
+
+
+def prefetch_mapped(t, lo: int | None = None, hi: int | None = None) -> bool:
+    """Start reading rows ``[lo, hi)`` of a memory-mapped tensor or array from disk in the
+    background (``madvise(MADV_WILLNEED)``): a streaming reader asks for its next block
+    before computing on the current one, so the reads overlap the compute. A no-op for
+    ordinary memory."""
+    import mmap as _mmap
+
+    return _advise(t, lo, hi, _mmap.MADV_WILLNEED)
+
+
+def mapped_file(t) -> str | None:
+    """The file a memory-mapped tensor or array was mapped from (``None``: not mapped)."""
+    entry = _mapping(t)
+    return entry[4] if entry is not None else None
 
 
 def is_mapped(t) -> bool:
     """Whether ``t`` lies in a memory-mapped array registered with :func:`register_mapped`."""
-    if not _MAPPED:
-        return False
-    ptr = t.data_ptr() if hasattr(t, "data_ptr") else t.ctypes.data
-    return any(start <= ptr < end for start, end, _, _ in _MAPPED.values())
+    return _mapping(t) is not None

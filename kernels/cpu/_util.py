@@ -53,15 +53,16 @@ PREFETCH = 8
 
 
 @njit(nogil=True, cache=True)
-def chunk_bound(indptr, chunk, nchunks):
-    """First row of ``chunk`` when rows are split into ``nchunks`` equal-work ranges.
+def chunk_bound(indptr, chunk, nchunks, v0, v1):
+    """First row of ``chunk`` when rows ``[v0, v1)`` are split into ``nchunks`` equal-work
+    ranges.
 
     Work of rows ``[0, v)`` is ``indptr[v] + v`` (edges plus one per row), so the
     bound is a binary search on a monotone sequence; no allocation.
     """
-    n = indptr.shape[0] - 1
-    target = ((indptr[n] + n) * chunk) // nchunks
-    lo, hi = 0, n
+    w0 = indptr[v0] + v0
+    target = w0 + ((indptr[v1] + v1 - w0) * chunk) // nchunks
+    lo, hi = v0, v1
     while lo < hi:
         mid = (lo + hi) >> 1
         if indptr[mid] + mid < target:
@@ -164,7 +165,7 @@ def row_threads(indptr: np.ndarray, row_bytes: int = 64) -> int:
 
 
 def run_rows(kernel, indptr: np.ndarray, *args, row_bytes: int = 64,
-             per_thread: Sequence[tuple] | None = None) -> None:
+             per_thread: Sequence[tuple] | None = None, edge_arrays: Sequence = ()) -> None:
     """Run ``kernel(*args, v0, v1)`` over all rows of ``indptr`` in equal-work ranges.
 
     Uses ``torch.get_num_threads()`` threads (``torch.set_num_threads`` /
@@ -177,18 +178,26 @@ def run_rows(kernel, indptr: np.ndarray, *args, row_bytes: int = 64,
     thread's own arrays: with ``per_thread`` (one tuple of arrays per thread,
     ``len == row_threads(indptr, row_bytes)``) thread ``t`` calls
     ``kernel(*args, *per_thread[t], v0, v1)``.
+
+    ``edge_arrays`` are the arrays the kernel reads by edge position (``indices``, edge
+    data): when they or ``indptr`` are memory-mapped the rows are walked in blocks
+    (:func:`walk_blocks`), so the structure streams from disk.
     """
-    num_rows = indptr.shape[0] - 1
     threads = row_threads(indptr, row_bytes)
     if per_thread is not None and len(per_thread) != threads:
         raise ValueError(f"internal error: {len(per_thread)} per-thread argument sets for "
                          f"{threads} threads.")
     own = list(per_thread) if per_thread is not None else [()] * threads
+    for v0, v1 in walk_blocks(indptr, edge_arrays):
+        _run_block(kernel, indptr, args, own, threads, v0, v1)
+
+
+def _run_block(kernel, indptr, args, own, threads: int, v0: int, v1: int) -> None:
     if threads == 1:
-        kernel(*args, *own[0], 0, num_rows)
+        kernel(*args, *own[0], v0, v1)
         return
     nchunks = threads * _CHUNKS_PER_THREAD
-    bounds = [chunk_bound(indptr, c, nchunks) for c in range(nchunks + 1)]
+    bounds = [chunk_bound(indptr, c, nchunks, v0, v1) for c in range(nchunks + 1)]
     counter = itertools.count()  # next() on it is atomic under the GIL
 
     def drain(slot: int) -> None:
@@ -203,6 +212,49 @@ def run_rows(kernel, indptr: np.ndarray, *args, row_bytes: int = 64,
     finally:
         for f in futures:
             f.result()
+
+
+#: Edges a block when a kernel walks a memory-mapped structure (:func:`walk_blocks`):
+#: 2^25, 128 MiB of 32-bit ids, so the RSS holds a block or two of the structure.
+MAPPED_BLOCK_EDGES = 1 << 25
+
+
+def walk_blocks(indptr: np.ndarray, edge_arrays: Sequence = ()):
+    """The row blocks ``(v0, v1)`` to walk ``indptr``'s rows in: one block over every row,
+    unless ``indptr`` or one of ``edge_arrays`` (read by edge position) is memory-mapped
+    (the on-disk store, :mod:`ngra.datasets.store`). Then the rows go in blocks of about
+    :data:`MAPPED_BLOCK_EDGES` edges: while the caller computes on one block, the next
+    block's pages are read ahead (``MADV_WILLNEED``), and once it is done its pages are
+    dropped from the RSS (``MADV_DONTNEED``; they stay in the page cache). A generator:
+    the caller runs each block before asking for the next. Blocks are never empty (but
+    for a graph without rows: one), so the first starts at row 0 and only the last ends
+    at the last row.
+    """
+    from ngra.memstat import is_mapped, prefetch_mapped, release_mapped
+
+    n = indptr.shape[0] - 1
+    mapped = [a for a in (*edge_arrays, indptr) if a is not None and a.size and is_mapped(a)]
+    if not mapped:
+        yield 0, n
+        return
+    edges = [a for a in mapped if a is not indptr]
+    nblocks = max(1, -(-int(indptr[n]) // MAPPED_BLOCK_EDGES))
+    bounds = [int(chunk_bound(indptr, b, nblocks, 0, n)) for b in range(nblocks + 1)]
+
+    def advise(fn, b: int) -> None:
+        v0, v1 = bounds[b], bounds[b + 1]
+        e0, e1 = int(indptr[v0]), int(indptr[v1])
+        for a in edges:
+            fn(a, e0, e1)
+        fn(indptr, v0, v1 + 1)
+
+    for b in range(nblocks):
+        if bounds[b + 1] == bounds[b] and n:
+            continue  # a row heavier than a block: the next block starts past it
+        if b + 1 < nblocks:
+            advise(prefetch_mapped, b + 1)
+        yield bounds[b], bounds[b + 1]
+        advise(release_mapped, b)
 
 
 def run_ranges(kernel, num: int, threads: int, *args) -> None:

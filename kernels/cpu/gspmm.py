@@ -28,6 +28,7 @@ from ngra.kernels.cpu._util import (
     row_threads,
     run_ranges,
     run_rows,
+    walk_blocks,
 )
 from ngra.kernels.cpu.gsddmm import gsddmm as _gsddmm
 from ngra.kernels.registry import register
@@ -151,15 +152,19 @@ def _spmm_scaled(indptr, indices, src, sscale, dscale, out, mean, pf, v0, v1):
 
 
 @njit(cache=True, nogil=True)
-def _csc_scatter(indptr, indices, g, dweight, sscale, out, has_weight, has_scale, u0, u1):
+def _csc_scatter(indptr, indices, g, dweight, sscale, out, has_weight, has_scale, first, last,
+                 v0, v1, u0, u1):
     """``out[u] = sscale[u] * sum_{j: indices[j] = u} dweight[v] g[v]`` for the sources
-    ``u`` in ``[u0, u1)``, walking every destination ``v``'s in-edges (the CSC as it is):
-    each range's thread reads all the edges and adds only into its own rows."""
+    ``u`` in ``[u0, u1)``, walking the in-edges of destinations ``v`` in ``[v0, v1)`` (the
+    CSC as it is): each range's thread reads all those edges and adds only into its own
+    rows. A walk in destination blocks zeroes ``out`` in its ``first`` block and scales
+    it in its ``last``."""
     nf = g.shape[1]
-    for u in range(u0, u1):
-        for f in range(nf):
-            out[u, f] = 0
-    for v in range(indptr.shape[0] - 1):
+    if first:
+        for u in range(u0, u1):
+            for f in range(nf):
+                out[u, f] = 0
+    for v in range(v0, v1):
         lo, hi = indptr[v], indptr[v + 1]
         if hi == lo:
             continue
@@ -169,7 +174,7 @@ def _csc_scatter(indptr, indices, g, dweight, sscale, out, has_weight, has_scale
             if u >= u0 and u < u1:
                 for f in range(nf):
                     out[u, f] += w * g[v, f]
-    if has_scale:
+    if last and has_scale:
         for u in range(u0, u1):
             s = sscale[u]
             for f in range(nf):
@@ -317,6 +322,7 @@ def gspmm(
             edge is not None,
             prefetch_distance(src_np.strides[0]),
             row_bytes=src_np.strides[0],
+            edge_arrays=(as_numpy(indices), edge_np),
         )
         return out, arg
     eperm_np = as_numpy(eperm) if eperm is not None else dummy(np.int64, 1)
@@ -336,6 +342,7 @@ def gspmm(
         eperm is not None,
         prefetch_distance(src_np.strides[0]),
         row_bytes=src_np.strides[0],
+        edge_arrays=(as_numpy(indices),) if eperm is not None else (as_numpy(indices), edge_np),
     )
     return out, None
 
@@ -364,6 +371,7 @@ def gspmm_scaled(
         reduce == "mean",
         prefetch_distance(src_np.strides[0]),
         row_bytes=src_np.strides[0],
+        edge_arrays=(as_numpy(indices),),
     )
     return out
 
@@ -487,19 +495,13 @@ def gspmm_csc_backward(
     threads takes an equal range of sources and walks all the edges (no reverse CSR, no
     atomics); the edge scan is repeated per thread, the row updates are not."""
     out = torch.empty((num_src,) + tuple(grad_out.shape[1:]), dtype=grad_out.dtype)
-    ip, g = as_numpy(indptr), _flat(grad_out)
+    ip, g, idx = as_numpy(indptr), _flat(grad_out), as_numpy(indices)
     dtype = grad_out.dtype
-    run_ranges(
-        _csc_scatter,
-        num_src,
-        row_threads(ip, g.strides[0]),
-        ip,
-        as_numpy(indices),
-        g,
-        as_numpy(dst_weight.to(dtype).contiguous()) if dst_weight is not None else dummy(g.dtype, 1),
-        as_numpy(src_scale.to(dtype).contiguous()) if src_scale is not None else dummy(g.dtype, 1),
-        _flat(out),
-        dst_weight is not None,
-        src_scale is not None,
-    )
+    threads = row_threads(ip, g.strides[0])
+    dw = as_numpy(dst_weight.to(dtype).contiguous()) if dst_weight is not None else dummy(g.dtype, 1)
+    ss = as_numpy(src_scale.to(dtype).contiguous()) if src_scale is not None else dummy(g.dtype, 1)
+    n = ip.shape[0] - 1
+    for v0, v1 in walk_blocks(ip, (idx,)):  # one block, unless the structure is on disk
+        run_ranges(_csc_scatter, num_src, threads, ip, idx, g, dw, ss, _flat(out),
+                   dst_weight is not None, src_scale is not None, v0 == 0, v1 == n, v0, v1)
     return out

@@ -20,6 +20,7 @@ from torch import nn
 from ngra.graph import Graph
 from ngra.kernels import dropout
 from ngra.kernels._checks import sole_owner_uses, storage_uses
+from ngra.spill import is_spilled
 from ngra.models.commnet import CommNetConv
 from ngra.models.gat import GATConv
 from ngra.models.gcn import GCNConv
@@ -295,8 +296,10 @@ _SOLE_OWNER_USES = sole_owner_uses("output")
 
 
 def _reusable(y: torch.Tensor) -> bool:
-    """Whether backward may write over the saved output ``y`` (see :func:`_output_saving`)."""
-    return not torch.is_grad_enabled() and storage_uses(y) == _SOLE_OWNER_USES
+    """Whether backward may write over the saved output ``y`` (see :func:`_output_saving`;
+    a saved output mapped back from disk, :mod:`ngra.spill`, is this backward's own copy)."""
+    return not torch.is_grad_enabled() and (is_spilled(y)
+                                            or storage_uses(y) == _SOLE_OWNER_USES)
 
 
 def _elu(x: torch.Tensor) -> torch.Tensor:

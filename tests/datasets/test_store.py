@@ -106,3 +106,27 @@ def test_auto_storage_weighs_data_against_budget_and_memory():
     assert choose_storage("memory", 1 << 60) == "memory"
     with pytest.raises(ValueError, match="storage must be one of"):
         choose_storage("ram", 1)
+
+
+def test_self_loops_of_a_mapped_graph_are_written_beside_it(monkeypatch):
+    """GCN's graph (self-loops, normalization) of a graph mapped from disk goes to disk a
+    block at a time (never a whole copy in memory): the same graph as in memory, mapped,
+    its file unlinked (nothing left in the entry), the entry's own files unchanged."""
+    import ngra.kernels.cpu._util as cpu_util
+    from ngra.memstat import mapped_file
+    from ngra.models.zoo import prepare
+
+    monkeypatch.setattr(cpu_util, "MAPPED_BLOCK_EDGES", 100)
+    ds, mem = load(SPEC, storage="disk"), load(SPEC)
+    files = sorted(p.name for p in _entry(ds).iterdir())
+    before = (_entry(ds) / "indices.npy").read_bytes()
+    got, _ = prepare("gcn", ds.graph)
+    want, _ = prepare("gcn", mem.graph)
+    assert is_mapped(got.indices) and is_mapped(got.indptr)
+    assert Path(mapped_file(got.indices)).parent == _entry(ds)
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.indptr, want.indptr)
+    assert got.indices.dtype == want.indices.dtype and got.indptr.dtype == want.indptr.dtype
+    src, dst = got.edge_factors.src, got.edge_factors.dst
+    assert torch.equal(src, want.edge_factors.src) and torch.equal(dst, want.edge_factors.dst)
+    assert sorted(p.name for p in _entry(ds).iterdir()) == files
+    assert (_entry(ds) / "indices.npy").read_bytes() == before

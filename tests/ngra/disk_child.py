@@ -1,6 +1,8 @@
 """Child process for the disk-storage memory test: train from the on-disk store, report RSS.
 
-Usage: python disk_child.py SPEC BUDGET STORAGE (the dataset must be in the cache already).
+Usage: python disk_child.py SPEC BUDGET STORAGE [BLOCK_EDGES] (the dataset must be in the
+cache already; ``BUDGET`` may be ``none``; ``BLOCK_EDGES`` sets the edges a block when
+kernels walk a mapped structure).
 Warms up with one epoch of the same run (numba loads or compiles its kernels: not the
 training's working set), resets the high-water mark, then trains SPEC for two epochs with
 ``storage=STORAGE`` and ``memory_budget=BUDGET``; prints one JSON line with the RSS
@@ -20,6 +22,11 @@ from ngra.train import TrainConfig, train
 
 def main() -> None:
     spec, budget, storage = sys.argv[1], sys.argv[2], sys.argv[3]
+    budget = None if budget == "none" else budget
+    if len(sys.argv) > 4:
+        import ngra.kernels.cpu._util as cpu_util
+
+        cpu_util.MAPPED_BLOCK_EDGES = int(sys.argv[4])
     torch.set_num_threads(2)
     # warm-up: one epoch of the same run (numba loads or compiles every kernel it uses)
     train(TrainConfig(model="gcn", dataset=spec, epochs=1, progress=False,
