@@ -205,8 +205,11 @@ def _first_decrease(t: torch.Tensor) -> int:
         return -1
     if t.device.type == "cpu":
         a = t.numpy()
-        bad = a[1:] < a[:-1]
-        return int(bad.argmax()) if bad.any() else -1
+        for lo, hi in _host_blocks(a, overlap=1):
+            bad = a[lo + 1:hi] < a[lo:hi - 1]
+            if bad.any():
+                return lo + int(bad.argmax())
+        return -1
     bad = t[1:] < t[:-1]
     return int(bad.nonzero()[0, 0]) if bool(bad.any()) else -1
 
@@ -214,9 +217,30 @@ def _first_decrease(t: torch.Tensor) -> int:
 def _min_max(t: torch.Tensor) -> tuple[int, int]:
     if t.device.type == "cpu":
         a = t.numpy()
-        return int(a.min()), int(a.max())
+        parts = [(int(a[lo:hi].min()), int(a[lo:hi].max())) for lo, hi in _host_blocks(a)]
+        return min(p[0] for p in parts), max(p[1] for p in parts)
     lo, hi = torch.aminmax(t)
     return int(lo), int(hi)
+
+
+#: Elements a block when a check reads an array memory-mapped from disk.
+_CHECK_BLOCK = 1 << 24
+
+
+def _host_blocks(a, overlap: int = 0):
+    """``(lo, hi)`` ranges covering a 1-D host array: the whole array in memory; blocks of
+    :data:`_CHECK_BLOCK` elements (each ``overlap`` more) for one memory-mapped from disk,
+    each block's pages dropped once checked, so a check never makes it resident."""
+    from ngra.memstat import is_mapped, release_mapped
+
+    n = a.shape[0]
+    if not is_mapped(a):
+        yield 0, n
+        return
+    for lo in range(0, max(n - overlap, 1), _CHECK_BLOCK):
+        hi = min(lo + _CHECK_BLOCK + overlap, n)
+        yield lo, hi
+        release_mapped(a, lo, hi)
 
 
 def check_csc(

@@ -21,6 +21,7 @@ import ngra.kernels.cpu._util as cpu_util
 import ngra.memstat as memstat
 from ngra.datasets.store import mapped_tensor
 from ngra.kernels import gspmm
+from ngra.kernels._checks import check_csc
 
 pytestmark = pytest.mark.usefixtures("parallel_kernels")
 
@@ -60,6 +61,7 @@ def test_mapped_structure_gives_the_in_memory_results(case, reduce, scaled, gen,
 
     want = run("ref", lambda a: gspmm(indptr, indices, a, reduce=reduce, scale=scale), [x],
                gen=gen)
+    check_csc(m_indptr, m_indices, num_src)  # validated once (in blocks), before the record
     small_blocks.clear()
     got = run("cpu", lambda a: gspmm(m_indptr, m_indices, a, reduce=reduce, scale=scale), [x],
               want[2])
@@ -94,3 +96,27 @@ def test_walk_blocks_cover_the_rows_once(tmp_path, monkeypatch, gen):
     assert blocks[0][0] == 0 and blocks[-1][1] == n
     assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
     assert len(blocks) <= max(1, -(-int(indptr[-1]) // 5)) and all(a < b for a, b in blocks)
+
+
+def test_checks_read_a_mapped_structure_in_blocks(tmp_path, monkeypatch, small_blocks):
+    """The kernels' input checks read a mapped array in blocks, dropping each (never the
+    whole array resident), and find what they find in memory: a decrease of ``indptr``
+    across a block boundary, an id out of range in the last block."""
+    import ngra.kernels._checks as checks
+
+    monkeypatch.setattr(checks, "_CHECK_BLOCK", 4)
+    indptr = torch.tensor([0, 1, 2, 3, 4, 6, 5, 7, 9], dtype=torch.int32)  # 6 > 5 at [5..6]
+    indices = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 9], dtype=torch.int32)  # 9 out of range
+    ok = torch.arange(10, dtype=torch.int32)
+    for arr, name in ((indptr, "ip"), (indices, "ix"), (ok, "ok")):
+        m = _mapped(arr, tmp_path / f"{name}.npy")
+        assert checks._first_decrease(m) == checks._first_decrease(arr)
+        assert checks._min_max(m) == checks._min_max(arr)
+    m_ip, m_ix = _mapped(indptr, tmp_path / "ip2.npy"), _mapped(indices, tmp_path / "ix2.npy")
+    with pytest.raises(ValueError, match=r"indptr\[6\] = 5 < indptr\[5\] = 6"):
+        checks.check_csc(m_ip, m_ix, 9)
+    m_ok = _mapped(torch.tensor([0, 2, 4, 6, 9], dtype=torch.int32), tmp_path / "ip3.npy")
+    with pytest.raises(ValueError, match="found 9"):
+        checks.check_csc(m_ok, m_ix, 9)
+    spans = [(lo, hi) for p, lo, hi in small_blocks if p == m_ix.data_ptr()]
+    assert spans and spans[0] == (0, 4) and spans[-1][1] == 9
