@@ -85,10 +85,10 @@ class _Spilled:
 
 
 def _eligible(t: torch.Tensor, min_bytes: int) -> bool:
-    return (t.device.type == "cpu" and t.dim() >= 2 and t.is_contiguous()
+    return (t.device.type == "cpu" and t.dim() >= 2 and t.is_contiguous() and t.numel() > 0
             and t.numel() * t.element_size() >= min_bytes
             and not (t.is_leaf and t.requires_grad) and not t.is_sparse
-            and t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+            and t.dtype in (torch.float16, torch.float32, torch.float64)  # numpy's
             and not is_mapped(t) and not is_spilled(t))
 
 
