@@ -52,8 +52,12 @@ def test_reciprocity_against_a_plain_count():
 
 
 def test_chunked_reciprocity_matches_the_sorted_count(monkeypatch: pytest.MonkeyPatch):
-    """Past SORT_MAX_EDGES the CSC is walked in chunks: the same figure, on graphs with
-    unsorted columns, multi-edges, self-loops and isolated vertices, chunks of any size."""
+    """Past SORT_MAX_EDGES the CSC is walked (a binary search an edge, on every thread):
+    the same figure, on graphs with unsorted columns (sorted in chunks of any size),
+    multi-edges, self-loops and isolated vertices."""
+    import ngra.kernels.cpu._util as cpu_util
+
+    monkeypatch.setattr(cpu_util, "_MIN_PARALLEL_BYTES", 0)  # the threads on tiny graphs
     rng = np.random.default_rng(int(torch.randint(1 << 30, ())))
     for trial in range(40):
         n, m = int(rng.integers(1, 40)), int(rng.integers(0, 300))
