@@ -485,11 +485,11 @@ class Graph:
             raise ValueError("add_self_loops on a graph with factored edge weights: add the "
                              "loops first, then normalize (gcn_norm(add_self_loops=True)).")
         n, e = self.num_nodes, self.num_edges
-        new_e = e + n
         if order == "csc" and self._weight is None and is_mapped(self.indices):
             return Graph(*_self_loops_on_disk(self.indptr.numpy(), self.indices.numpy()), None, n)
         ends = self.indptr[1:].numpy()  # a loop goes after the last in-edge of its vertex
         idx = self.indices.numpy()
+        new_e = e + n
         indptr = narrow(self.indptr.to(torch.int64) + torch.arange(n + 1), new_e)
         indices = torch.from_numpy(np.insert(idx, ends, np.arange(n, dtype=idx.dtype)))
         indices = indices.to(ids_dtype(n))

@@ -21,7 +21,7 @@ import numpy as np
 
 __all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "malloc_trim", "release_large_frees",
            "tensor_peak_bytes", "mapped_from", "register_mapped", "release_mapped", "prefetch_mapped",
-           "mapped_file", "register_mmap", "scratch_mapped", "is_mapped", "io_read_bytes"]
+           "mapped_file", "register_mmap", "scratch_file", "scratch_mapped", "is_mapped", "io_read_bytes"]
 
 
 def _status_kb(key: str) -> int | None:
@@ -180,20 +180,33 @@ def register_mapped(array) -> None:
     offset = int(getattr(array, "offset", 0))
     base = array.ctypes.data - offset % _mmap.ALLOCATIONGRANULARITY  # where the mapping starts
     name = getattr(array, "filename", None)
-    _MAPPED[id(mm)] = (array.ctypes.data, array.ctypes.data + array.nbytes, mm, base,
-                       str(name) if name is not None else None)
-    weakref.finalize(array, _MAPPED.pop, id(mm), None)  # forget it (and unmap) with the array
+    _remember(mm, array, base, str(name) if name is not None else None)
 
 
 def register_mmap(mm, array, name: str | None = None) -> None:
     """Remember an array over the whole of ``mmap.mmap`` ``mm`` (mapped from offset 0),
     as :func:`register_mapped` does for a numpy memmap; ``name`` is what
     :func:`mapped_file` answers for it."""
-    if array.size == 0:
-        return
-    start = array.ctypes.data
-    _MAPPED[id(mm)] = (start, start + array.nbytes, mm, start, name)
-    weakref.finalize(array, _MAPPED.pop, id(mm), None)
+    if array.size:
+        _remember(mm, array, array.ctypes.data, name)
+
+
+def _remember(mm, array, base: int, name: str | None) -> None:
+    _MAPPED[id(mm)] = (array.ctypes.data, array.ctypes.data + array.nbytes, mm, base, name)
+    weakref.finalize(array, _MAPPED.pop, id(mm), None)  # forget it (and unmap) with the array
+
+
+def scratch_file(near, prefix: str) -> tuple[int, str]:
+    """``(fd, path)`` of a new empty file in the folder the memory-mapped ``near`` was
+    mapped from (else, or if that folder is not writable, the temp folder): where a large
+    array derived from data on disk goes. The caller unlinks it once opened or mapped."""
+    import tempfile
+
+    folder = os.path.dirname(mapped_file(near) or "") if near is not None else ""
+    try:
+        return tempfile.mkstemp(prefix=prefix, suffix=".bin", dir=folder or None)
+    except OSError:
+        return tempfile.mkstemp(prefix=prefix, suffix=".bin")
 
 
 def scratch_mapped(near, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -202,17 +215,11 @@ def scratch_mapped(near, shape: tuple[int, ...], dtype) -> np.ndarray:
     into memory. The file is made in the folder ``near`` was mapped from (else the temp
     folder) and unlinked at once, so its disk space goes back when the array is freed, or
     the process ends. Writers drop the pages they wrote with :func:`release_mapped`."""
-    import tempfile
-
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes == 0:
         return np.empty(shape, dtype=dtype)
-    folder = os.path.dirname(mapped_file(near) or "") or None
-    try:
-        fd, path = tempfile.mkstemp(prefix=".ngra-scratch-", suffix=".bin", dir=folder)
-    except OSError:
-        fd, path = tempfile.mkstemp(prefix=".ngra-scratch-", suffix=".bin")
+    fd, path = scratch_file(near, ".ngra-scratch-")
     try:
         os.ftruncate(fd, nbytes)
         a = np.memmap(path, dtype=dtype, mode="r+", shape=tuple(shape))

@@ -29,22 +29,19 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import tempfile
 import weakref
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from ngra.memstat import is_mapped, mapped_file, register_mmap
+from ngra.memstat import is_mapped, mapped_file, register_mmap, scratch_file
 
 __all__ = ["saved_on_disk", "is_spilled", "SPILL_MIN_BYTES"]
 
 #: Saved tensors smaller than this stay in memory (a vertex array of a large graph is
 #: hundreds of MiB; a weight or a small graph's array is not worth a file).
 SPILL_MIN_BYTES = 64 << 20
-#: Rows are written in blocks of about this many bytes (no full-size temporary).
-_WRITE_BLOCK = 64 << 20
 
 #: what :func:`ngra.memstat.mapped_file` answers for an unpacked saved tensor
 _UNPACKED = "<a saved tensor's spill file, unpacked>"
@@ -59,27 +56,20 @@ def is_spilled(t: torch.Tensor) -> bool:
 class _Spilled:
     """One saved tensor's scratch file (unlinked; open while this record lives)."""
 
-    def __init__(self, t: torch.Tensor, folder: str | None) -> None:
-        try:
-            fd, path = tempfile.mkstemp(prefix=".ngra-saved-", suffix=".bin", dir=folder)
-        except OSError:
-            fd, path = tempfile.mkstemp(prefix=".ngra-saved-", suffix=".bin")
+    def __init__(self, t: torch.Tensor, near: torch.Tensor | None) -> None:
+        fd, path = scratch_file(near, ".ngra-saved-")
         os.unlink(path)
         self.file = os.fdopen(fd, "r+b", buffering=0)
-        self.shape, self.dtype = tuple(t.shape), t.dtype
-        self.nbytes = t.numel() * t.element_size()
-        flat = t.detach().reshape(t.shape[0], -1).numpy()
-        rows = max(1, _WRITE_BLOCK // max(flat.strides[0], 1))
-        for r0 in range(0, flat.shape[0], rows):
-            view = memoryview(np.ascontiguousarray(flat[r0:r0 + rows])).cast("B")
-            while view.nbytes:
-                view = view[self.file.write(view):]
+        a = t.detach().numpy()
+        self.shape, self.dtype, self.nbytes = a.shape, a.dtype, a.nbytes
+        view = memoryview(a.reshape(-1)).cast("B")  # contiguous: no copy
+        while view.nbytes:  # a write() may take less than asked (2 GiB at most on Linux)
+            view = view[self.file.write(view):]
 
     def unpack(self) -> torch.Tensor:
         mm = mmap.mmap(self.file.fileno(), self.nbytes, flags=mmap.MAP_PRIVATE,
                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        a = np.frombuffer(mm, dtype=torch.empty((), dtype=self.dtype).numpy().dtype)
-        a = a.reshape(self.shape)
+        a = np.frombuffer(mm, dtype=self.dtype).reshape(self.shape)
         register_mmap(mm, a, _UNPACKED)
         return torch.from_numpy(a)
 
@@ -98,8 +88,6 @@ def saved_on_disk(near: torch.Tensor | None = None,
     """Inside the block, autograd's saved vertex arrays go to scratch files (see the
     module docstring): beside the file ``near`` is mapped from (the dataset's), else in
     the temp folder."""
-    folder = os.path.dirname(mapped_file(near) or "") if near is not None else ""
-    folder = folder or None
     seen: dict[tuple, tuple[weakref.ref, int, _Spilled]] = {}
 
     def pack(t: torch.Tensor):
@@ -109,7 +97,7 @@ def saved_on_disk(near: torch.Tensor | None = None,
         hit = seen.get(key)
         if hit is not None and hit[0]() is not None and hit[1] == t._version:
             return hit[2]  # the same tensor saved again (an output and the next input)
-        rec = _Spilled(t, folder)
+        rec = _Spilled(t, near)
         seen[key] = (weakref.ref(t), t._version, rec)
         return rec
 

@@ -302,7 +302,7 @@ def gspmm(
     code = REDUCE_CODES[reduce]
     nh = src.shape[1]
     out = torch.empty((indptr.numel() - 1,) + tuple(src.shape[1:]), dtype=src.dtype)
-    ip, src_np = as_numpy(indptr), _flat(src)
+    ip, idx, src_np = as_numpy(indptr), as_numpy(indices), _flat(src)
     edge_np = _flat_edge(edge, src_np)
     if code in (MAX, MIN):
         if eperm is not None:
@@ -312,7 +312,7 @@ def gspmm(
             _spmm_extreme,
             ip,
             ip,
-            as_numpy(indices),
+            idx,
             src_np,
             edge_np,
             _flat(arg),
@@ -322,7 +322,7 @@ def gspmm(
             edge is not None,
             prefetch_distance(src_np.strides[0]),
             row_bytes=src_np.strides[0],
-            edge_arrays=(as_numpy(indices), edge_np),
+            edge_arrays=(idx, edge_np),
         )
         return out, arg
     eperm_np = as_numpy(eperm) if eperm is not None else dummy(np.int64, 1)
@@ -330,7 +330,7 @@ def gspmm(
         _spmm_sum,
         ip,
         ip,
-        as_numpy(indices),
+        idx,
         eperm_np,
         src_np,
         edge_np,
@@ -342,7 +342,7 @@ def gspmm(
         eperm is not None,
         prefetch_distance(src_np.strides[0]),
         row_bytes=src_np.strides[0],
-        edge_arrays=(as_numpy(indices),) if eperm is not None else (as_numpy(indices), edge_np),
+        edge_arrays=(idx,) if eperm is not None else (idx, edge_np),
     )
     return out, None
 
@@ -358,12 +358,12 @@ def gspmm_scaled(
 ) -> torch.Tensor:
     """See :func:`ngra.kernels.ref.gspmm.gspmm_scaled` (same contract)."""
     out = torch.empty((indptr.numel() - 1,) + tuple(src.shape[1:]), dtype=src.dtype)
-    ip, src_np = as_numpy(indptr), _flat(src)
+    ip, idx, src_np = as_numpy(indptr), as_numpy(indices), _flat(src)
     run_rows(
         _spmm_scaled,
         ip,
         ip,
-        as_numpy(indices),
+        idx,
         src_np,
         as_numpy(src_scale.to(src.dtype).contiguous()),
         as_numpy(dst_scale.to(src.dtype).contiguous()),
@@ -371,7 +371,7 @@ def gspmm_scaled(
         reduce == "mean",
         prefetch_distance(src_np.strides[0]),
         row_bytes=src_np.strides[0],
-        edge_arrays=(as_numpy(indices),),
+        edge_arrays=(idx,),
     )
     return out
 

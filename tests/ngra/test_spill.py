@@ -29,15 +29,15 @@ def written(monkeypatch):
     shapes: list[tuple[int, ...]] = []
     real = spill._Spilled.__init__
 
-    def spy(self, t, folder):
+    def spy(self, t, near):
         shapes.append(tuple(t.shape))
-        real(self, t, folder)
+        real(self, t, near)
 
     monkeypatch.setattr(spill._Spilled, "__init__", spy)
     return shapes
 
 
-def _step(name: str, graph: Graph, x: torch.Tensor, spilled: bool, folder=None):
+def _step(name: str, graph: Graph, x: torch.Tensor, spilled: bool):
     torch.manual_seed(1)
     model = build_model(name, x.shape[1], 5, dropout=0.5)
     g, e = prepare(name, graph)
@@ -96,9 +96,12 @@ def test_files_are_unlinked_and_small_tensors_stay(tmp_path, monkeypatch, writte
     as soon as it is made."""
     import tempfile
 
+    import ngra.memstat as memstat
+
     near = torch.zeros(1)
-    monkeypatch.setattr(spill, "mapped_file", lambda t: str(tmp_path / "x.npy")
-                        if t is near else None)
+    real_file = memstat.mapped_file
+    monkeypatch.setattr(memstat, "mapped_file", lambda t: str(tmp_path / "x.npy")
+                        if t is near else real_file(t))
     folders = []
     real = tempfile.mkstemp
 
@@ -106,7 +109,7 @@ def test_files_are_unlinked_and_small_tensors_stay(tmp_path, monkeypatch, writte
         folders.append(kw.get("dir"))
         return real(**kw)
 
-    monkeypatch.setattr(spill.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     x = torch.randn(1000, 16, requires_grad=True)
     with saved_on_disk(near=near, min_bytes=32_000):
         y = torch.sigmoid(x)  # saves its 64 KB output: spilled
