@@ -1,7 +1,8 @@
 """numba g-SpMM: one pass over destinations, no atomics, no [E, F] temporaries.
 
-:func:`_spmm_sum` serves the sum/mean forward (CSC), the sum/mean backward
-(the same kernel over the reverse CSR, edge ids through ``eperm``) and the
+:func:`_spmm_copy` serves the copy-sum/mean forward (CSC) and backward (the same
+kernel over the reverse CSR); :func:`_spmm_sum` the sum/mean with edge data, forward
+and backward (edge ids through ``eperm``), and the
 max/min backward w.r.t. sources (``MASKED_SUM``: only the arg-extreme edge
 contributes); :func:`_spmm_extreme` the max/min forward; :func:`_spmm_scaled` a
 sum/mean whose edge weight is a product of per-vertex factors (GCN's normalization),
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from ngra.kernels.cpu._rowsum import sum_rows
 from ngra.kernels.cpu._util import (
     MASKED_SUM,
     MAX,
@@ -34,45 +36,26 @@ from ngra.kernels.cpu.gsddmm import gsddmm as _gsddmm
 from ngra.kernels.registry import register
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _sum_rows(indices, src, scale, acc, lo, hi, pf):
-    """``acc += sum_{j in [lo, hi)} src[u]``, ``u = indices[j]``, each row times
-    ``scale[u]`` unless ``scale`` is ``None`` (numba compiles that case apart). Four edges
-    a step: the four rows are summed in registers and ``acc`` (the output row) is read
-    and written once per four edges instead of once per edge (copy-sum on R-MAT 2^18 /
-    ego-Twitter, F=64, one thread: 10-20% faster). The float additions run
-    ``((a + b) + (c + d))`` per step, not one edge after another."""
-    nf = src.shape[1]
-    num_edges = indices.shape[0]
-    j = lo
-    while j + 4 <= hi:
-        if j + pf + 3 < num_edges:
-            for q in range(4):
-                prefetch_row(src, indices[j + pf + q])
-        a, b, c, d = indices[j], indices[j + 1], indices[j + 2], indices[j + 3]
-        if scale is None:
-            for f in range(nf):
-                acc[f] += (src[a, f] + src[b, f]) + (src[c, f] + src[d, f])
-        else:
-            wa, wb, wc, wd = scale[a], scale[b], scale[c], scale[d]
-            for f in range(nf):
-                acc[f] += (wa * src[a, f] + wb * src[b, f]) + (wc * src[c, f] + wd * src[d, f])
-        j += 4
-    while j < hi:
-        if j + pf < num_edges:
-            prefetch_row(src, indices[j + pf])
-        u = indices[j]
-        w = src.dtype.type(1) if scale is None else scale[u]
-        for f in range(nf):
-            acc[f] += w * src[u, f]
-        j += 1
+@njit(cache=True, nogil=True)
+def _spmm_copy(indptr, indices, src, out, mean, pf, v0, v1):
+    """``out[v] = sum_{j in row v} src[indices[j]]`` (``mean``: over the in-degree) for
+    ``v`` in ``[v0, v1)``: copy-sum/mean, forward (CSC) and backward (reverse CSR), each
+    row summed in registers (:func:`ngra.kernels.cpu._rowsum.sum_rows`). A kernel of its
+    own: inlined into :func:`_spmm_sum`'s case switch the same loop ran ~25% slower."""
+    for v in range(v0, v1):
+        lo, hi = indptr[v], indptr[v + 1]
+        inv = out.dtype.type(1)
+        if mean and hi > lo:
+            inv = inv / out.dtype.type(hi - lo)
+        sum_rows(indices, src, None, out, v, lo, hi, pf, inv)
 
 
 @njit(cache=True, nogil=True)
 def _spmm_sum(
     indptr, indices, eperm, src, edge, arg, out, nh, reduce, has_edge, has_perm, pf, v0, v1
 ):
-    """``out[v] = sum_{j in row v} src[indices[j]] * edge[e(j)]`` for ``v`` in ``[v0, v1)``.
+    """``out[v] = sum_{j in row v} src[indices[j]] * edge[e(j)]`` for ``v`` in ``[v0, v1)``
+    (with edge data, or ``MASKED_SUM``; copy-sum/mean is :func:`_spmm_copy`).
 
     ``e(j) = eperm[j]`` if ``has_perm`` else ``j``. Rows are flattened:
     ``src`` [N, F] with F = nh * D, ``edge`` [E, F] (one weight per element) or
@@ -105,8 +88,6 @@ def _spmm_sum(
                             if has_edge:
                                 x = x * (edge[e, f] if vec_edge else edge[e, h])
                             out[v, f] += x
-        elif not has_edge:
-            _sum_rows(indices, src, None, out[v], lo, hi, pf)
         elif vec_edge:
             for j in range(lo, hi):
                 if j + pf < num_edges:
@@ -137,18 +118,12 @@ def _spmm_scaled(indptr, indices, src, sscale, dscale, out, mean, pf, v0, v1):
     """``out[v] = dscale[v] * sum_j sscale[u] * src[u]`` (``u = indices[j]``; MEAN also
     divides by the in-degree) for ``v`` in ``[v0, v1)``: a weighted sum whose weight is a
     product of per-vertex factors, read per edge instead of stored per edge."""
-    nf = src.shape[1]
-    num_edges = indices.shape[0]
     for v in range(v0, v1):
         lo, hi = indptr[v], indptr[v + 1]
-        for f in range(nf):
-            out[v, f] = 0
-        _sum_rows(indices, src, sscale, out[v], lo, hi, pf)
         scale = dscale[v]
         if mean and hi > lo:
             scale = scale / (hi - lo)
-        for f in range(nf):
-            out[v, f] *= scale
+        sum_rows(indices, src, sscale, out, v, lo, hi, pf, scale)
 
 
 @njit(cache=True, nogil=True)
@@ -325,6 +300,11 @@ def gspmm(
             edge_arrays=(idx, edge_np),
         )
         return out, arg
+    if edge is None:
+        run_rows(_spmm_copy, ip, ip, idx, src_np, _flat(out), code == MEAN,
+                 prefetch_distance(src_np.strides[0]), row_bytes=src_np.strides[0],
+                 edge_arrays=(idx,))
+        return out, None
     eperm_np = as_numpy(eperm) if eperm is not None else dummy(np.int64, 1)
     run_rows(
         _spmm_sum,
