@@ -267,6 +267,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="threads for every framework (default: 2)")
     p.add_argument("--thp", type=int, choices=(0, 1), default=1,
                    help="THP_MEM_ALLOC_ENABLE for torch's allocator (default: 1)")
+    p.add_argument("--omp-wait", choices=("passive", "active"), default="passive",
+                   help="OMP_WAIT_POLICY for every framework (default passive: DGL's and "
+                        "torch's OpenMP threads otherwise spin after each op and take a core "
+                        "from whatever runs next on 2 cores)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--max-seconds", type=float, default=20.0,
@@ -293,7 +297,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    env = bu.pin_environment(args.threads, bool(args.thp))
+    env = bu.pin_environment(args.threads, bool(args.thp),
+                             {"OMP_WAIT_POLICY": args.omp_wait.upper()})
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import psutil
     from tqdm import tqdm
@@ -475,7 +480,8 @@ def write_results(args, rows, graphs, bw, env, elapsed) -> None:
         (f"- Threads: {args.threads} for every framework (`torch.set_num_threads`, "
         f"OMP/MKL/NUMBA_NUM_THREADS={env['NUMBA_NUM_THREADS']}). Allocator: "
         f"`THP_MEM_ALLOC_ENABLE={env['THP_MEM_ALLOC_ENABLE']}` for all frameworks (it affects "
-        "allocations made through torch's CPU allocator)."),
+        "allocations made through torch's CPU allocator); "
+        f"`OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}` for all frameworks."),
         (f"- Memory bandwidth ({args.threads} threads): at the start, 1 GiB buffers: copy "
         f"{bw['copy_gbps']:.1f} GB/s (read + write bytes / time), read {bw['read_gbps']:.1f} GB/s; "
         f"copy re-measured (256 MiB) right after each ngra forward case: "
