@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ngra.compiler.ir import Node, Op, Stage, map_refs
+from ngra.kernels import sparse_input
 from ngra.kernels.rowdot import rowdot
 
 __all__ = ["Resolver", "run_stage", "evaluate", "apply_sink"]
@@ -150,7 +151,7 @@ def eval_node(n: Node, vals: list[Any], inputs: Callable[[Node], Any], resolver:
 
 
 def _linear(a: dict, x: Any, w: Any, b: Any = None) -> Any:
-    return F.linear(x, w, b)
+    return sparse_input.linear(x, w, b)  # F.linear, or a CSR copy of mostly-zero inputs
 
 
 def _param(a: dict, resolver: Resolver) -> Any:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ngra.graph import Graph
-from ngra.kernels import dropout
+from ngra.kernels import dropout, sparse_input
 from ngra.kernels._checks import sole_owner_uses, storage_uses
 from ngra.spill import is_spilled
 from ngra.models.commnet import CommNetConv
@@ -220,7 +220,7 @@ class GNN(nn.Module):
 
     def __init__(self, name: str, layers: list[nn.Module], dropout: float,
                  act: Callable[[torch.Tensor], torch.Tensor],
-                 head_in: nn.Module | None = None, head_out: nn.Module | None = None) -> None:
+                 head_in: nn.Linear | None = None, head_out: nn.Module | None = None) -> None:
         super().__init__()
         self.name = name
         self.layers = nn.ModuleList(layers)
@@ -229,8 +229,9 @@ class GNN(nn.Module):
         self.head_in, self.head_out = head_in, head_out
 
     def forward(self, graph: Graph, x: torch.Tensor, edge_data: Any = None) -> torch.Tensor:
-        if self.head_in is not None:
-            x = self.act(self.head_in(dropout(x, self.dropout, self.training)))
+        if self.head_in is not None:  # a Linear: through a sparse copy of mostly-zero x
+            x = dropout(x, self.dropout, self.training)
+            x = self.act(sparse_input.linear(x, self.head_in.weight, self.head_in.bias))
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(graph, x, edge_data, dropout=self.dropout)
