@@ -91,3 +91,22 @@ def test_a_dead_tensor_leaves_no_entry():
     del x
     gc.collect()
     assert key not in sparse_input._forms
+
+
+def test_a_dense_tensor_read_twice_is_judged_by_a_sample(monkeypatch):
+    """An activation read by two Linears is new every forward: its second read must not
+    count every entry (a strided sample shows it dense)."""
+    sizes = []
+    real = torch.count_nonzero
+    monkeypatch.setattr(torch, "count_nonzero", lambda t, *a: sizes.append(t.numel()) or real(t, *a))
+    w, b = _weights(700)
+    for _ in range(3):  # three forwards, each with a fresh activation read twice
+        h = torch.rand(600, 700)
+        linear(h, w, b)
+        linear(h, w, b)
+    assert sizes and max(sizes) <= 2 * sparse_input._SAMPLE
+    x = _sparse_x(seed=7)
+    sizes.clear()
+    linear(x, w, b)
+    linear(x, w, b)  # mostly zero: the sample passes, then the whole is counted once
+    assert sizes == [sizes[0], x.numel()]
