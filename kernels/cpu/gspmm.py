@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from ngra.kernels.cpu import _outputs as outputs
 from ngra.kernels.cpu._rowsum import sum_rows
 from ngra.kernels.cpu._util import (
     MASKED_SUM,
@@ -276,7 +277,7 @@ def gspmm(
     """See :func:`ngra.kernels.ref.gspmm.gspmm` (same contract)."""
     code = REDUCE_CODES[reduce]
     nh = src.shape[1]
-    out = torch.empty((indptr.numel() - 1,) + tuple(src.shape[1:]), dtype=src.dtype)
+    out = outputs.empty((indptr.numel() - 1,) + tuple(src.shape[1:]), src.dtype)
     ip, idx, src_np = as_numpy(indptr), as_numpy(indices), _flat(src)
     edge_np = _flat_edge(edge, src_np)
     if code in (MAX, MIN):
@@ -337,7 +338,7 @@ def gspmm_scaled(
     reduce: str,
 ) -> torch.Tensor:
     """See :func:`ngra.kernels.ref.gspmm.gspmm_scaled` (same contract)."""
-    out = torch.empty((indptr.numel() - 1,) + tuple(src.shape[1:]), dtype=src.dtype)
+    out = outputs.empty((indptr.numel() - 1,) + tuple(src.shape[1:]), src.dtype)
     ip, idx, src_np = as_numpy(indptr), as_numpy(indices), _flat(src)
     run_rows(
         _spmm_scaled,
