@@ -14,8 +14,9 @@ CSR copy of ``x`` instead (``torch.sparse.mm``; CiteSeer 1.3 ms), when ``x``:
 The CSR copy and the CSR of ``x.T`` (for the weight gradient, ``x.T @ grad``) are made
 at a tensor's second use (the first runs dense: a tensor used once is never copied) and
 reused while the tensor lives and is not modified (its version counter is checked on
-every call); a dense tensor is remembered as dense, so the count is not taken again. Results equal the dense product up to float rounding (the sums run
-over non-zeros only, in another order).
+every call); a dense tensor is remembered as dense, so the count is not taken again.
+Results equal the dense product up to float rounding (the sums run over non-zeros only,
+in another order).
 """
 
 from __future__ import annotations

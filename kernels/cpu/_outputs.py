@@ -3,10 +3,10 @@
 A g-SpMM's output on a large graph is tens of MiB (R-MAT 2^18, F=64: 64 MiB). glibc maps
 such a block afresh on every allocation and the kernel then pays a page fault for each
 4-KiB page it writes: 18 ms of a 45-ms copy-sum on this machine (the kernel itself: 25).
-:func:`empty` hands out outputs of :data:`MIN_BYTES` to half :data:`MAX_IDLE_BYTES` from memory this module
-keeps: a block whose previous output is gone (no tensor shares its storage any more:
-torch's storage use count, calibrated on a block nobody else holds) is handed out
-again, already resident. Each call leaves at most :data:`MAX_IDLE_BYTES` of idle blocks
+:func:`empty` hands out outputs of :data:`MIN_BYTES` to half :data:`MAX_IDLE_BYTES` from
+memory this module keeps: a block whose previous output is gone (no tensor shares its
+storage any more: torch's storage use count, calibrated on a block nobody else holds) is
+handed out again, already resident. Each call leaves at most :data:`MAX_IDLE_BYTES` of idle blocks
 (the oldest go back to the OS), so outputs freed since the last call can exceed it until
 the next.
 

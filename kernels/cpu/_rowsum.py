@@ -42,8 +42,9 @@ def _lanes(dtype: types.Float) -> int:
     return 64 // (dtype.bitwidth // 8)
 
 
-def _chunk_intrinsic(nvec: int, masked: bool):
-    """The edge loop over one chunk of ``nvec`` vectors (the last one ``masked``)."""
+def _chunk_intrinsic(nvec: int):
+    """The edge loop over one chunk of ``nvec`` vectors (the last one masked unless the
+    chunk's width fills it)."""
 
     @intrinsic
     def chunk(typingctx, indices, src, scale, out, v, lo, hi, pf, c0, width, oscale):
@@ -112,62 +113,76 @@ def _chunk_intrinsic(nvec: int, masked: bool):
             def vec_ptr(base, k):
                 return builder.bitcast(builder.gep(base, [ir.Constant(i64, k * 64)]), vpty)
 
-            entry = builder.block
-            head = builder.append_basic_block("rowsum.head")
-            body = builder.append_basic_block("rowsum.body")
-            done = builder.append_basic_block("rowsum.done")
-            builder.branch(head)
+            def emit(masked: bool) -> None:  # the edge loop and the row store
+                entry = builder.block
+                head = builder.append_basic_block("rowsum.head")
+                body = builder.append_basic_block("rowsum.body")
+                done = builder.append_basic_block("rowsum.done")
+                builder.branch(head)
 
-            builder.position_at_end(head)
-            j = builder.phi(i64)
-            j.add_incoming(lo, entry)
-            accs = []
-            for _ in range(nvec):
-                acc = builder.phi(vty)
-                acc.add_incoming(zero_v, entry)
-                accs.append(acc)
-            builder.cbranch(builder.icmp_signed("<", j, hi), body, done)
+                builder.position_at_end(head)
+                j = builder.phi(i64)
+                j.add_incoming(lo, entry)
+                accs = []
+                for _ in range(nvec):
+                    acc = builder.phi(vty)
+                    acc.add_incoming(zero_v, entry)
+                    accs.append(acc)
+                builder.cbranch(builder.icmp_signed("<", j, hi), body, done)
 
-            builder.position_at_end(body)
-            ahead = builder.add(j, pf)
-            with builder.if_then(builder.icmp_signed("<", ahead, num_edges), likely=True):
-                base = slab(load_index(ahead))
-                for k in range(nvec):
-                    builder.call(prefetch, [builder.gep(base, [ir.Constant(i64, k * 64)]),
-                                            i32(0), i32(2), i32(1)])
-            u = load_index(j)
-            base = slab(u)
-            xs = [builder.load(vec_ptr(base, k), align=esize) for k in range(nvec - masked)]
-            if masked:
-                xs.append(builder.call(mload, [vec_ptr(base, nvec - 1), i32(esize), mask,
-                                               zero_v]))
-            if has_scale:
-                w = builder.load(builder.gep(sca.data, [u]))
-                w = context.cast(builder, w, scty.dtype, sty.dtype)
-                wv = builder.insert_element(zero_v, w, ir.Constant(i32, 0))
-                wv = builder.shuffle_vector(wv, wv, ir.Constant(ir.VectorType(i32, lanes),
+                builder.position_at_end(body)
+                ahead = builder.add(j, pf)
+                with builder.if_then(builder.icmp_signed("<", ahead, num_edges), likely=True):
+                    base = slab(load_index(ahead))
+                    for k in range(nvec):
+                        builder.call(prefetch, [builder.gep(base, [ir.Constant(i64, k * 64)]),
+                                                i32(0), i32(2), i32(1)])
+                u = load_index(j)
+                base = slab(u)
+                xs = [builder.load(vec_ptr(base, k), align=esize) for k in range(nvec - masked)]
+                if masked:
+                    xs.append(builder.call(mload, [vec_ptr(base, nvec - 1), i32(esize), mask,
+                                                   zero_v]))
+                if has_scale:
+                    w = builder.load(builder.gep(sca.data, [u]))
+                    w = context.cast(builder, w, scty.dtype, sty.dtype)
+                    wv = builder.insert_element(zero_v, w, ir.Constant(i32, 0))
+                    wv = builder.shuffle_vector(wv, wv, ir.Constant(ir.VectorType(i32, lanes),
+                                                                    [0] * lanes))
+                    xs = [builder.fmul(wv, x) for x in xs]
+                new = [builder.fadd(a, x) for a, x in zip(accs, xs)]
+                j_next = builder.add(j, ir.Constant(i64, 1))
+                tail = builder.block
+                builder.branch(head)
+                j.add_incoming(j_next, tail)
+                for acc, x in zip(accs, new):
+                    acc.add_incoming(x, tail)
+
+                builder.position_at_end(done)
+                ov = builder.insert_element(zero_v, oscale, ir.Constant(i32, 0))
+                ov = builder.shuffle_vector(ov, ov, ir.Constant(ir.VectorType(i32, lanes),
                                                                 [0] * lanes))
-                xs = [builder.fmul(wv, x) for x in xs]
-            new = [builder.fadd(a, x) for a, x in zip(accs, xs)]
-            j_next = builder.add(j, ir.Constant(i64, 1))
-            tail = builder.block
-            builder.branch(head)
-            j.add_incoming(j_next, tail)
-            for acc, x in zip(accs, new):
-                acc.add_incoming(x, tail)
+                odata = builder.bitcast(outa.data, i8p)
+                ostride = cgutils.unpack_tuple(builder, outa.strides)[0]
+                orow = builder.gep(odata, [builder.add(builder.mul(v, ostride), coff)])
+                res = [builder.fmul(a, ov) for a in accs]
+                for k in range(nvec - masked):
+                    builder.store(res[k], vec_ptr(orow, k), align=esize)
+                if masked:
+                    builder.call(mstore, [res[-1], vec_ptr(orow, nvec - 1), i32(esize), mask])
 
-            builder.position_at_end(done)
-            ov = builder.insert_element(zero_v, oscale, ir.Constant(i32, 0))
-            ov = builder.shuffle_vector(ov, ov, ir.Constant(ir.VectorType(i32, lanes),
-                                                            [0] * lanes))
-            odata = builder.bitcast(outa.data, i8p)
-            ostride = cgutils.unpack_tuple(builder, outa.strides)[0]
-            orow = builder.gep(odata, [builder.add(builder.mul(v, ostride), coff)])
-            res = [builder.fmul(a, ov) for a in accs]
-            for k in range(nvec - masked):
-                builder.store(res[k], vec_ptr(orow, k), align=esize)
-            if masked:
-                builder.call(mstore, [res[-1], vec_ptr(orow, nvec - 1), i32(esize), mask])
+            # Whole vectors (width a multiple of the lanes) load and store plainly; otherwise
+            # the last vector goes under the mask. One branch per chunk, two loops.
+            full = builder.icmp_signed("==", width, ir.Constant(i64, nvec * lanes))
+            plain_bb = builder.append_basic_block("rowsum.plain")
+            masked_bb = builder.append_basic_block("rowsum.masked")
+            end_bb = builder.append_basic_block("rowsum.end")
+            builder.cbranch(full, plain_bb, masked_bb)
+            for masked, block in ((False, plain_bb), (True, masked_bb)):
+                builder.position_at_end(block)
+                emit(masked)
+                builder.branch(end_bb)
+            builder.position_at_end(end_bb)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -175,8 +190,7 @@ def _chunk_intrinsic(nvec: int, masked: bool):
     return chunk
 
 
-_full1, _full2, _full3, _full4 = (_chunk_intrinsic(k, False) for k in range(1, _VECTORS + 1))
-_part1, _part2, _part3, _part4 = (_chunk_intrinsic(k, True) for k in range(1, _VECTORS + 1))
+_chunk1, _chunk2, _chunk3, _chunk4 = (_chunk_intrinsic(k) for k in range(1, _VECTORS + 1))
 
 
 @njit(nogil=True, inline="always")
@@ -191,20 +205,11 @@ def sum_rows(indices, src, scale, out, v, lo, hi, pf, oscale):
     for c0 in range(0, nf, step):
         width = min(step, nf - c0)
         nvec = (width + lanes - 1) // lanes
-        if width == nvec * lanes:  # whole vectors: plain loads and stores
-            if nvec == 4:
-                _full4(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
-            elif nvec == 3:
-                _full3(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
-            elif nvec == 2:
-                _full2(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
-            else:
-                _full1(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
-        elif nvec == 4:
-            _part4(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
+        if nvec == 4:
+            _chunk4(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
         elif nvec == 3:
-            _part3(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
+            _chunk3(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
         elif nvec == 2:
-            _part2(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
+            _chunk2(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
         else:
-            _part1(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
+            _chunk1(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)

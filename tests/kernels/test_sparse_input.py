@@ -33,7 +33,8 @@ def test_sparse_linear_equals_f_linear_forward_and_backward(dtype, with_bias):
     b = b if with_bias else None
     g = torch.randn(x.shape[0], w.shape[0], dtype=dtype)
     F.linear(x, w, b).backward(g)
-    want = [F.linear(x, w, b).detach(), w.grad.clone()] + ([b.grad.clone()] if b is not None else [])
+    want = [F.linear(x, w, b).detach(), w.grad.clone()]
+    want += [b.grad.clone()] if b is not None else []
     for call in range(2):  # the first call runs dense and remembers x; the second is sparse
         w.grad = None
         if b is not None:
@@ -98,7 +99,8 @@ def test_a_dense_tensor_read_twice_is_judged_by_a_sample(monkeypatch):
     count every entry (a strided sample shows it dense)."""
     sizes = []
     real = torch.count_nonzero
-    monkeypatch.setattr(torch, "count_nonzero", lambda t, *a: sizes.append(t.numel()) or real(t, *a))
+    monkeypatch.setattr(torch, "count_nonzero",
+                        lambda t, *a: sizes.append(t.numel()) or real(t, *a))
     w, b = _weights(700)
     for _ in range(3):  # three forwards, each with a fresh activation read twice
         h = torch.rand(600, 700)
