@@ -31,11 +31,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["CHUNK_BYTES", "sum_rows"]
+__all__ = ["sum_rows"]
 
-#: Bytes of a feature-column chunk: 4 vectors of 64 bytes, held in registers.
-CHUNK_BYTES = 256
-_VECTORS = 4
+_VECTORS = 4  # vectors of 64 bytes in a feature-column chunk, held in registers
 
 
 def _lanes(dtype: types.Float) -> int:
@@ -48,12 +46,14 @@ def _chunk_intrinsic(nvec: int):
 
     @intrinsic
     def chunk(typingctx, indices, src, scale, out, v, lo, hi, pf, c0, width, oscale):
+        has_scale = not isinstance(scale, (types.NoneType, types.Omitted))
         if not (isinstance(src, types.Array) and src.ndim == 2 and src.layout == "C"
                 and isinstance(out, types.Array) and out.layout == "C"
                 and isinstance(src.dtype, types.Float) and out.dtype == src.dtype
-                and isinstance(indices, types.Array)):
-            return None
-        has_scale = not isinstance(scale, (types.NoneType, types.Omitted))
+                and isinstance(indices, types.Array) and indices.layout == "C"
+                and (not has_scale or (isinstance(scale, types.Array)
+                                       and scale.ndim == 1 and scale.layout == "C"))):
+            return None  # the IR indexes the arrays' data pointers directly
         sig = types.void(indices, src, scale, out, v, lo, hi, pf, c0, width, oscale)
 
         def codegen(context, builder, signature, args):
@@ -76,14 +76,15 @@ def _chunk_intrinsic(nvec: int):
             mty = ir.VectorType(i1, lanes)
             oscale = context.cast(builder, args[10], signature.args[10], sty.dtype)
 
+            def splat(value, of):  # a vector of type ``of`` with ``value`` in every lane
+                one = builder.insert_element(ir.Constant(of, None), value, i32(0))
+                return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, lanes),
+                                                                    [0] * lanes))
+
             # The last vector's mask: lane l is on when c0's column (nvec-1)*lanes + l < width.
             active = builder.sub(width, ir.Constant(i64, (nvec - 1) * lanes))
             iota = ir.Constant(ir.VectorType(i64, lanes), list(range(lanes)))
-            splat = builder.insert_element(ir.Constant(ir.VectorType(i64, lanes), None),
-                                           active, ir.Constant(i32, 0))
-            splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(i32, lanes),
-                                                                     [0] * lanes))
-            mask = builder.icmp_signed("<", iota, splat)
+            mask = builder.icmp_signed("<", iota, splat(active, ir.VectorType(i64, lanes)))
             mload = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vty, [vpty, i32, mty, vty]),
                 f"llvm.masked.load.v{lanes}{'f32' if esize == 4 else 'f64'}.p0")
@@ -146,9 +147,7 @@ def _chunk_intrinsic(nvec: int):
                 if has_scale:
                     w = builder.load(builder.gep(sca.data, [u]))
                     w = context.cast(builder, w, scty.dtype, sty.dtype)
-                    wv = builder.insert_element(zero_v, w, ir.Constant(i32, 0))
-                    wv = builder.shuffle_vector(wv, wv, ir.Constant(ir.VectorType(i32, lanes),
-                                                                    [0] * lanes))
+                    wv = splat(w, vty)
                     xs = [builder.fmul(wv, x) for x in xs]
                 new = [builder.fadd(a, x) for a, x in zip(accs, xs)]
                 j_next = builder.add(j, ir.Constant(i64, 1))
@@ -159,9 +158,7 @@ def _chunk_intrinsic(nvec: int):
                     acc.add_incoming(x, tail)
 
                 builder.position_at_end(done)
-                ov = builder.insert_element(zero_v, oscale, ir.Constant(i32, 0))
-                ov = builder.shuffle_vector(ov, ov, ir.Constant(ir.VectorType(i32, lanes),
-                                                                [0] * lanes))
+                ov = splat(oscale, vty)
                 odata = builder.bitcast(outa.data, i8p)
                 ostride = cgutils.unpack_tuple(builder, outa.strides)[0]
                 orow = builder.gep(odata, [builder.add(builder.mul(v, ostride), coff)])
