@@ -54,7 +54,7 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     from a kept block when it is large (see the module docstring)."""
     from ngra.memstat import mapped_from
 
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if not MIN_BYTES <= nbytes <= MAX_IDLE_BYTES // 2 or mapped_from() is not None:
         return torch.empty(shape, dtype=dtype)
     with _lock:
