@@ -56,6 +56,9 @@ class KernelSpec:
             leaves whose partial derivatives it sums (full width, sum/mean).
         flush_denormals: run with the x86 FTZ/DAZ bits set (numba target only), see
             :data:`ngra.kernels.cpu.fused_edge.FLUSH_DENORMALS`.
+        shared: ``(("dst", index), ...)`` dst leaves given as one row that every
+            destination reads (a parameter vector; numba target only): read at row 0, and
+            their gradients summed over destinations into that row.
     """
 
     kind: str
@@ -65,6 +68,7 @@ class KernelSpec:
     layout: tuple[tuple[str, int, bool], ...]
     grads: tuple[tuple[str, int], ...] = ()
     flush_denormals: bool = False
+    shared: tuple[tuple[str, int], ...] = ()
 
     def digest(self, version: str) -> str:
         """A hash of the spec and the generator's ``version`` (a kernel file's name)."""
@@ -73,7 +77,7 @@ class KernelSpec:
             ",".join(f"{k}{i}{'w' if w else 'n'}" for k, i, w in self.layout),
             ",".join(f"{k}{i}" for k, i in self.grads),
             "ftz" if self.flush_denormals else "",
-        ])
+        ] + ([",".join(f"{k}{i}" for k, i in self.shared)] if self.shared else []))
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     def arrays(self) -> list[str]:
@@ -98,6 +102,8 @@ class KernelSpec:
         ]
         if self.grads:
             lines.append("grads: " + ", ".join(f"{k}{i}" for k, i in self.grads))
+        if self.shared:
+            lines.append("shared rows: " + ", ".join(f"{k}{i}" for k, i in self.shared))
         return lines + ['"""']
 
 

@@ -38,6 +38,7 @@ at forward time, and the same backend runs the backward. Backend contract::
     fused_edge_fwd_partials(indptr, indices, call, src, dst, edge, partials)
         -> (out [num_dst, F], [K_i [num_dst, F] for i in partials])     # sum/mean only
     fused_edge_partials_pay(indptr, call) -> bool     # whether the forward should take them
+    fused_edge_shared_rows() -> bool                  # whether it reads shared dst rows
     fused_edge_bwd(indptr, indices, get_rev, call, src, dst, edge, aux, grad_out, need)
         -> (src_grads, dst_grads, edge_grads)
 
@@ -63,6 +64,14 @@ chunked backward gets dst gradients from the same pass as the others), always on
 grad mode is on, not in a :func:`~ngra.kernels.backward_only` recompute (its forward is
 skipped). :data:`DST_PARTIALS` overrides the backend's choice (tests compare both
 routes).
+
+**Shared rows.** A dst term may be one row ``[1, F]`` that every destination reads (a
+parameter vector: the compiler passes a bias or a weight that multiplies edge data so).
+A backend that says it reads shared rows (``fused_edge_shared_rows``: cpu) gets that
+row as it is: nothing per destination is made for it or saved for backward, it takes no
+dst partial, and the backward walk sums its gradient over destinations into one row
+(per thread). Other backends get the ``[num_dst, F]`` copy, and their gradient of it
+is summed here.
 """
 
 from __future__ import annotations
@@ -631,7 +640,8 @@ def fused_edge_aggregate(
         expr: the :class:`EdgeExpr`; ``E.src(i)`` reads ``src_terms[i]`` etc.
         src_terms: ``[num_src, F]`` or ``[num_src, 1]`` float32/float64 tensors
             (all with the same ``num_src``) (default: none).
-        dst_terms: ``[num_dst, F]`` or ``[num_dst, 1]`` tensors (default: none).
+        dst_terms: ``[num_dst, F]`` or ``[num_dst, 1]`` tensors, or ``[1, F]`` / ``[1, 1]``:
+            one row that every destination reads (default: none).
         edge_terms: ``[E, F]`` or ``[E, 1]`` tensors in CSC edge order (default: none).
         reduce: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"`` (default: ``"sum"``).
         rev: optional reverse CSR for the src-term backward: ``(rev_indptr [num_src + 1],
@@ -675,24 +685,34 @@ def fused_edge_aggregate(
         expr, reduce, (len(groups["src"]), len(groups["dst"]), len(groups["edge"])), width,
         dtype if dtype is not None else torch.get_default_dtype(),
     )
-    partials = _partials(call, groups["dst"], indptr) if torch.is_grad_enabled() else ()
+    shared = tuple(i for i, t in enumerate(groups["dst"]) if t.shape[0] != num_dst)
+    partials = (_partials(call, groups["dst"], indptr, shared) if torch.is_grad_enabled()
+                else ())
     return _FusedEdge.apply(
-        indptr, indices, call, rev_t, num_src, partials,
+        indptr, indices, call, rev_t, num_src, (partials, shared),
         *groups["src"], *groups["dst"], *groups["edge"]
     )
 
 
-def _partials(call: FusedEdgeCall, dst: list[torch.Tensor], indptr: torch.Tensor
-              ) -> tuple[int, ...]:
+def _reads_shared_rows(device: torch.device) -> bool:
+    """Whether the backend for ``device`` reads a one-row dst term as it is."""
+    try:
+        return bool(lookup("fused_edge_shared_rows", device)())
+    except NotImplementedError:
+        return False
+
+
+def _partials(call: FusedEdgeCall, dst: list[torch.Tensor], indptr: torch.Tensor,
+              shared: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The dst terms whose summed partial derivatives the forward computes: full-width,
-    read by the expression, wanting a gradient, under sum/mean, where the backend says
-    they pay (see "Dst partials")."""
+    read by the expression, wanting a gradient, not a shared row, under sum/mean, where
+    the backend says they pay (see "Dst partials")."""
     if (DST_PARTIALS == "never" or call.reduce not in ("sum", "mean")
             or forward_skipped(call.reduce)):
         return ()
     read = {i for kind, i in leaves(call.expr) if kind == "dst"}
-    parts = tuple(i for i, t in enumerate(dst)
-                  if i in read and t.requires_grad and t.shape[1] == call.width > 1)
+    parts = tuple(i for i, t in enumerate(dst) if i in read and i not in shared
+                  and t.requires_grad and t.shape[1] == call.width > 1)
     if (parts and DST_PARTIALS == "auto"
             and not lookup("fused_edge_partials_pay", indptr.device)(indptr, call)):
         return ()
@@ -700,12 +720,20 @@ def _partials(call: FusedEdgeCall, dst: list[torch.Tensor], indptr: torch.Tensor
 
 
 class _FusedEdge(torch.autograd.Function):
-    _ARGS = 6  # non-term arguments of apply: indptr, indices, call, rev, num_src, partials
+    _ARGS = 6  # non-term arguments of apply: indptr, indices, call, rev, num_src, routes
 
     @staticmethod
-    def forward(ctx, indptr, indices, call, rev, num_src, partials, *terms):  # type: ignore[override]
+    def forward(ctx, indptr, indices, call, rev, num_src, routes, *terms):  # type: ignore[override]
+        partials, shared = routes  # dst partials, one-row dst terms (module docs)
         device = indptr.device
         ctx.bwd = lookup("fused_edge_bwd", device)  # same backend as the forward
+        ns, num_dst = call.num_terms[0], indptr.numel() - 1
+        if shared and not _reads_shared_rows(device):  # the backend gets the copies
+            terms = tuple(t.expand(num_dst, -1) if i - ns in shared else t
+                          for i, t in enumerate(terms))
+            ctx.copied = shared
+        else:
+            ctx.copied = ()
         terms = tuple(t.contiguous() for t in terms)
         src, dst, edge = call.split(terms)
         aux, ks = None, []
@@ -755,6 +783,9 @@ class _FusedEdge(torch.autograd.Function):
         for i, k in zip(partials, ks):
             if needs[ns + i]:
                 gd[i] = g * k
+        for i in ctx.copied:  # gradient of the copy -> of the row
+            if gd[i] is not None:
+                gd[i] = gd[i].sum(0, keepdim=True)
         return skip + tuple(gs) + tuple(gd) + tuple(ge)
 
 
@@ -801,9 +832,10 @@ def _check_terms(
     for kind in ("dst", "edge"):
         want, why = rows[kind]
         for i, t in enumerate(groups[kind]):
-            if t.shape[0] != want:
+            if t.shape[0] != want and not (kind == "dst" and t.shape[0] == 1):
+                shared = " (or 1, a row every destination reads)" if kind == "dst" else ""
                 raise ValueError(
-                    f"{kind}_terms[{i}] must have {why} = {want} rows; got {t.shape[0]}."
+                    f"{kind}_terms[{i}] must have {why} = {want} rows{shared}; got {t.shape[0]}."
                 )
     num_src = None
     if groups["src"]:

@@ -83,6 +83,7 @@ class _Emitter:
 
     def __init__(self, spec: KernelSpec, roots: list[EdgeExpr]) -> None:
         self.wide_leaf = {(k, i): w for k, i, w in spec.layout}
+        self.shared = set(spec.shared)
         self.consts: list[float] = [0.0, 1.0]
         self.names: dict[EdgeExpr, str] = {}
         self.order = topo_order(roots)
@@ -114,7 +115,8 @@ class _Emitter:
         if x.is_leaf:
             arr = f"{_LEAF_ARRAY[op]}{x.index}"
             col = "f" if self.wide[x] else "0"
-            return f"{arr}[{_LEAF_ROW[op]}, {col}]"
+            row = "0" if (op, x.index) in self.shared else _LEAF_ROW[op]
+            return f"{arr}[{row}, {col}]"
         if op in ("add", "sub", "mul", "div"):
             sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
             return f"{a[0]} {sym} {a[1]}"
@@ -324,7 +326,9 @@ def _prefetch(w: _Writer, arrays: list[str], index: str, bound: str) -> None:
 
 
 def _wide_leaves(spec: KernelSpec, kind: str) -> list[str]:
-    return [f"{_LEAF_ARRAY[k]}{i}" for k, i, wd in spec.layout if k == kind and wd]
+    """The full-width arrays of ``kind`` read a row per edge (shared rows are not)."""
+    return [f"{_LEAF_ARRAY[k]}{i}" for k, i, wd in spec.layout
+            if k == kind and wd and (k, i) not in spec.shared]
 
 
 def _fwd(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
@@ -388,8 +392,9 @@ def _grad_columns(w: _Writer, spec: KernelSpec, em: _Emitter,
                   roots: list[tuple[str, int, EdgeExpr]]) -> None:
     """The loop over feature columns of every backward kind: ``gv = g[v, f]`` (scaled for
     mean), the derivatives, and each wanted gradient added into its row (``u``, ``v``)
-    or written to its edge ``e``; width-1 terms go to a scalar ``<name>_acc`` that the
-    caller opens and stores. Under max/min only the edge that won column ``f`` counts."""
+    or written to its edge ``e`` (a shared dst row's into row 0); width-1 terms go to a
+    scalar ``<name>_acc`` that the caller opens and stores. Under max/min only the edge
+    that won column ``f`` counts."""
     wide = {(k, i): wd for k, i, wd in spec.layout}
     w("for f in range(nf):")
     w.indent()
@@ -412,7 +417,7 @@ def _grad_columns(w: _Writer, spec: KernelSpec, em: _Emitter,
         elif k == "edge":
             w(f"{name}[e, f] = gv * {d}")
         else:
-            w(f"{name}[{row[k]}, f] += gv * {d}")
+            w(f"{name}[{'0' if (k, i) in spec.shared else row[k]}, f] += gv * {d}")
     w.dedent()
 
 
@@ -430,7 +435,10 @@ def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
     w("end = indptr[v + 1]")
     if spec.reduce == "mean":
         w(f"inv = c1 / {_ft(spec)}(end - start) if end > start else c0")
-    dst_rows = [(f"gd{i}", "v", wide[(k, i)]) for k, i, _ in roots if k == "dst"]
+    # a shared row sums over destinations (each thread its own, zeroed by the caller)
+    dst = [(k, i) for k, i, _ in roots if k == "dst"
+           and not (wide[(k, i)] and (k, i) in spec.shared)]
+    dst_rows = [(f"gd{i}", "v", wide[(k, i)]) for k, i in dst]
     _zero_rows(w, dst_rows)
     w("for pos in range(start, end):")
     w.indent()
@@ -446,9 +454,10 @@ def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
         if k == "edge" and not wide[(k, i)]:
             w(f"ge{i}[e, 0] = ge{i}_acc")
     w.dedent()  # edge loop
-    for name, row, wd in dst_rows:
+    for (name, row, wd), (k, i) in zip(dst_rows, dst):
         if not wd:
-            w(f"{name}[{row}, 0] = {name}_acc")
+            w(f"{name}[0, 0] += {name}_acc" if (k, i) in spec.shared
+              else f"{name}[{row}, 0] = {name}_acc")
     return _close_kernel(w, spec)
 
 
@@ -470,7 +479,8 @@ def _bwd_sources(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, Edg
     _zero_rows(w, src_rows)
     w("for pos in range(rev_indptr[u], rev_indptr[u + 1]):")
     w.indent()
-    dst_grads = [f"gd{i}" for k, i, _ in roots if k == "dst" and wide[(k, i)]]
+    dst_grads = [f"gd{i}" for k, i, _ in roots
+                 if k == "dst" and wide[(k, i)] and (k, i) not in spec.shared]
     _prefetch(w, _wide_leaves(spec, "dst") + ["g"] + dst_grads, "rev_indices", "num_edges")
     _prefetch(w, _wide_leaves(spec, "edge"), "rev_perm", "num_edges")
     w("v = rev_indices[pos]")
@@ -484,7 +494,8 @@ def _bwd_sources(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, Edg
     _grad_columns(w, spec, em, roots)
     for k, i in narrow:
         name = f"g{_LEAF_ARRAY[k]}{i}"
-        w(f"{name}[e, 0] = {name}_acc" if k == "edge" else f"{name}[v, 0] += {name}_acc")
+        row = "e" if k == "edge" else "0" if (k, i) in spec.shared else "v"
+        w(f"{name}[{row}, 0] {'=' if k == 'edge' else '+='} {name}_acc")
     w.dedent()  # edge loop
     for name, row, wd in src_rows:
         if not wd:

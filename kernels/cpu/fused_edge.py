@@ -52,6 +52,7 @@ from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.registry import register
 
 __all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_partials_pay",
+           "fused_edge_shared_rows",
            "fused_edge_bwd", "kernel_for", "cache_dir", "module_name", "FLUSH_DENORMALS",
            "ONE_PASS_BACKWARD", "ONE_PASS_MIN_DEGREE"]
 
@@ -149,23 +150,28 @@ def kernel_for(spec: KernelSpec) -> tuple[Callable, np.ndarray]:
 
 
 # ============================================================================ helpers
-def _layout(call: FusedEdgeCall, groups: dict[str, list[torch.Tensor]]):
-    """The leaves the expression reads, with width flags, and their numpy arrays."""
+def _layout(call: FusedEdgeCall, groups: dict[str, list[torch.Tensor]], num_dst: int):
+    """The leaves the expression reads, with width flags, their numpy arrays, and the
+    shared dst rows (one row that every destination reads, see
+    :func:`fused_edge_shared_rows`)."""
     used = leaves(call.expr)
     layout = tuple((k, i, groups[k][i].shape[1] != 1) for k, i in used)
     arrays = [as_numpy(groups[k][i]) for k, i in used]
-    return layout, arrays
+    shared = tuple((k, i) for k, i in used
+                   if k == "dst" and num_dst != 1 and groups[k][i].shape[0] == 1)
+    return layout, arrays, shared
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return "float32" if dtype == torch.float32 else "float64"
 
 
-def _gathered_bytes(layout, groups: dict[str, list[torch.Tensor]], kinds: tuple[str, ...]) -> int:
-    """Bytes of the wide rows of ``kinds`` read per edge: sets the prefetch distance and
-    tells :func:`run_rows` how much work an edge is."""
+def _gathered_bytes(layout, groups: dict[str, list[torch.Tensor]], kinds: tuple[str, ...],
+                    shared: tuple = ()) -> int:
+    """Bytes of the wide rows of ``kinds`` read per edge (a shared row stays in cache):
+    sets the prefetch distance and tells :func:`run_rows` how much work an edge is."""
     return max(1, sum(groups[k][i].shape[1] * groups[k][i].element_size()
-                      for k, i, wide in layout if wide and k in kinds))
+                      for k, i, wide in layout if wide and k in kinds and (k, i) not in shared))
 
 
 def _rev_args(get_rev) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -177,20 +183,22 @@ def _rev_args(get_rev) -> tuple[np.ndarray, list[np.ndarray]]:
                 as_numpy(rev_perm.to(torch.int64).contiguous())]
 
 
-def _walk_row_bytes(layout, groups, g: np.ndarray, dst_terms) -> int:
+def _walk_row_bytes(layout, groups, g: np.ndarray, dst_terms, shared: tuple) -> int:
     """Bytes a source walk touches at random per edge: the destination's gathered rows,
     its ``g`` row and, with dst gradients, the rows it adds them into."""
-    return (_gathered_bytes(layout, groups, ("dst", "edge")) + g.shape[1] * g.itemsize
-            + sum(groups[k][i].shape[1] * groups[k][i].element_size() for k, i in dst_terms))
+    return (_gathered_bytes(layout, groups, ("dst", "edge"), shared) + g.shape[1] * g.itemsize
+            + sum(groups[k][i].shape[1] * groups[k][i].element_size() for k, i in dst_terms
+                  if (k, i) not in shared))
 
 
-def _one_pass_pays(ip: np.ndarray, rp: np.ndarray, layout, groups, g, dst_side) -> bool:
+def _one_pass_pays(ip: np.ndarray, rp: np.ndarray, layout, groups, g, dst_side,
+                   shared: tuple) -> bool:
     """Whether the dst/edge gradients should join the source walk: each thread beyond
-    the first adds a ``[num_dst, F]`` buffer per dst term, worth it only at
-    :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread."""
+    the first adds a ``[num_dst, F]`` buffer per dst term (a shared row's is one row),
+    worth it only at :data:`ONE_PASS_MIN_DEGREE` edges per destination and extra thread."""
     dst_terms = [ki for ki in dst_side if ki[0] == "dst"]
-    threads = row_threads(rp, _walk_row_bytes(layout, groups, g, dst_terms))
-    return not dst_terms or _dense_for_buffers(ip, threads)
+    threads = row_threads(rp, _walk_row_bytes(layout, groups, g, dst_terms, shared))
+    return all(ki in shared for ki in dst_terms) or _dense_for_buffers(ip, threads)
 
 
 def _dense_for_buffers(ip: np.ndarray, threads: int) -> bool:
@@ -200,7 +208,7 @@ def _dense_for_buffers(ip: np.ndarray, threads: int) -> bool:
     return num_edges >= ONE_PASS_MIN_DEGREE * (threads - 1) * num_dst
 
 
-def _source_walk(ip, rp, rev_args, call, layout, arrays, groups, g, extra,
+def _source_walk(ip, rp, rev_args, call, layout, arrays, shared, groups, g, extra,
                  src_side, dst_side, grads) -> None:
     """The gradients of ``src_side`` (and of ``dst_side``, ``bwd_all``) from one walk over
     sources.
@@ -208,7 +216,8 @@ def _source_walk(ip, rp, rev_args, call, layout, arrays, groups, g, extra,
     Src gradients go to the walked row, edge gradients to the edge's row. Each thread
     adds its edges' dst-term gradients into a buffer of its own: thread 0 into the
     returned gradient, the others into scratch rows summed into it at the end (one
-    ``[num_dst, F]`` buffer more per extra thread and dst term). A destination's
+    ``[num_dst, F]`` buffer more per extra thread and dst term; a shared row's is
+    one row). A destination's
     in-edges are summed in source order, split over threads, so in float32 a hub's
     gradient rounds differently from the edge-order sums of the other backends (as far
     from the exact value, on average, as any sequential float32 sum).
@@ -217,9 +226,9 @@ def _source_walk(ip, rp, rev_args, call, layout, arrays, groups, g, extra,
     edge_terms = tuple(ki for ki in dst_side if ki[0] == "edge")
     order = src_side + edge_terms + dst_terms  # the kernel's argument order
     spec = KernelSpec("bwd_all" if dst_side else "bwd_src", _dtype_name(call.dtype), call.expr,
-                      call.reduce, layout, order, FLUSH_DENORMALS)
+                      call.reduce, layout, order, FLUSH_DENORMALS, shared)
     kern, consts = kernel_for(spec)
-    row_bytes = _walk_row_bytes(layout, groups, g, dst_terms)
+    row_bytes = _walk_row_bytes(layout, groups, g, dst_terms, shared)
     threads = row_threads(rp, row_bytes)
     shared = [torch.empty_like(groups[k][i]) for k, i in src_side + edge_terms]
     own = [[torch.zeros_like(groups[k][i]) for k, i in dst_terms] for _ in range(threads)]
@@ -256,6 +265,13 @@ def fused_edge_fwd_partials(
     return _forward(indptr, indices, call, src, dst, edge, partials, False)
 
 
+@register("fused_edge_shared_rows", "cpu")
+def fused_edge_shared_rows() -> bool:
+    """Yes: a ``[1, F]`` dst term with ``num_dst != 1`` is read at row 0 by every
+    destination, its gradient summed into one row per thread (``KernelSpec.shared``)."""
+    return True
+
+
 @register("fused_edge_partials_pay", "cpu")
 def fused_edge_partials_pay(indptr: torch.Tensor, call: FusedEdgeCall) -> bool:
     """Dst partials replace the per-thread ``[num_dst, F]`` buffers of the one-walk
@@ -275,12 +291,12 @@ def _forward(indptr, indices, call: FusedEdgeCall, src, dst, edge, partials, ext
     """The ``fwd`` kernel: ``(out, [arg] under max/min, else the K_i of partials)``."""
     num_dst = indptr.numel() - 1
     groups = {"src": src, "dst": dst, "edge": edge}
-    layout, arrays = _layout(call, groups)
+    layout, arrays, shared = _layout(call, groups, num_dst)
     out = torch.empty(num_dst, call.width, dtype=call.dtype)
     extra = ([torch.empty(num_dst, call.width, dtype=torch.int64)] if ext else
              [torch.empty(num_dst, call.width, dtype=call.dtype) for _ in partials])
     spec = KernelSpec("fwd", _dtype_name(call.dtype), call.expr, call.reduce, layout,
-                      tuple(("dst", i) for i in partials), FLUSH_DENORMALS)
+                      tuple(("dst", i) for i in partials), FLUSH_DENORMALS, shared)
     kern, consts = kernel_for(spec)
     ip = as_numpy(indptr.to(torch.int64).contiguous())
     row_bytes = _gathered_bytes(layout, groups, ("src",))
@@ -308,7 +324,7 @@ def fused_edge_bwd(
     """
     groups = {"src": src, "dst": dst, "edge": edge}
     wanted = dict(zip(("src", "dst", "edge"), need))
-    layout, arrays = _layout(call, groups)
+    layout, arrays, shared = _layout(call, groups, indptr.numel() - 1)
     used = {(k, i) for k, i, _ in layout}
     grads: dict[str, list[torch.Tensor | None]] = {
         k: [torch.zeros_like(t) if n and (k, i) not in used else None
@@ -324,22 +340,31 @@ def fused_edge_bwd(
     if src_side:
         rp, rev_args = _rev_args(get_rev)
         if dst_side and ONE_PASS_BACKWARD and _one_pass_pays(ip, rp, layout, groups, g,
-                                                             dst_side):
+                                                             dst_side, shared):
             walked = dst_side
 
     if dst_side and not walked:
+        # shared rows last: each thread sums its destinations into a row of its own
+        own_rows = tuple(ki for ki in dst_side if ki in shared)
+        rows = tuple(ki for ki in dst_side if ki not in shared)
         spec = KernelSpec("bwd_dst", _dtype_name(call.dtype), call.expr, call.reduce, layout,
-                          dst_side, FLUSH_DENORMALS)
+                          rows + own_rows, FLUSH_DENORMALS, shared)
         kern, consts = kernel_for(spec)
-        outs = [torch.empty_like(groups[k][i]) for k, i in dst_side]
+        outs = [torch.empty_like(groups[k][i]) for k, i in rows]
         row_bytes = _gathered_bytes(layout, groups, ("src",))
+        threads = row_threads(ip, row_bytes)
+        per = [[torch.zeros_like(groups[k][i]) for k, i in own_rows] for _ in range(threads)]
         run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts,
                  prefetch_distance(row_bytes), *arrays, g, *extra,
-                 *[as_numpy(o) for o in outs], row_bytes=row_bytes)
-        for (k, i), o in zip(dst_side, outs):
+                 *[as_numpy(o) for o in outs], row_bytes=row_bytes,
+                 per_thread=[tuple(as_numpy(o) for o in bufs) for bufs in per])
+        for bufs in per[1:]:
+            for total, part in zip(per[0], bufs):
+                total += part
+        for (k, i), o in zip(rows + own_rows, outs + per[0]):
             grads[k][i] = o
 
     if src_side:
-        _source_walk(ip, rp, rev_args, call, layout, arrays, groups, g, extra, src_side, walked,
-                     grads)
+        _source_walk(ip, rp, rev_args, call, layout, arrays, shared, groups, g, extra, src_side,
+                     walked, grads)
     return grads["src"], grads["dst"], grads["edge"]

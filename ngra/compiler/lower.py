@@ -485,8 +485,8 @@ class CompiledPlan:
             if kind == "term":
                 dst_terms.append(_term(ctx.dst[k], rest, lay))
             else:
-                v = _const_term(penv[k], rest, lay).to(tile.indptr.device)  # the compute device
-                dst_terms.append(v.expand(ctx.num_dst, v.shape[1]))
+                # one row every destination reads (fused_edge_aggregate's shared rows)
+                dst_terms.append(_const_term(penv[k], rest, lay).to(tile.indptr.device))
         edge_terms = []
         if m.edge:
             env = evaluate(self.program.edge, [i for i, _ in m.edge], ctx, self.resolver)
