@@ -62,7 +62,8 @@ def gspmm(
             [E], rev_perm [E])`` as returned by :meth:`ngra.Graph.csr` or
             :func:`ngra.kernels.transpose_csc`; built (and cached) on demand by the
             backward pass when ``None``. Under :func:`ngra.kernels.transpose.prefer_csc_walk`
-            (a memory budget), or when ``indices`` is memory-mapped (the on-disk store),
+            (a memory budget too tight for the transpose), or when ``indices`` is
+            memory-mapped (the on-disk store),
             a sum/mean without ``edge_feat`` given no reverse, or a
             :class:`~ngra.graph.DeferredReverse` not made yet, computes the source
             gradient from the CSC itself and makes none. (default: ``None``)

@@ -42,8 +42,9 @@ def prefer_csc_walk() -> Iterator[None]:
     no reverse CSR exists yet (``rev=None``, or a
     :class:`~ngra.graph.DeferredReverse` not made yet), instead of building one: ``4``
     bytes an edge and ``4`` a source row less, for a slower pass (every thread reads all
-    the edges). A memory budget enters it; a structure memory-mapped from disk walks the
-    CSC without it (:func:`ngra.kernels.gspmm`). Recorded by forward: its backward may run
+    the edges). A memory budget too tight for the transpose enters it
+    (:mod:`ngra.runtime.budget`); a structure memory-mapped from disk walks the CSC
+    without it (:func:`ngra.kernels.gspmm`). Recorded by forward: its backward may run
     after the block."""
     with thread_setting(_walk, "on", True):
         yield

@@ -95,7 +95,7 @@ class DeferredReverse:
 
     Kernels that can compute a source gradient from the CSC itself check :attr:`built` and,
     where the caller prefers it (:func:`ngra.kernels.transpose.prefer_csc_walk`, entered
-    by a memory budget), never make it; any other use of its fields makes it.
+    by a memory budget too tight for the transpose), never make it; any other use of its fields makes it.
     """
 
     __slots__ = ("_make", "_peek")

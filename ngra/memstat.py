@@ -112,8 +112,9 @@ def release_large_frees(threshold: int = LARGE_FREE_BYTES) -> bool:
     1.06x with this). Process-wide and for the rest of the process (an explicit
     threshold also turns glibc's adaptation off). Large buffers are then
     page-faulted afresh on each allocation, the price of a bounded peak.
-    :func:`ngra.memory_budget` calls it, and a multi-process rank (from 8 MiB). A later call
-    only lowers the threshold. Returns False where not glibc.
+    A walk over several tiles calls it (:func:`ngra.runtime.stream.walk`), and a
+    multi-process rank (from 8 MiB). A later call only lowers the threshold. Returns
+    False where not glibc.
     """
     global _released
     if _released is not None and _released <= threshold:

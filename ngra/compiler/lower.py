@@ -678,7 +678,7 @@ def _kernel_line(p: Program, m: Any, gather: str, remade: bool = False) -> str:
         return line
     if isinstance(m, FusedEdgeMatch):
         src = ", ".join(format_key(k) for k, _ in m.src)
-        dst = ", ".join(format_key(k) if kind == "term" else "param" for kind, k, _ in m.dst)
+        dst = ", ".join(format_key(k) if kind == "term" else "param row" for kind, k, _ in m.dst)
         return (f"fused_edge_aggregate({m.expr}; src=[{src}], dst=[{dst}], "
                 f"edge={len(m.edge)} term(s), reduce={reduce}) -> "
                 f"[N_dst, {', '.join(map(str, m.out))}]; no [E, F] tensor")

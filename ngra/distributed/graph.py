@@ -164,7 +164,7 @@ class DistGraph(Partitioned):
 
     def _halo_propagate(self, plan: Any, terms: Any, edata: Any, drop: Any) -> Any:
         from ngra.runtime.executor import choose_runtime_grid
-        from ngra.runtime.stream import propagate, run_streamed
+        from ngra.runtime.stream import walk
 
         leaves, spec = flatten(terms)
         src, dst = read_slots(plan, spec, len(leaves))
@@ -181,12 +181,9 @@ class DistGraph(Partitioned):
             else:  # not read by the edge stage (the layer's input, for post): no copy
                 full[i] = t.new_zeros(()).expand((t.shape[0] + self.num_halo,) + t.shape[1:])
         local_terms = unflatten(spec, full)
-        grid = choose_runtime_grid(plan, self.local, local_terms, edata)
-        if grid.num_tiles > 1 and torch.is_grad_enabled():
-            acc = run_streamed(plan, self.local, grid, local_terms, edata, drop)
-        else:
-            acc = propagate(plan, self.local, grid, local_terms, edata, drop=drop)
-        return _owned(acc, self.num_nodes)
+        grid, walk_csc = choose_runtime_grid(plan, self.local, local_terms, edata)
+        return _owned(walk(plan, self.local, grid, local_terms, edata, drop, walk_csc),
+                      self.num_nodes)
 
     def explain_lines(self, plan: Any, terms: Any) -> list[str]:
         choice = self.choice(plan, terms)

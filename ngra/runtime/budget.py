@@ -21,12 +21,15 @@ keeps per edge and per destination row:
 * ``fixed = 3 * parameter bytes`` -- parameters with their gradients and
   in-flight copies.
 
-The ``1 x 1`` grid is priced apart (``TileCosts.whole``) and taken whenever it fits: it
+The ``1 x 1`` grid is priced apart and taken whenever it fits: it
 walks the graph's own arrays, so it stages no source rows, copies no edge data and builds
 no tile index arrays (at most the backward's transpose instead: 4 bytes an edge and 4 a
-row, 4 more an edge where the backward reads edge data; none for a sum g-SpMM, whose
-backward under a budget walks the CSC, :func:`ngra.kernels.transpose.prefer_csc_walk`;
-the sample tile tells which, :class:`_SampleReverse`), and its
+row, 4 more an edge where the backward reads edge data; the sample tile tells which,
+:class:`_SampleReverse`). It is priced twice: with that transpose (``TileCosts.whole``),
+and with the backward of a sum g-SpMM walking the CSC instead
+(``TileCosts.whole_walk``, :func:`ngra.kernels.transpose.prefer_csc_walk`: no transpose,
+a slower pass, R-MAT 2^20 GCN epoch 1.12x). The first that fits is run, and only a
+layer that needs the walk (or tiles) runs under it. Its
 accumulator is the layer's output itself, a vertex array like its gradient (outside the
 budget, below). It is charged what autograd saves per destination row and, per edge, all
 that the forward and backward create (seen through a dispatch mode, not only what autograd
@@ -42,10 +45,11 @@ edge program with per-row state (MPNN) or GAT's softmax still tiles under a tigh
 Vertex arrays of size ``N x F`` (layer inputs, outputs, their gradients) live
 outside the budget, as in NeuGraph, where they stay in host memory.
 
-Entering a budget also prefers the CSC walk to a transpose in backward (above) and
-makes glibc return freed large blocks (>= 1 MiB) to the OS at once (:func:`ngra.memstat.release_large_frees`): without it, the heap
-arenas keep the per-tile temporaries of a chunked walk and the process peak
-drifts above the working set.
+The first walk over a grid of several tiles also makes glibc return freed large blocks
+(>= 1 MiB) to the OS at once (:func:`ngra.memstat.release_large_frees`): without it, the heap
+arenas keep the per-tile temporaries of a chunked walk and the process peak drifts above
+the working set. A budget the whole graph fits leaves the allocator as it is (page-faulting
+every large buffer afresh cost the 1 x 1 GCN epoch at R-MAT 2^20 about 1.05x).
 """
 
 from __future__ import annotations
@@ -63,15 +67,13 @@ from ngra.graph import CSR, DeferredReverse, Graph, segment_ids
 from ngra.idtype import idtype_for
 from ngra.kernels.registry import thread_setting
 from ngra.kernels.transpose import prefer_csc_walk
-from ngra.memstat import release_large_frees
-from ngra.partition import (GridChoice, TileCost, choose_grid, default_bounds, parse_bytes,
-                            tile_graph)
+from ngra.partition import GridChoice, TileCost, choose_grid, default_bounds, parse_bytes
 from ngra.runtime.staging import GATHER_FRACTION, flatten, plan_parameters, unflatten
 from ngra.runtime.stream import stager_for
 from ngra.runtime.tiles import Grid, TileView, lazy_grid, whole_graph_grid
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
-           "TileCosts", "grid_for", "executor_grid"]
+           "TileCosts", "BudgetGrid", "grid_for", "executor_grid"]
 
 _state = threading.local()
 SAMPLE_EDGES = 4096
@@ -94,8 +96,7 @@ def memory_budget(size: int | float | str) -> Iterator[int]:
         The budget in bytes.
     """
     budget = parse_bytes(size)
-    release_large_frees()  # freed tile temporaries go back to the OS (see ngra.memstat)
-    with thread_setting(_state, "budget", budget), prefer_csc_walk():
+    with thread_setting(_state, "budget", budget):
         yield budget
 
 
@@ -327,10 +328,12 @@ def _sample_backward(plan: Any, st: Any, part: Any) -> None:
 
 class TileCosts(NamedTuple):
     """A layer's working set on a tile of a grid of several (``tiles``) and on the ``1 x 1``
-    grid (``whole``), see the module docstring."""
+    grid, with the backward's transpose (``whole``) and with a sum g-SpMM's backward
+    walking the CSC instead (``whole_walk``), see the module docstring."""
 
     tiles: TileCost
     whole: TileCost
+    whole_walk: TileCost
 
 
 def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
@@ -338,7 +341,8 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
     """The layer's :class:`TileCosts`, measured on a sample tile (see module docs)."""
     fixed = float(3 * _nbytes(params))
     if graph.num_edges == 0:
-        return TileCosts(TileCost(0, 0, 0, fixed=fixed), TileCost(0, 0, 0, fixed=fixed))
+        none = TileCost(0, 0, 0, fixed=fixed)
+        return TileCosts(none, none, none)
     s = _saved_bytes(plan, graph, terms, edata)
     tiles = TileCost(
         bytes_per_src_row=float((_row_bytes(terms) + 8) / GATHER_FRACTION),
@@ -347,21 +351,39 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
         fixed=fixed,
     )
     # the 1 x 1 grid's kernels, measured on a small graph of their own
+    whole = _whole_cost(plan, graph, terms, edata, fixed)
+    with prefer_csc_walk():
+        walk = _whole_cost(plan, graph, terms, edata, fixed)
+    return TileCosts(tiles, whole, walk)
+
+
+def _whole_cost(plan: Any, graph: Graph, terms: Any, edata: Any, fixed: float) -> TileCost:
+    """The ``1 x 1`` grid's price, from the first vertices' induced subgraph run whole."""
     s = _saved_bytes(plan, graph, terms, edata, whole=True)
     # staged edge data is a copy on a tile, the graph's own array on the whole graph
     created = max(s.created_edge - _row_bytes(edata), 0.0)
     rev = s.tile.rev  # the whole graph's is made only where the sample's was used
     transpose = (TRANSPOSE_BYTES_PER_EDGE + PERM_BYTES_PER_EDGE * rev.read_perm) * rev.used
-    whole = TileCost(bytes_per_src_row=0.0,
-                     bytes_per_dst_row=float(s.saved_row + TRANSPOSE_BYTES_PER_ROW * rev.used),
-                     bytes_per_edge=float(max(created, 2 * s.saved_edge) + transpose),
-                     fixed=fixed, prefetch_factor=1)
-    return TileCosts(tiles, whole)
+    return TileCost(bytes_per_src_row=0.0,
+                    bytes_per_dst_row=float(s.saved_row + TRANSPOSE_BYTES_PER_ROW * rev.used),
+                    bytes_per_edge=float(max(created, 2 * s.saved_edge) + transpose),
+                    fixed=fixed, prefetch_factor=1)
+
+
+class BudgetGrid(NamedTuple):
+    """What :func:`grid_for` picked: the grid, the search's choice, and whether the layer's
+    backward must walk the CSC instead of transposing (run it under
+    :func:`~ngra.kernels.transpose.prefer_csc_walk`)."""
+
+    grid: Grid
+    choice: GridChoice
+    walk_csc: bool
 
 
 def grid_for(plan: Any, graph: Graph, terms: Any, edata: Any, params: list[torch.Tensor],
-             budget: int) -> tuple[Grid, GridChoice]:
-    """The grid for this layer under ``budget``.
+             budget: int) -> BudgetGrid:
+    """The grid for this layer under ``budget``: the whole graph with its backward's
+    transpose, else the whole graph walking the CSC in backward, else the smallest tiling.
 
     Cached on the graph per plan and budget (the plan is kept in the entry, so
     a recycled ``id`` can never match), and per cost, so layers with the same
@@ -371,15 +393,22 @@ def grid_for(plan: Any, graph: Graph, terms: Any, edata: Any, params: list[torch
     pkey = ("ngra.plan-grid", id(plan), budget)
     hit = cache.get(pkey)
     if hit is not None and hit[0] is plan:
-        return hit[1], hit[2]
+        return hit[1]
     cost = measure_tile_cost(plan, graph, terms, edata, params)
     ckey = ("ngra.grid", budget, cost)
     if ckey not in cache:
-        try:  # the whole graph when it fits: nothing to tile, stage or rebuild
-            choice = choose_grid(graph, cost.whole, budget, max_parts=1, verify=False)
+        cache[ckey] = _pick(graph, cost, budget)
+    cache[pkey] = (plan, cache[ckey])
+    return cache[ckey]
+
+
+def _pick(graph: Graph, cost: TileCosts, budget: int) -> BudgetGrid:
+    # the whole graph when it fits: nothing to tile, stage or rebuild
+    for whole, walk in ((cost.whole, False), (cost.whole_walk, True)):
+        try:
+            choice = choose_grid(graph, whole, budget, max_parts=1, verify=False)
         except ValueError:
-            choice = choose_grid(graph, cost.tiles, budget, verify=False)
-        cache[ckey] = (executor_grid(graph, choice.dst_bounds, choice.src_bounds), choice)
-    grid, choice = cache[ckey]
-    cache[pkey] = (plan, grid, choice)
-    return grid, choice
+            continue
+        return BudgetGrid(whole_graph_grid(graph), choice, walk)
+    choice = choose_grid(graph, cost.tiles, budget, verify=False)
+    return BudgetGrid(executor_grid(graph, choice.dst_bounds, choice.src_bounds), choice, True)

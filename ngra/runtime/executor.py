@@ -28,7 +28,7 @@ from ngra.kernels.dropout import EdgeDropout, check_attention_p, check_p
 from ngra.runtime.budget import current_budget, forced_grid, grid_for
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, plan_parameters, staging_summary
-from ngra.runtime.stream import propagate, run_streamed
+from ngra.runtime.stream import walk
 from ngra.runtime.tiles import Grid, whole_graph_grid
 
 __all__ = ["execute", "run_plan", "choose_runtime_grid", "default_edge_counter",
@@ -180,12 +180,11 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
         with probes.stage("post") as s:
             return s.outputs(plan.post(s.inputs(x), acc, graph))
     if grid is None:
-        grid = choose_runtime_grid(plan, graph, terms, edata)
-    drop = _attention_drop(plan, graph, attention_dropout, edge_counter, grid)
-    if grid.num_tiles > 1 and torch.is_grad_enabled():
-        acc = run_streamed(plan, graph, grid, terms, edata, drop)
+        grid, walk_csc = choose_runtime_grid(plan, graph, terms, edata)
     else:
-        acc = propagate(plan, graph, grid, terms, edata, drop=drop)
+        walk_csc = current_budget() is not None
+    drop = _attention_drop(plan, graph, attention_dropout, edge_counter, grid)
+    acc = walk(plan, graph, grid, terms, edata, drop, walk_csc)
     del terms  # what backward needs is saved; the terms' memory is free for post
     with probes.stage("post") as s:
         return s.outputs(plan.post(s.inputs(x), acc, graph))
@@ -219,22 +218,24 @@ def _dropout_vertex(x: Any, p: float) -> Any:
     return kernels.dropout(x, p)
 
 
-def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> Grid:
-    """The 1 x 1 grid, or the budget's grid when ``ngra.memory_budget`` is active."""
+def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> tuple[Grid, bool]:
+    """The 1 x 1 grid, or the budget's grid when ``ngra.memory_budget`` is active, and
+    whether the layer's backward walks the CSC instead of transposing (a budget too
+    tight for the transpose, see :mod:`ngra.runtime.budget`)."""
+    budget = current_budget()
     forced = forced_grid(graph)
     if forced is not None:
-        return forced
-    budget = current_budget()
+        return forced, budget is not None
     if budget is None:
-        return whole_graph_grid(graph)
-    grid, choice = grid_for(plan, graph, terms, edata, plan_parameters(plan), budget)
+        return whole_graph_grid(graph), False
+    grid, choice, walk_csc = grid_for(plan, graph, terms, edata, plan_parameters(plan), budget)
     probes.annotate("grid", choice)
     if probes.active() or log.isEnabledFor(logging.DEBUG):  # builds every tile: on demand
         staging = staging_summary(grid, forced_mode())
         probes.annotate("staging", staging)
         log.debug("%s: %s; %s", type(getattr(plan, "layer", plan)).__name__,
                   choice.describe(), staging)
-    return grid
+    return grid, walk_csc
 
 
 def edge_data_csc(graph: Graph, edge_data: Any, who: str = "layer") -> Any:

@@ -108,7 +108,7 @@ def _grid_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:
     if current_budget() is None and forced_grid(graph) is None:
         return []
     with torch.no_grad():
-        grid = choose_runtime_grid(plan, graph, plan.pre(x), edata)
+        grid, _ = choose_runtime_grid(plan, graph, plan.pre(x), edata)
     p, q = grid.shape
     return [f"grid    {p} x {q} ({grid.num_tiles} tiles); {staging_summary(grid, forced_mode())}"]
 

@@ -43,7 +43,8 @@ import torch
 
 from ngra import kernels, probes
 from ngra.graph import Graph
-from ngra.memstat import malloc_trim
+from ngra.kernels.transpose import prefer_csc_walk
+from ngra.memstat import malloc_trim, release_large_frees
 from ngra.runtime.staging import (
     Staged,
     Stager,
@@ -55,8 +56,8 @@ from ngra.runtime.staging import (
 )
 from ngra.runtime.tiles import Grid
 
-__all__ = ["propagate", "run_streamed", "prefetched", "stager_for", "StreamedPropagation",
-           "tile_gradients"]
+__all__ = ["walk", "propagate", "run_streamed", "prefetched", "stager_for",
+           "StreamedPropagation", "tile_gradients"]
 
 
 def prefetched(makers: Iterable[Callable[[], Any]], depth: int = 1) -> Iterator[Any]:
@@ -118,6 +119,22 @@ def stager_for(plan: Any, terms: Any, edata: Any, **kw: Any) -> Stager:
     kw.setdefault("mode", forced_mode())
     kw.setdefault("device", choose_device(plan, terms))
     return Stager(terms, edata, reads() if reads is not None else None, **kw)
+
+
+def walk(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any, drop: Any = None,
+         walk_csc: bool = False) -> Any:
+    """Propagate over ``grid``: :func:`run_streamed` for several tiles under autograd, else
+    :func:`propagate`. ``walk_csc`` runs it under
+    :func:`~ngra.kernels.transpose.prefer_csc_walk` (a budget too tight for the backward's
+    transpose). A grid of several tiles first makes glibc return freed large blocks to
+    the OS at once (:func:`ngra.memstat.release_large_frees`, for the rest of the process):
+    the tiles' temporaries would otherwise stay in its heap arenas."""
+    if grid.num_tiles > 1:
+        release_large_frees()
+    with prefer_csc_walk() if walk_csc else contextlib.nullcontext():
+        if grid.num_tiles > 1 and torch.is_grad_enabled():
+            return run_streamed(plan, graph, grid, terms, edata, drop)
+        return propagate(plan, graph, grid, terms, edata, drop=drop)
 
 
 def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,

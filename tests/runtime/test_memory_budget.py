@@ -13,7 +13,7 @@ Stated bound on ``peak RSS - RSS before the step``::
 The budgeted child runs twice and the second run is measured, so that JIT compilation
 (numba caches compiled kernels on disk) is not counted; the child also resets its
 high-water mark after start-up, so the peak is the step's own. The child runs with
-the allocator setting users get: ``ngra.memory_budget`` makes glibc return freed
+the allocator setting users get: a walk over several tiles makes glibc return freed
 blocks of 1 MiB and more to the OS (``ngra.memstat.release_large_frees``).
 
 A fused layer (GCN's g-SpMM) keeps nothing per edge, so chunking cannot shrink

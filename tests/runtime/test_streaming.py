@@ -192,9 +192,6 @@ def test_a_budget_the_whole_layer_fits_walks_the_whole_graph():
     fits, also where the tiles' cost model (staged rows, index arrays) would have tiled."""
     from ngra.runtime.budget import grid_for
 
-    from ngra.kernels.transpose import prefer_csc_walk
-    from ngra.runtime.budget import measure_tile_cost
-
     graph, edge_data, layer, x, args, cost = _costs("gcn", grad=True)
     n, e = graph.num_nodes, graph.num_edges
     fits, tiled = cost.whole.tile_bytes(n, n, e), cost.tiles.tile_bytes(n, n, e)
@@ -203,19 +200,25 @@ def test_a_budget_the_whole_layer_fits_walks_the_whole_graph():
     # its backward reads no edge data) and an offset a row; the graph's own indices that it
     # saves are not counted again
     assert cost.whole.bytes_per_edge == 4 and cost.whole.bytes_per_dst_row == 4
-    with prefer_csc_walk():  # as under a budget: its backward walks the CSC, no transpose
-        walk = measure_tile_cost(*args)
-    assert walk.whole.bytes_per_edge == 0 and walk.whole.bytes_per_dst_row == 0
+    # with its backward walking the CSC: no transpose, nothing per edge or row
+    assert cost.whole_walk.bytes_per_edge == 0 and cost.whole_walk.bytes_per_dst_row == 0
     # an input that needs no gradient: no backward over the graph at all
     assert _costs("gcn")[-1].whole.bytes_per_edge == 0
     between = int((fits + tiled) / 2)
-    grid, choice = grid_for(*args, between)
-    assert choice.shape == (1, 1) and grid.num_tiles == 1
-    _, choice = grid_for(*args, int(fits * 0.95))
-    assert choice.shape != (1, 1)
+    grid, choice, walk = grid_for(*args, between)
+    assert choice.shape == (1, 1) and grid.num_tiles == 1 and not walk
+    # too tight for the transpose: still the whole graph, its backward walking the CSC
+    grid, choice, walk = grid_for(*args, int(fits * 0.95))
+    assert choice.shape == (1, 1) and grid.num_tiles == 1 and walk
     ref = layer(graph, x, edge_data)
-    with ngra.memory_budget(between):
-        torch.testing.assert_close(layer(graph, x, edge_data), ref)
+    ref_grad = torch.autograd.grad(ref.sum(), x)[0]
+    for budget, transposed in ((between, True), (int(fits * 0.95), False)):
+        graph, edge_data = prepare("gcn", _graph(1))  # the same graph, no transpose made yet
+        with ngra.memory_budget(budget):
+            out = layer(graph, x, edge_data)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], ref_grad)
+        assert graph.deferred_csr().built == transposed
 
 
 def test_the_whole_graph_counts_what_the_edge_stage_creates_and_saves():
