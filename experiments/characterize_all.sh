@@ -8,13 +8,16 @@
 # ceilings.json,config.json}.
 #
 # Two invocations appended into one folder, because the graphs differ by 300x in size:
-#   1. small graphs (Cora, CiteSeer, PubMed structure): the whole grid, 3 repeats;
-#   2. large graphs (ego-Twitter with synthetic features, R-MAT 2^18): 3 instrumented repeats
-#      after 1 warm-up (the median is reported: with 1 repeat, cells 5-15% apart changed
-#      winner between two runs of the grid), no separate uninstrumented timing; inference
-#      and training with ngra,
+#   1. small graphs (Cora, CiteSeer, PubMed structure): the whole grid, 2 repeats a round;
+#   2. large graphs (ego-Twitter with synthetic features, R-MAT 2^18): 1 instrumented repeat
+#      a round after 1 warm-up, no separate uninstrumented timing; inference and training
+#      with ngra,
 #      PyG and DGL. FULL=1 adds ngra's generic executor there too (the fusion experiment on
 #      large graphs: hours on 2 cores, and most of its training runs exceed the memory cap).
+# Both run 3 rounds, the frameworks taking turns (every framework's group, then again), and
+# report each run's median round: on this shared machine, whose speed drifts by up to 2x
+# over minutes, cells 5-15% apart changed winner between two grids that ran one framework's
+# group after another.
 # Every run is capped (--timeout, --memory-cap-gb): a run over a cap is recorded as skipped
 # with its reason in runs.csv and report.md instead of hanging the grid.
 #
@@ -44,12 +47,12 @@ start=$(date +%s)
 
 "$PY" -m ngra.cli characterize --models "$MODELS" --datasets "$SMALL" \
   --frameworks ngra,ngra-generic,pyg,dgl --mode inference,training \
-  --repeats 3 --warmup 1 --timeout 60 --memory-cap-gb 6 --threads "$THREADS" \
+  --rounds 3 --repeats 2 --warmup 1 --timeout 60 --memory-cap-gb 6 --threads "$THREADS" \
   --data-root "$DATA" --out "$OUT"
 
 "$PY" -m ngra.cli characterize --models "$MODELS" --datasets "$LARGE" \
   --frameworks "$LARGE_FRAMEWORKS" --mode "$LARGE_MODES" \
-  --repeats 3 --warmup 1 --no-plain --timeout 120 --memory-cap-gb 6 --threads "$THREADS" \
+  --rounds 3 --repeats 1 --warmup 1 --no-plain --timeout 120 --memory-cap-gb 6 --threads "$THREADS" \
   --data-root "$DATA" --out "$OUT" --append --reuse-ceilings
 
 # worker logs hold profiler chatter; failures and skips are already in runs.csv

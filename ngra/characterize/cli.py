@@ -74,6 +74,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="reuse DIR/ceilings.json instead of measuring again")
     p.add_argument("--no-plain", dest="plain", action="store_false",
                    help="skip the uninstrumented iterations (saves time on large graphs)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run each dataset's framework groups this many times, frameworks taking "
+                        "turns, and report each run's median round (default: 1)")
     p.add_argument("--append", action="store_true",
                    help="keep DIR/runs.csv rows of runs not repeated here (grids in pieces)")
     p.add_argument("--report-only", action="store_true",

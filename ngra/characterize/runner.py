@@ -15,11 +15,19 @@ baseline (:mod:`ngra.characterize.measure`). The parent watches every run:
 
 Inside the time cap each run fits its repeats to half the cap after its first
 iteration (``budget_s``; see :func:`~ngra.characterize.measure.run_workload`).
+
+With ``rounds`` > 1 a dataset's groups run that many times, the frameworks taking
+turns (round 1: every framework's group, then round 2, ...), and each run reports the
+round with the median time (:func:`median_round`). On a shared machine whose speed
+drifts over minutes, this samples every framework across the same stretch of time
+instead of one after another: cells within 10% changed winner between two grids
+measured group after group.
 ``isolate=False`` runs everything in this process (no caps; for debugging).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -36,7 +44,7 @@ from tqdm.auto import tqdm
 
 from ngra.characterize.measure import FRAMEWORKS, RunResult
 
-__all__ = ["CharacterizeConfig", "run_grid", "MODES"]
+__all__ = ["CharacterizeConfig", "run_grid", "median_round", "MODES"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +68,7 @@ class CharacterizeConfig:
         remeasure_ceilings: measure bandwidth/FLOP ceilings (else reuse DIR's).
         plain: also time uninstrumented iterations (``repeats`` of them).
         append: keep DIR/runs.csv rows of runs this invocation does not repeat.
+        rounds: times each dataset's groups run, frameworks taking turns (module docs).
     """
 
     models: list[str] = field(default_factory=lambda: ["gcn", "gat", "sage", "gin", "ggnn", "rgcn"])
@@ -79,6 +88,7 @@ class CharacterizeConfig:
     remeasure_ceilings: bool = True
     plain: bool = True
     append: bool = False
+    rounds: int = 1
 
     def check(self) -> None:
         from ngra.characterize.workloads import MODEL_NAMES
@@ -96,6 +106,8 @@ class CharacterizeConfig:
                              f"got {self.repeats}, {self.warmup}.")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be positive; got {self.timeout_s}.")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1; got {self.rounds}.")
 
 
 # ------------------------------------------------------------------ worker side
@@ -326,27 +338,50 @@ def _group_inprocess(framework: str, spec: str, runs: list[tuple[str, str]],
     return results
 
 
+def median_round(rounds: list[RunResult]) -> RunResult:
+    """One run's result over its rounds: the ``ok`` round with the median time (the lower
+    median of an even count; ``plain_s`` where measured, else ``total_s``), with every
+    round's instrumented totals; the first round when none is ``ok``."""
+    ok = [r for r in rounds if r.status == "ok"]
+    if len(rounds) == 1 or not ok:
+        return rounds[0]
+
+    def time_of(r: RunResult) -> float:
+        return r.plain_s if r.plain_s == r.plain_s else r.total_s  # NaN: not measured
+
+    ok.sort(key=time_of)
+    pick = ok[(len(ok) - 1) // 2]
+    times = ", ".join(f"{time_of(r) * 1e3:.1f}" for r in ok)
+    return dataclasses.replace(
+        pick, totals=[t for r in ok for t in r.totals],
+        notes=[*pick.notes, f"median of {len(ok)} of {len(rounds)} rounds "
+                            f"(frameworks taking turns): {times} ms"])
+
+
 def run_grid(cfg: CharacterizeConfig,
              on_group: Callable[[list[RunResult]], None] | None = None) -> list[RunResult]:
     """Every framework x model x dataset x mode of ``cfg``; skips and failures included.
 
-    ``on_group(results_so_far)`` is called after each (dataset, framework) group,
-    e.g. to save partial results.
+    ``on_group(results_so_far)`` is called after each dataset's groups (all their
+    rounds), e.g. to save partial results.
     """
     cfg.check()
     out = Path(cfg.out)
     log_dir = out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     runs = [(m, mode) for m in cfg.models for mode in cfg.modes]
-    total = len(runs) * len(cfg.frameworks) * len(cfg.datasets)
+    total = len(runs) * len(cfg.frameworks) * len(cfg.datasets) * cfg.rounds
     results: list[RunResult] = []
     with tqdm(total=total, desc="characterize", unit="run", disable=not cfg.progress) as bar:
         for spec in cfg.datasets:
-            for framework in cfg.frameworks:
-                if cfg.isolate:
-                    results += _group_isolated(framework, spec, runs, cfg, log_dir, bar)
-                else:
-                    results += _group_inprocess(framework, spec, runs, cfg, bar)
-                if on_group is not None:
-                    on_group(results)
+            by_run: dict[tuple[str, str, str], list[RunResult]] = {}
+            for _ in range(cfg.rounds):
+                for framework in cfg.frameworks:
+                    group = (_group_isolated(framework, spec, runs, cfg, log_dir, bar)
+                             if cfg.isolate else _group_inprocess(framework, spec, runs, cfg, bar))
+                    for r in group:
+                        by_run.setdefault((r.framework, r.model, r.mode), []).append(r)
+            results += [median_round(rs) for rs in by_run.values()]
+            if on_group is not None:
+                on_group(results)
     return results

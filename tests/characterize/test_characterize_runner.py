@@ -69,3 +69,33 @@ def test_config_is_checked():
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         CharacterizeConfig(repeats=0).check()
     assert isinstance(RunResult("a", "b", "c", "inference").remainder_s, float)
+
+
+def test_rounds_take_turns_and_report_each_runs_median_round(tmp_path, monkeypatch):
+    """Round r runs every framework's group before round r + 1 starts; a run reports the
+    round with its median time and keeps every round's totals."""
+    order, times = [], iter([5.0, 1.0, 3.0, 9.0, 7.0, 8.0])
+
+    def fake(framework, spec, runs, cfg, bar):
+        order.append(framework)
+        t = next(times)
+        return [RunResult(framework, m, spec, mode, plain_s=t, total_s=t, totals=[t])
+                for m, mode in runs]
+
+    monkeypatch.setattr(runner, "_group_inprocess", fake)
+    cfg = CharacterizeConfig(models=["gcn"], frameworks=["ngra", "dgl"], out=str(tmp_path),
+                             isolate=False, progress=False, rounds=3)
+    results = runner.run_grid(cfg)
+    assert order == ["ngra", "dgl"] * 3
+    got = {r.framework: r for r in results}
+    assert got["ngra"].plain_s == 5.0 and sorted(got["ngra"].totals) == [3.0, 5.0, 7.0]
+    assert got["dgl"].plain_s == 8.0 and "median of 3 of 3 rounds" in got["dgl"].notes[-1]
+
+
+def test_median_round_skips_failed_rounds():
+    ok = [RunResult("ngra", "gcn", "d", "inference", plain_s=t) for t in (4.0, 2.0)]
+    bad = RunResult("ngra", "gcn", "d", "inference", status="failed", reason="x")
+    assert runner.median_round([bad, *ok]).plain_s == 2.0  # lower median of the ok rounds
+    assert runner.median_round([bad, bad]).status == "failed"
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        CharacterizeConfig(rounds=0).check()
