@@ -76,10 +76,12 @@ is summed here.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import math
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,7 +90,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ngra.kernels._checks import check_choice, check_csc, check_feat, check_range, check_rev
-from ngra.kernels.registry import forward_skipped, lookup
+from ngra.kernels.registry import forward_skipped, lookup, thread_setting
 from ngra.kernels.transpose import reverse_of
 
 __all__ = [
@@ -103,6 +105,7 @@ __all__ = [
     "REDUCERS",
     "OPS",
     "DST_PARTIALS",
+    "partials_judged_on",
 ]
 
 REDUCERS = ("sum", "mean", "max", "min")
@@ -702,6 +705,19 @@ def _reads_shared_rows(device: torch.device) -> bool:
         return False
 
 
+_judge = threading.local()
+
+
+@contextlib.contextmanager
+def partials_judged_on(indptr: torch.Tensor) -> Iterator[None]:
+    """Inside the block, whether dst partials pay is judged on ``indptr`` (``[N + 1]`` CSC
+    offsets of another graph) instead of the call's own: a memory budget prices a layer on
+    a small sample of its graph, and the sample must take the partials the whole graph
+    will take (they pay only on dense enough graphs)."""
+    with thread_setting(_judge, "indptr", indptr):
+        yield
+
+
 def _partials(call: FusedEdgeCall, dst: list[torch.Tensor], indptr: torch.Tensor,
               shared: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The dst terms whose summed partial derivatives the forward computes: full-width,
@@ -713,8 +729,10 @@ def _partials(call: FusedEdgeCall, dst: list[torch.Tensor], indptr: torch.Tensor
     read = {i for kind, i in leaves(call.expr) if kind == "dst"}
     parts = tuple(i for i, t in enumerate(dst) if i in read and i not in shared
                   and t.requires_grad and t.shape[1] == call.width > 1)
+    judged = getattr(_judge, "indptr", None)
     if (parts and DST_PARTIALS == "auto"
-            and not lookup("fused_edge_partials_pay", indptr.device)(indptr, call)):
+            and not lookup("fused_edge_partials_pay", indptr.device)(
+                indptr if judged is None else judged, call)):
         return ()
     return parts
 

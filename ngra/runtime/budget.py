@@ -65,6 +65,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ngra.graph import CSR, DeferredReverse, Graph, segment_ids
 from ngra.idtype import idtype_for
+from ngra.kernels.fused_edge import partials_judged_on
 from ngra.kernels.registry import thread_setting
 from ngra.kernels.transpose import prefer_csc_walk
 from ngra.partition import GridChoice, TileCost, choose_grid, default_bounds, parse_bytes
@@ -358,8 +359,10 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
 
 
 def _whole_cost(plan: Any, graph: Graph, terms: Any, edata: Any, fixed: float) -> TileCost:
-    """The ``1 x 1`` grid's price, from the first vertices' induced subgraph run whole."""
-    s = _saved_bytes(plan, graph, terms, edata, whole=True)
+    """The ``1 x 1`` grid's price, from the first vertices' induced subgraph run whole (its
+    fused kernels keep the dst partials that they will keep on the whole graph)."""
+    with partials_judged_on(graph.indptr):
+        s = _saved_bytes(plan, graph, terms, edata, whole=True)
     # staged edge data is a copy on a tile, the graph's own array on the whole graph
     created = max(s.created_edge - _row_bytes(edata), 0.0)
     rev = s.tile.rev  # the whole graph's is made only where the sample's was used

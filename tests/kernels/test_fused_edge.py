@@ -9,6 +9,7 @@ cache is cold); the full sweep over expressions x reducers x dtypes is ``slow``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -310,6 +311,32 @@ def test_dst_partials_where_the_backend_says_they_pay(monkeypatch):
     call = FusedEdgeCall(GGCN, "sum", (2, 1, 0), 64, torch.float32)
     assert gpu_fe.fused_edge_partials_pay(indptr, call) is False
     assert ref_fe.fused_edge_partials_pay(indptr, call) is True
+
+
+def test_dst_partials_judged_on_another_graph(monkeypatch):
+    """Under ``partials_judged_on`` a sparse sample takes the partials its dense whole graph
+    will take (what a memory budget prices), and none where that graph is sparse too."""
+    n = 3000
+    a = torch.randn(n, 64, requires_grad=True)
+    b = torch.randn(n, 64, requires_grad=True)
+    ops = []
+    real = fe.lookup
+    monkeypatch.setattr(fe, "lookup", lambda op, dev: ops.append(op) or real(op, dev))
+    gen = torch.Generator().manual_seed(1)
+    graphs = {deg: to_csc(*(torch.randint(0, n, (deg * n,), generator=gen) for _ in range(2)), n)
+              for deg in (4, 20)}
+    sparse_ip, sparse_ix = graphs[4]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for judge, want in ((None, False), (graphs[20][0], True), (sparse_ip, False)):
+            ops.clear()
+            with use_backend("cpu"), (fe.partials_judged_on(judge) if judge is not None
+                                      else contextlib.nullcontext()):
+                fused_edge_aggregate(sparse_ip, sparse_ix, GGCN, [b, b], [a])
+            assert ("fused_edge_fwd_partials" in ops) == want, (judge is None, ops)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("value,ok", [("never", True), ("sometimes", False)])
