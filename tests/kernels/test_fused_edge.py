@@ -286,15 +286,21 @@ def test_dst_partials_only_where_they_apply(gen, monkeypatch):
     assert kinds == [("bwd_src", (("src", 0), ("src", 1)))]
 
 
-def test_dst_partials_where_the_backend_says_they_pay(monkeypatch):
-    """cpu: where the one-walk backward would hold a dst buffer per extra thread (two
-    threads, a dense graph), not on a sparse graph or one thread; gpu never; ref always."""
+def _partials_case(monkeypatch):
+    """``(n, a, b, ops)``: G-GCN terms over 3000 vertices, and the kernel ops looked up."""
     n = 3000
     a = torch.randn(n, 64, requires_grad=True)
     b = torch.randn(n, 64, requires_grad=True)
     ops = []
     real = fe.lookup
     monkeypatch.setattr(fe, "lookup", lambda op, dev: ops.append(op) or real(op, dev))
+    return n, a, b, ops
+
+
+def test_dst_partials_where_the_backend_says_they_pay(monkeypatch):
+    """cpu: where the one-walk backward would hold a dst buffer per extra thread (two
+    threads, a dense graph), not on a sparse graph or one thread; gpu never; ref always."""
+    n, a, b, ops = _partials_case(monkeypatch)
     threads = torch.get_num_threads()
     try:
         for nthreads, degree, want in ((2, 20, True), (2, 4, False), (1, 20, False)):
@@ -316,12 +322,7 @@ def test_dst_partials_where_the_backend_says_they_pay(monkeypatch):
 def test_dst_partials_judged_on_another_graph(monkeypatch):
     """Under ``partials_judged_on`` a sparse sample takes the partials its dense whole graph
     will take (what a memory budget prices), and none where that graph is sparse too."""
-    n = 3000
-    a = torch.randn(n, 64, requires_grad=True)
-    b = torch.randn(n, 64, requires_grad=True)
-    ops = []
-    real = fe.lookup
-    monkeypatch.setattr(fe, "lookup", lambda op, dev: ops.append(op) or real(op, dev))
+    n, a, b, ops = _partials_case(monkeypatch)
     gen = torch.Generator().manual_seed(1)
     graphs = {deg: to_csc(*(torch.randint(0, n, (deg * n,), generator=gen) for _ in range(2)), n)
               for deg in (4, 20)}
