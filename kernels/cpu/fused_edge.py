@@ -230,15 +230,15 @@ def _source_walk(ip, rp, rev_args, call, layout, arrays, shared, groups, g, extr
     kern, consts = kernel_for(spec)
     row_bytes = _walk_row_bytes(layout, groups, g, dst_terms, shared)
     threads = row_threads(rp, row_bytes)
-    shared = [torch.empty_like(groups[k][i]) for k, i in src_side + edge_terms]
+    outs = [torch.empty_like(groups[k][i]) for k, i in src_side + edge_terms]
     own = [[torch.zeros_like(groups[k][i]) for k, i in dst_terms] for _ in range(threads)]
     run_rows(kern, rp, ip, *rev_args, consts, prefetch_distance(row_bytes), *arrays, g, *extra,
-             *[as_numpy(o) for o in shared], row_bytes=row_bytes,
+             *[as_numpy(o) for o in outs], row_bytes=row_bytes,
              per_thread=[tuple(as_numpy(o) for o in bufs) for bufs in own])
     for t in range(1, threads):
         for total, part in zip(own[0], own[t]):
             total += part
-    for (k, i), o in zip(order, shared + own[0]):
+    for (k, i), o in zip(order, outs + own[0]):
         grads[k][i] = o
 
 

@@ -39,7 +39,8 @@ the 1 x 1 grid runs (GAT's ``attention_aggregate``, which keeps nothing per edge
 tile runs ``softmax_aggregate`` with edge buffers: R-MAT 2^20 GAT under 2 GB tiled 4 x 1
 at 1.6x the unbudgeted peak when priced from the tile kernel). A budget the whole layer fits in thus
 runs as fast as no budget, and a layer that keeps nothing per edge or row (GCN's g-SpMM)
-fits any budget above its parameters and transpose, since tiling it divides nothing; an
+fits any budget above its parameters (walking the CSC where its transpose does not fit),
+since tiling it divides nothing; an
 edge program with per-row state (MPNN) or GAT's softmax still tiles under a tight budget.
 
 Vertex arrays of size ``N x F`` (layer inputs, outputs, their gradients) live
