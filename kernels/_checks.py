@@ -38,6 +38,7 @@ __all__ = [
     "sddmm_layout",
     "spmm_layout",
     "tensor_version",
+    "vouch",
 ]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -102,6 +103,15 @@ def check_range(indices: torch.Tensor, upper: int, name: str, what: str) -> None
     if lo < 0 or hi >= upper:
         raise ValueError(f"{name} must lie in [0, {upper}) ({what}); found {lo if lo < 0 else hi}.")
     _validated.add(indices, ("range", upper))
+
+
+def vouch(t: torch.Tensor, check: Hashable) -> None:
+    """Record that ``t`` passes ``check`` without scanning it: ``("indptr", num_edges)``
+    (offsets from 0 to ``num_edges``, non-decreasing) or ``("range", upper)`` (entries in
+    ``[0, upper)``). For a copy of arrays that were validated where they came from (the
+    device streaming runtime's tiles, copied from a validated graph): a device scan would
+    wait for the copy and stall the stream."""
+    _validated.add(t, check)
 
 
 def storage_uses(t: torch.Tensor) -> int:

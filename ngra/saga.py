@@ -105,8 +105,9 @@ class SagaLayer(nn.Module):
     def apply_vertex(self, vertex: Any, acc: torch.Tensor) -> Any:
         return acc
 
-    def forward(self, graph: Any, x: Any, edge_data: Any = None, dropout: float = 0.0) -> Any:
-        return execute(self, graph, x, edge_data, dropout)
+    def forward(self, graph: Any, x: Any, edge_data: Any = None, dropout: float = 0.0,
+                activation: Any = None) -> Any:
+        return execute(self, graph, x, edge_data, dropout, activation)
 
 
 def _check_signature(cls: type, name: str, expected: tuple[str, ...]) -> None:

@@ -234,9 +234,10 @@ class GNN(nn.Module):
             x = self.act(sparse_input.linear(x, self.head_in.weight, self.head_in.bias))
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(graph, x, edge_data, dropout=self.dropout)
-            if i < last or self.head_out is not None:
-                x = self.act(x)
+            # the activation goes to the layer, which applies it where its output is made
+            # (on the device, per column, when the layer streams through one)
+            act = self.act if i < last or self.head_out is not None else None
+            x = layer(graph, x, edge_data, dropout=self.dropout, activation=act)
         if self.head_out is not None:
             x = self.head_out(dropout(x, self.dropout, self.training))
         return x

@@ -26,6 +26,7 @@ from ngra.compiler.driver import compile_layer
 from ngra.graph import EdgeFactors, Graph
 from ngra.kernels.dropout import EdgeDropout, check_attention_p, check_p
 from ngra.runtime.budget import current_budget, forced_grid, grid_for
+from ngra.runtime.device_stream import run_streamed_layer, wants_streaming
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, plan_parameters, staging_summary
 from ngra.runtime.stream import walk
@@ -37,10 +38,15 @@ __all__ = ["execute", "run_plan", "choose_runtime_grid", "default_edge_counter",
 log = logging.getLogger(__name__)
 
 
-def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: float = 0.0) -> Any:
+def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: float = 0.0,
+            activation: Any = None) -> Any:
     """Run SAGA ``layer`` on ``graph`` with vertex data ``x`` (see :class:`ngra.SagaLayer`).
 
-    ``dropout`` is the layer's input dropout, applied while ``layer.training``.
+    ``dropout`` is the layer's input dropout, applied while ``layer.training``;
+    ``activation`` (an element-wise function, e.g. the ReLU a model applies next) is
+    applied to the output. Inside :func:`ngra.runtime.device_schedule.device_streaming`
+    with ``x`` in host memory the layer streams through the device
+    (:mod:`ngra.runtime.device_stream`: ``activation`` runs there, per column).
     Inside ``with ngra.memory_budget(...)`` the graph is tiled into the smallest
     grid whose tiles fit the budget and propagation streams tile by tile. On a
     :class:`~ngra.runtime.partitioned.Partitioned` graph (multi-device training) ``x``
@@ -54,7 +60,11 @@ def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: fl
         plan = compile_layer(layer, graph, x, edata)
         if not layer.training:
             dropout = attention = 0.0
-        return run_plan(plan, graph, None, x, edata, dropout, attention)
+        if wants_streaming(graph, x):
+            drop = _attention_drop(plan, graph, attention, None)
+            return run_streamed_layer(plan, graph, x, edata, dropout, drop, activation)
+        out = run_plan(plan, graph, None, x, edata, dropout, attention)
+        return out if activation is None else activation(out)
     except (RuntimeError, AttributeError, KeyError, TypeError) as err:
         mismatch = input_mismatch(err, type(layer).__name__, x, edata)
         if mismatch is None:
