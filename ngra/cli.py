@@ -70,6 +70,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu",
                    help="cpu, cuda or cuda:N: on a GPU, train device-resident when it fits, "
                         "else stream tiles to it (default: cpu)")
+    p.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"],
+                   help="replay the device-resident training step from a CUDA graph after "
+                        "warm-up: auto where it is safe (else eager, with the reason in the "
+                        "summary's cuda_graph), on: refuse to run without it, off "
+                        "(default: auto)")
     p.add_argument("--storage", default="memory", choices=["memory", "disk", "auto"],
                    help="read the dataset into memory, map it from its cache entry on disk, "
                         "or auto: disk when it would not fit the memory available (or the "
@@ -124,6 +129,9 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--generic", action="store_true",
                    help="explain with compilation disabled (the generic executor)")
     p.add_argument("--device", default="cpu", help="explain the plan on this device (cpu, cuda)")
+    p.add_argument("--memory-budget", default=None,
+                   help="on cuda: the device budget (as for `ngra train`); where the run "
+                        "does not fit it, show the streaming schedule and its bytes")
 
 
 def _add_hyper(p: argparse.ArgumentParser, *names: str) -> None:
@@ -213,20 +221,27 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     with ctx:
         print(explain_model(args.model, args.dataset, hidden=args.hidden, heads=args.heads,
                             num_layers=args.num_layers, data_root=args.data_root,
-                            device=args.device))
+                            device=args.device, memory_budget=args.memory_budget))
     return 0
 
 
 def explain_model(model: str, dataset: str, *, hidden: int | None = None,
                   heads: int | None = None, num_layers: int = 2,
-                  data_root: str | None = None, device: str = "cpu") -> str:
+                  data_root: str | None = None, device: str = "cpu",
+                  memory_budget: str | None = None) -> str:
     """``ngra explain --model M --dataset D``: :func:`ngra.explain` of zoo model ``M``
     built for dataset ``D`` (the library explains any layer; names are resolved here), on
-    ``device``: the same plan shape, dispatched to that device's kernels."""
+    ``device``: the same plan shape, dispatched to that device's kernels. On a CUDA
+    device the run is placed as ``ngra train`` places it (within ``memory_budget``): a
+    run that does not fit shows each layer's streaming schedule and the bytes it moves."""
+    import contextlib
+
     from ngra import explain
     from ngra.datasets import load
     from ngra.models import MODELS, build_model, prepare
-    from ngra.runtime.placement import move_to, resolve_device
+    from ngra.partition import parse_bytes
+    from ngra.runtime.placement import (move_to, placed, plan_placement, resident_bytes,
+                                        resolve_device)
 
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}.")
@@ -235,10 +250,20 @@ def explain_model(model: str, dataset: str, *, hidden: int | None = None,
     net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=heads,
                       num_layers=num_layers, num_edge_types=ds.num_edge_types)
     dev = resolve_device(device)
-    graph, x, edge_data, net = move_to(dev, graph, ds.x, edge_data, net)
+    x, ctx, where = ds.x, contextlib.nullcontext(), ""
+    if dev.type == "cuda":
+        budget = parse_bytes(memory_budget) if memory_budget else None
+        place = plan_placement(dev, resident_bytes(graph, ds.x, net), budget=budget)
+        where = f"\nplacement: {place.describe()}"
+        if place.resident:
+            graph, x, edge_data = move_to(dev, graph, ds.x, edge_data)
+        else:
+            ctx = placed(place)
+    (net,) = move_to(dev, net)
     head = (f"ngra explain: {model} on {dataset} ({graph.num_nodes} nodes, {graph.num_edges} "
-            f"edges, {ds.x.shape[1]} features, {ds.num_classes} classes) on {dev}")
-    return head + "\n\n" + explain(net, graph, x, edge_data)
+            f"edges, {ds.x.shape[1]} features, {ds.num_classes} classes) on {dev}{where}")
+    with ctx:
+        return head + "\n\n" + explain(net, graph, x, edge_data)
 
 
 def _cmd_characterize(args: argparse.Namespace) -> int:

@@ -271,7 +271,7 @@ def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any,
     created = _EdgeTensors(m)
     with torch.enable_grad(), created:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            part = stager.to_host(st.run(plan))
+            part = st.run(plan)
         _sample_backward(plan, st, part)
     return _Sample(saved["edge"] / m, created.nbytes / m, saved["row"] / d, part, tile)
 

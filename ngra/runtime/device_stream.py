@@ -58,6 +58,7 @@ from ngra.kernels.dropout import EdgeDropout
 from ngra.runtime.device_schedule import (
     RowBytes,
     Schedule,
+    StreamingSettings,
     choose_schedule,
     host_tiles,
     row_bytes_of,
@@ -69,14 +70,29 @@ from ngra.runtime.tiles import TileView
 from ngra.runtime.transfer import Link, pinned, pinned_empty
 
 __all__ = ["StreamedLayer", "last_schedule", "run_streamed_layer", "schedule_for",
-           "wants_streaming"]
+           "settings_for", "wants_streaming"]
 
 
-def wants_streaming(graph: Any, x: Any) -> bool:
-    """Whether a layer call on ``graph`` with input ``x`` streams through a device: a
-    :func:`~ngra.runtime.device_schedule.device_streaming` block is active, the graph is
-    a whole :class:`~ngra.Graph` and ``x`` lives in host memory."""
-    if streaming_settings() is None or not isinstance(graph, Graph):
+def settings_for(plan: Any) -> StreamingSettings | None:
+    """The device streaming in force for ``plan``: the active
+    :func:`~ngra.runtime.device_schedule.device_streaming` block's, else, for a layer
+    whose parameters all live on one CUDA device, streaming through that device within
+    its free memory (a model moved to the GPU with its data left in host memory)."""
+    st = streaming_settings()
+    if st is not None:
+        return st
+    layer = getattr(plan, "layer", None)
+    devices = {p.device for p in layer.parameters()} if layer is not None else set()
+    if len(devices) == 1 and next(iter(devices)).type == "cuda":
+        return StreamingSettings(next(iter(devices)), None, None, None)
+    return None
+
+
+def wants_streaming(plan: Any, graph: Any, x: Any) -> bool:
+    """Whether a layer call of ``plan`` on ``graph`` with input ``x`` streams through a
+    device (:func:`settings_for`): the graph is a whole :class:`~ngra.Graph` and ``x``
+    lives in host memory."""
+    if not isinstance(graph, Graph) or settings_for(plan) is None:
         return False
     leaves, _ = flatten(x)
     return bool(leaves) and all(t.device.type == "cpu" for t in leaves)
@@ -611,7 +627,7 @@ def schedule_for(plan: Any, graph: Graph, x: Any, edata: Any, activation: Any = 
                  drop: EdgeDropout | None = None) -> Schedule:
     """The schedule the active :func:`~ngra.runtime.device_schedule.device_streaming`
     block gives this layer call (cached per layer, graph and input widths)."""
-    st = streaming_settings()
+    st = settings_for(plan)
     assert st is not None
     leaves, _ = flatten(x)
     key = (id(graph), graph.num_nodes, graph.num_edges,

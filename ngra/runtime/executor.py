@@ -60,7 +60,7 @@ def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: fl
         plan = compile_layer(layer, graph, x, edata)
         if not layer.training:
             dropout = attention = 0.0
-        if wants_streaming(graph, x):
+        if wants_streaming(plan, graph, x):
             drop = _attention_drop(plan, graph, attention, None)
             return run_streamed_layer(plan, graph, x, edata, dropout, drop, activation)
         out = run_plan(plan, graph, None, x, edata, dropout, attention)
@@ -212,7 +212,8 @@ def _attention_drop(plan: Any, graph: Graph | Partitioned, p: float,
                          f"plan's gather is {plan.accumulator.name!r}.")
     counter = default_edge_counter(graph) if edge_counter is None else edge_counter
     if counter is None:
-        return EdgeDropout.draw(p, None, num_edges=graph.num_edges)
+        return EdgeDropout.draw(p, None, num_edges=graph.num_edges,
+                                device=graph.indptr.device)
     if not isinstance(counter, torch.Tensor) or tuple(counter.shape) != (graph.num_edges,):
         got = list(counter.shape) if isinstance(counter, torch.Tensor) else type(counter)
         raise ValueError(f"edge_counter must hold one counter per edge ([{graph.num_edges}]"

@@ -18,6 +18,7 @@ from torch import nn
 from ngra.compiler.driver import compile_layer
 from ngra.graph import EdgeFactors
 from ngra.runtime.budget import current_budget, forced_grid
+from ngra.runtime.device_stream import schedule_for, wants_streaming
 from ngra.runtime.executor import _check_vertex_data, choose_runtime_grid, edge_data_csc
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, staging_summary
@@ -77,7 +78,16 @@ def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) 
     head = (f"{type(layer).__name__} (gather={layer.gather}) on {graph!r}; "
             f"x {_shape_text(x)}; edge data {_shape_text(edata)}")
     return [head] + plan.describe() + _attention_lines(layer, plan) + \
-        _exchange_lines(plan, graph, x) + _grid_lines(plan, graph, x, edata)
+        _exchange_lines(plan, graph, x) + _grid_lines(plan, graph, x, edata) + \
+        _device_lines(plan, graph, x, edata)
+
+
+def _device_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:
+    """The streaming schedule through a device, inside ``device_streaming`` with host data:
+    its tiles, what stays on the device, the predicted peak and the bytes it moves."""
+    if not wants_streaming(plan, graph, x):
+        return []
+    return schedule_for(plan, graph, x, edata).describe().splitlines()
 
 
 def _exchange_lines(plan: Any, graph: Any, x: Any) -> list[str]:

@@ -4,10 +4,11 @@ On a CUDA device ngra trains **device-resident** when the whole working set fits
 graph, the features, labels and masks, every layer's activations and the parameters
 (with gradients and optimizer state) live on the GPU and the executor runs the plain
 1 x 1 grid, with no host copies. When it does not fit, the graph and vertex data stay
-in host memory, the model moves to the device, and every layer **streams** its tiles to
-the device (:func:`ngra.runtime.staging.compute_device`) under a memory budget sized
-by the device's memory (``--memory-budget`` when given, else the device's free memory
-less a reserve), which the partition cost model turns into a tile grid.
+in host memory, the model moves to the device, and every layer **streams** through the
+device (:mod:`ngra.runtime.device_stream`: every stage on the device, chunks of host
+rows copied in and results copied out on side streams) under a budget sized by the
+device's memory (``--memory-budget`` when given, else the device's free memory less a
+reserve), which :mod:`ngra.runtime.device_schedule` turns into a schedule.
 
 The decision is a byte count, :func:`resident_bytes`, against the device's usable
 memory, so it can be checked without a device: :func:`plan_placement` takes the device
@@ -172,14 +173,17 @@ def move_to(device: torch.device, *items: Any) -> list[Any]:
 @contextlib.contextmanager
 def placed(placement: Placement) -> Iterator[None]:
     """The runtime settings of ``placement`` for a training step: a streaming placement
-    runs edge stages on its device within its budget; a resident one needs nothing
+    streams every layer through its device within its budget
+    (:func:`~ngra.runtime.device_schedule.device_streaming`); a resident one needs nothing
     (its tensors already live on the device) beyond its budget, if any."""
     from ngra.runtime.budget import memory_budget
-    from ngra.runtime.staging import compute_device
+    from ngra.runtime.device_schedule import device_streaming
 
+    if not placement.resident:
+        with device_streaming(placement.device, budget=placement.budget):
+            yield
+        return
     with contextlib.ExitStack() as stack:
-        if not placement.resident:
-            stack.enter_context(compute_device(placement.device))
         if placement.budget is not None:
             stack.enter_context(memory_budget(placement.budget))
         yield

@@ -27,21 +27,12 @@ backward has run (:class:`_Anchor`). The recomputing backward of
 :class:`ngra.runtime.stream.StreamedPropagation` stages fresh leaves instead
 (``Stager(..., leaves=True)``) and accumulates their gradients the same way.
 
-Device path: when the terms live on the host and the compute device
-(:func:`choose_device`) is a CUDA device, staged rows and the tile's index
-arrays are copied from pinned host buffers with ``non_blocking=True`` on a side
-CUDA stream (in the prefetch thread, while the previous tile computes); the
-consumer waits on the tile's event (:meth:`Staged.ready`) before its edge stage,
-and the edge stage's result comes back to the host accumulators
-(:meth:`Stager.to_host`).
-
 Tests and experiments force a mode with :func:`staging_mode`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -52,9 +43,9 @@ from ngra.graph import EdgeFactors
 from ngra.kernels.registry import thread_setting
 from ngra.runtime.tiles import Grid, TileRef, TileView
 
-__all__ = ["GATHER_FRACTION", "Rows", "Staged", "Stager", "choose_device", "choose_mode",
-           "compute_device", "flatten", "forced_mode", "local_view", "plan_parameters",
-           "read_slots", "staging_mode", "staging_summary", "to_device", "unflatten"]
+__all__ = ["GATHER_FRACTION", "Rows", "Staged", "Stager", "choose_mode", "flatten",
+           "forced_mode", "local_view", "plan_parameters", "read_slots", "staging_mode",
+           "staging_summary", "unflatten"]
 
 # Gather a tile's source rows when it touches fewer than this fraction of its span.
 # A span moves every row of [s_lo, s_hi) as one contiguous stream; a gather moves only
@@ -93,18 +84,6 @@ def forced_mode() -> str | None:
     return getattr(_state, "mode", None)
 
 
-@contextlib.contextmanager
-def compute_device(device: str | torch.device | None) -> Iterator[None]:
-    """Run every edge stage in the block on ``device`` (e.g. ``"cuda:0"``).
-
-    Vertex terms left on the host are staged to it tile by tile, and results come
-    back to host accumulators. The plan's edge-stage parameters must live on
-    ``device``. ``None`` restores the default (see :func:`choose_device`).
-    """
-    with thread_setting(_state, "device", None if device is None else torch.device(device)):
-        yield
-
-
 def plan_parameters(plan: Any) -> list[torch.Parameter]:
     """Parameters the plan's edge stage may read (the whole layer's, to be safe)."""
     fn = getattr(plan, "edge_parameters", None)
@@ -112,22 +91,6 @@ def plan_parameters(plan: Any) -> list[torch.Parameter]:
         return list(fn())
     layer = getattr(plan, "layer", None)
     return list(layer.parameters()) if layer is not None else []
-
-
-def choose_device(plan: Any, terms: Any) -> torch.device:
-    """The device a plan's edge stages run on.
-
-    In order: the device set by :func:`compute_device`; else the CUDA device
-    holding the plan's edge-stage parameters (a layer moved to the GPU with its
-    vertex data left on the host streams that data to it); else the terms' device.
-    """
-    forced = getattr(_state, "device", None)
-    if forced is not None:
-        return forced
-    devices = {p.device for p in plan_parameters(plan)}
-    if len(devices) == 1 and next(iter(devices)).type == "cuda":
-        return next(iter(devices))
-    return _home(flatten(terms)[0])
 
 
 def choose_mode(num_rows: int, span: int, forced: str | None = None) -> str:
@@ -157,39 +120,14 @@ class Rows:
             return t.index_select(0, self.index)
         return t if self.covers(t) else t[self.lo:self.hi]
 
-    def take_pinned(self, t: torch.Tensor) -> torch.Tensor:
-        """:meth:`take` into page-locked host memory (the source of an async device copy)."""
-        if self.index is not None:
-            out = torch.empty((self.index.numel(),) + tuple(t.shape[1:]), dtype=t.dtype,
-                              pin_memory=True)
-            return torch.index_select(t, 0, self.index, out=out)
-        x = self.take(t)
-        return x if x.is_pinned() else x.pin_memory()
-
     def add_into(self, total: torch.Tensor, g: torch.Tensor) -> None:
         """``total[rows] += g``: ``index_add_`` for a gather, a slice add for a span."""
-        g = to_device(g, total.device)
         if self.index is not None:
             total.index_add_(0, self.index, g)
         elif self.covers(total):
             total.add_(g)
         else:
             total[self.lo:self.hi].add_(g)
-
-
-def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``x`` on ``device``; a CUDA tensor comes to the host through page-locked memory.
-
-    A copy from the GPU into ordinary (pageable) host memory runs at a few GB/s;
-    into pinned memory it runs at the bus's speed (``experiments/gpu_streaming.py``
-    on an H100, R-MAT 2^20: GAT on an 8 x 1 grid 2.06 s -> 1.45 s per epoch). torch caches pinned blocks, so the
-    buffers of one tile are reused by the next. Differentiable, like ``x.to``.
-    """
-    if x.device == device:
-        return x
-    if x.device.type == "cuda" and device.type == "cpu":
-        return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x)
-    return x.to(device)
 
 
 def local_view(tile: Any, mode: str) -> tuple[TileView, Rows]:
@@ -231,31 +169,15 @@ class Staged:
             ``leaves=True`` (``slot`` counts term leaves, then edge-data leaves).
     """
 
-    __slots__ = ("_device", "_event", "_keep", "drop", "dst", "edata", "leaves", "mode", "src",
-                 "view")
+    __slots__ = ("drop", "dst", "edata", "leaves", "mode", "src", "view")
 
     def __init__(self, view: TileView, mode: str) -> None:
         self.view, self.mode = view, mode
         self.src = self.dst = self.edata = self.drop = None
         self.leaves: list[tuple[int, torch.Tensor, Rows]] = []
-        self._event: Any = None
-        self._device: torch.device | None = None
-        self._keep: list[torch.Tensor] = []  # device copies (and their pinned sources)
-
-    def ready(self) -> Staged:
-        """Make the current CUDA stream wait for this tile's copies (no-op on one device)."""
-        if self._event is not None:
-            stream = torch.cuda.current_stream(self._device)
-            stream.wait_event(self._event)
-            for t in self._keep:
-                if t.device.type == "cuda":
-                    t.record_stream(stream)
-            self._event = None
-        return self
 
     def run(self, plan: Any) -> Any:
         """The plan's edge stage on this tile."""
-        self.ready()
         return plan.edge(self.view, self.src, self.dst, self.edata, self.drop)
 
 
@@ -267,7 +189,6 @@ class Stager:
         edata: edge data in CSC order (a tensor, a dict of tensors, or ``None``).
         reads: ``(src_keys, dst_keys)``: the term keys the edge stage reads per side
             (``None``: all). Terms a side never reads are not staged for it.
-        device: where edge stages run (default: the terms' device).
         mode: force ``"gather"`` or ``"span"`` (default ``None``: :func:`choose_mode`).
         leaves: stage fresh leaves that require grad, recorded in
             :attr:`Staged.leaves` (the recomputing backward), instead of tracking
@@ -277,8 +198,7 @@ class Stager:
     """
 
     def __init__(self, terms: Any, edata: Any, reads: tuple[Any, Any] | None = None,
-                 device: torch.device | None = None, leaves: bool = False,
-                 mode: str | None = None, drop: Any = None) -> None:
+                 leaves: bool = False, mode: str | None = None, drop: Any = None) -> None:
         self.t_leaves, self.t_spec = flatten(terms)
         self.e_leaves, self.e_spec = flatten(edata)
         keys = self.t_spec if isinstance(self.t_spec, tuple) else None
@@ -286,13 +206,6 @@ class Stager:
         self.src_slots = _slots(keys, src_keys, len(self.t_leaves))
         self.dst_slots = _slots(keys, dst_keys, len(self.t_leaves))
         self.mode = mode
-        self.host = _home(self.t_leaves + self.e_leaves)
-        self.device = self.host if device is None else torch.device(device)
-        self.transfer = self.device != self.host
-        if self.transfer and (self.device.type != "cuda" or self.host.type != "cpu"):
-            raise ValueError(f"staging moves host terms to a CUDA device; got terms on "
-                             f"{self.host} and compute device {self.device}.")
-        self.stream = torch.cuda.Stream(self.device) if self.transfer else None
         self.leaves = leaves
         self.drop = drop
         self._sinks: dict[int, tuple[_Sink, torch.Tensor]] = {}
@@ -327,56 +240,20 @@ class Stager:
         st.edata = unflatten(self.e_spec, [self._leaf(nt + j, t, e_rows[min(j, 1)], st)
                                            for j, t in enumerate(self.e_leaves)])
         if self.drop is not None:
-            drop = self.drop.take(view.edge_ids)  # keeps the whole graph's reverse counters
-            if drop.counter is not None and (self.transfer or
-                                             drop.counter.device != self.device):
-                counter = drop.counter.pin_memory() if self.transfer else drop.counter
-                drop = dataclasses.replace(drop, reverse=None,
-                                           counter=self._copy(counter, st).to(self.device))
-            st.drop = drop
-        if self.transfer:
-            st.view = _view_to(view, self._copy, st)
-            st._event, st._device = self.stream.record_event(), self.device
+            st.drop = self.drop.take(view.edge_ids)  # keeps the whole graph's reverse counters
         return st
-
-    def to_host(self, x: Any) -> Any:
-        """An edge stage's result on the host (where the accumulators live)."""
-        if not self.transfer:
-            return x
-        if isinstance(x, torch.Tensor):
-            return to_device(x, self.host)
-        if isinstance(x, Mapping):
-            return {k: self.to_host(v) for k, v in x.items()}
-        if isinstance(x, (tuple, list)):
-            return type(x)(self.to_host(v) for v in x)
-        return x
 
     # ---------------------------------------------------------------- internals
     def _leaf(self, slot: int, t: torch.Tensor, rows: Rows, st: Staged) -> torch.Tensor:
         wants_grad = t.requires_grad and t.is_floating_point()
         if self.leaves and wants_grad:
-            x = self._copy(rows.take_pinned(t.detach()) if self.transfer else
-                           rows.take(t.detach()), st).detach().requires_grad_()
+            x = rows.take(t.detach()).detach().requires_grad_()
             st.leaves.append((slot, x, rows))
             return x
-        if wants_grad and torch.is_grad_enabled() and (self.transfer or not rows.covers(t)):
+        if wants_grad and torch.is_grad_enabled() and not rows.covers(t):
             sink, token = self._sink(slot, t)
-            return _Stage.apply(token, t, rows, sink, self, st)
-        if self.transfer:
-            with torch.no_grad():
-                return self._copy(rows.take_pinned(t), st)
+            return _Stage.apply(token, t, rows, sink)
         return rows.take(t)
-
-    def _copy(self, x: torch.Tensor, st: Staged) -> torch.Tensor:
-        """``x`` (pinned host memory) on the compute device, copied on the side stream."""
-        if not self.transfer:
-            return x
-        if not x.is_pinned():
-            x = x.pin_memory()
-        with torch.cuda.stream(self.stream):
-            y = x.to(self.device, non_blocking=True)
-        st._keep += [x, y]
-        return y
 
     def _sink(self, slot: int, t: torch.Tensor) -> tuple[_Sink, torch.Tensor]:
         with self._lock:
@@ -417,12 +294,10 @@ class _Stage(torch.autograd.Function):
     """One staged block of a term; backward adds its rows into the term's sink."""
 
     @staticmethod
-    def forward(ctx: Any, token: torch.Tensor, t: torch.Tensor, rows: Rows, sink: _Sink,
-                stager: Stager, st: Staged) -> torch.Tensor:
+    def forward(ctx: Any, token: torch.Tensor, t: torch.Tensor, rows: Rows,
+                sink: _Sink) -> torch.Tensor:
         ctx.rows, ctx.sink, ctx.like = rows, sink, (t.shape, t.dtype, t.device)
         ctx.token = (token.dtype, token.device)
-        if stager.transfer:
-            return stager._copy(rows.take_pinned(t), st)
         return rows.take(t)
 
     @staticmethod
@@ -431,7 +306,7 @@ class _Stage(torch.autograd.Function):
         if ctx.sink.total is None:
             ctx.sink.total = torch.zeros(shape, dtype=dtype, device=device)
         ctx.rows.add_into(ctx.sink.total, g)
-        return torch.zeros((), dtype=ctx.token[0], device=ctx.token[1]), None, None, None, None, None
+        return torch.zeros((), dtype=ctx.token[0], device=ctx.token[1]), None, None, None
 
 
 def staging_summary(grid: Grid, mode: str | None = None) -> str:
@@ -493,14 +368,3 @@ def _slots(keys: tuple | None, wanted: Any, n: int) -> frozenset[int]:
     if keys is None or wanted is None:
         return frozenset(range(n))
     return frozenset(i for i, k in enumerate(keys) if k in wanted)
-
-
-def _home(leaves: list[torch.Tensor]) -> torch.device:
-    return leaves[0].device if leaves else torch.device("cpu")
-
-
-def _view_to(view: TileView, copy: Any, st: Staged) -> TileView:
-    """The tile's index arrays on the compute device."""
-    rev = None if view.rev is None else tuple(copy(r, st) for r in view.rev)
-    return TileView(view.dst_lo, view.dst_hi, copy(view.indptr, st), copy(view.src_idx, st),
-                    view.edge_ids, rev, view.key, view.whole)

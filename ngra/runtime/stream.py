@@ -48,7 +48,6 @@ from ngra.memstat import malloc_trim, release_large_frees
 from ngra.runtime.staging import (
     Staged,
     Stager,
-    choose_device,
     flatten,
     forced_mode,
     plan_parameters,
@@ -113,11 +112,9 @@ def staged(stager: Stager, tiles: Iterable[Any]) -> Iterator[Staged]:
 
 def stager_for(plan: Any, terms: Any, edata: Any, **kw: Any) -> Stager:
     """The :class:`Stager` of one propagation of ``plan``: the side(s) each term is
-    read on (``plan.edge_reads()``, when the plan knows), the compute device
-    (:func:`~ngra.runtime.staging.choose_device`) and the forced staging mode."""
+    read on (``plan.edge_reads()``, when the plan knows) and the forced staging mode."""
     reads = getattr(plan, "edge_reads", None)
     kw.setdefault("mode", forced_mode())
-    kw.setdefault("device", choose_device(plan, terms))
     return Stager(terms, edata, reads() if reads is not None else None, **kw)
 
 
@@ -159,7 +156,7 @@ def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
             if keep_state:
                 rng[st.view.key] = torch.get_rng_state()
             with probes.stage("edge") as s:
-                part = s.outputs(stager.to_host(st.run(plan)))
+                part = s.outputs(st.run(plan))
             with probes.stage("combine") as s:
                 state = s.outputs(acc.combine(state, part))
         with probes.stage("finalize") as s:
@@ -209,7 +206,7 @@ class StreamedPropagation(torch.autograd.Function):
                 "chunked streaming supports tensor-valued accumulators; this layer's "
                 f"apply_edge returns {type(out).__name__}. Run it without a memory budget.")
         ctx.c, ctx.rng = c, rng
-        ctx.staging = {"mode": stager.mode, "device": stager.device}  # backward restages alike
+        ctx.staging = {"mode": stager.mode}  # backward restages alike
         ctx.final = [(lo, hi, c.plan.accumulator.final_stats(st, out[lo:hi]))
                      for lo, hi, st in states]
         ctx.save_for_backward(*leaves[: c.nt + c.ne])
@@ -242,7 +239,7 @@ class StreamedPropagation(torch.autograd.Function):
                 lo, hi = st.view.dst_lo, st.view.dst_hi
                 leaf_grads, param_grads = tile_gradients(
                     c.plan, st, final[lo][1], grad_out[lo:hi], in_deg[lo:hi], params, linear,
-                    ctx.rng[st.view.key], stager.to_host)
+                    ctx.rng[st.view.key])
                 for (slot, _, rows), g in leaf_grads:
                     add_rows(slot, rows, g)
                 for k, g in enumerate(param_grads):
@@ -262,8 +259,7 @@ def _linear(plan: Any) -> bool:
 
 def tile_gradients(plan: Any, st: Staged, final: Any, grad: torch.Tensor,
                    in_deg: torch.Tensor, params: list[torch.Tensor], linear: bool,
-                   rng_state: torch.Tensor | None = None,
-                   to_host: Callable[[Any], Any] = lambda x: x) -> tuple[list, list]:
+                   rng_state: torch.Tensor | None = None) -> tuple[list, list]:
     """Gradients of one staged tile's share of the accumulator.
 
     ``st.leaves`` holds ``(slot, leaf, rows)`` entries: the staged rows that want
@@ -286,7 +282,7 @@ def tile_gradients(plan: Any, st: Staged, final: Any, grad: torch.Tensor,
         torch.set_rng_state(rng_state)
     skip = kernels.backward_only if linear else contextlib.nullcontext
     with torch.enable_grad(), skip():
-        part = to_host(st.run(plan))
+        part = st.run(plan)
         contrib = plan.accumulator.contribution(part, final, in_deg)
     if not contrib.requires_grad:
         return [], [None] * len(params)

@@ -136,6 +136,16 @@ class Fetched:
         return self.tensors
 
 
+_STREAMS: dict[torch.device, tuple[Any, Any]] = {}
+
+
+def _side_streams(device: torch.device) -> tuple[Any, Any]:
+    """The copy streams of ``device`` (one per direction, made once per process)."""
+    if device not in _STREAMS:
+        _STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+    return _STREAMS[device]
+
+
 class Link:
     """Host <-> ``device`` copies on two side streams, counted (see the module docstring).
 
@@ -147,8 +157,7 @@ class Link:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.counts = TransferCounts()
-        self._up = torch.cuda.Stream(self.device) if self.cuda else None
-        self._down = torch.cuda.Stream(self.device) if self.cuda else None
+        self._up, self._down = _side_streams(self.device) if self.cuda else (None, None)
 
     def h2d(self, *hosts: torch.Tensor) -> Fetched:
         """Queue ``hosts`` (host tensors; page-locked on a CUDA link) to the device."""
