@@ -9,6 +9,15 @@ number of threads. It is not bit-identical to ``F.dropout``'s stream.
 Because the mask is a function of the seeds, no mask is stored: backward is the
 same kernel applied to the incoming gradient.
 
+Where the seeds are drawn follows the kernel that reads them (:func:`seed_device`): the
+cpu (numba) and ref kernels take two Python ints from torch's CPU generator; the gpu
+backend's kernels take two int64 tensors drawn on the data's device, from that device's
+generator (the CPU one for CPU tensors under Triton's interpreter: the same numbers). A
+device draw needs no host round trip, and a captured CUDA graph
+(:mod:`ngra.runtime.cuda_graph`) replays it as a fresh draw each time, where host ints
+would be frozen into the graph; :func:`host_seed_draws` lets a caller see whether a step
+drew any host seeds.
+
 Inside ``with dropout_rows(ids):`` a tensor with one row per id draws row ``r``'s
 elements from index ``ids[r] * row_size + column`` instead of its flat position: a
 process holding some rows of a larger tensor (multi-device training: ``ids`` are the
@@ -33,12 +42,18 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ngra.kernels._checks import check_feat
-from ngra.kernels.registry import current_backend, lookup, thread_setting, use_backend
+from ngra.kernels.registry import (backend_for, current_backend, lookup, thread_setting,
+                                   use_backend)
 
-__all__ = ["EdgeDropout", "check_attention_p", "check_edge_dropout", "check_p", "draw_seeds",
-           "dropout", "dropout_rows", "row_base"]
+__all__ = ["EdgeDropout", "Seed", "check_attention_p", "check_edge_dropout", "check_p",
+           "draw_seeds", "dropout", "dropout_rows", "host_seed_draws", "row_base", "seed_device"]
 
 _rows = threading.local()
+_watch = threading.local()
+
+#: A 32-bit seed: a Python int (host kernels) or a 0-dim int64 tensor on the data's device
+#: (the gpu backend's kernels; see :func:`seed_device`).
+Seed = int | torch.Tensor
 
 
 def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
@@ -94,15 +109,42 @@ def check_p(p: float) -> None:
         raise ValueError(f"dropout probability must be a number in [0, 1]; got {p!r}.")
 
 
-def draw_seeds(p: float) -> tuple[int, int, int, float]:
-    """``(s1, s2, thr, scale)`` for the ``dropout`` kernels: two seeds from torch's
-    default generator, the keep threshold and ``1 / (1 - p)``, for ``0 < p < 1``.
+def draw_seeds(p: float, device: torch.device | None = None) -> tuple[Seed, Seed, int, float]:
+    """``(s1, s2, thr, scale)`` for the ``dropout`` kernels: two seeds, the keep threshold
+    and ``1 / (1 - p)``, for ``0 < p < 1``.
 
-    Element ``i`` of a flattened tensor draws from ``(i + s1) mod 2**32``: a block that
-    starts at flat index ``k`` gets the whole tensor's mask with ``s1 + k``.
+    The seeds are Python ints from torch's CPU generator when ``device`` is ``None``, else
+    0-dim int64 tensors drawn on ``device`` by its generator (:func:`seed_device` says
+    which a kernel takes). Element ``i`` of a flattened tensor draws from
+    ``(i + s1) mod 2**32``: a block that starts at flat index ``k`` gets the whole
+    tensor's mask with ``s1 + k``.
     """
-    s1, s2 = (int(s) for s in torch.randint(0, 2**32, (2,), dtype=torch.int64))
+    if device is None:
+        s1, s2 = (int(s) for s in torch.randint(0, 2**32, (2,), dtype=torch.int64))
+        drawn = getattr(_watch, "draws", None)
+        if drawn is not None:
+            drawn.append(p)
+    else:
+        seeds = torch.randint(0, 2**32, (2,), dtype=torch.int64, device=device)
+        s1, s2 = seeds[0], seeds[1]
     return s1, s2, min(round(p * 2**32), 2**32), 1.0 / (1.0 - p)
+
+
+def seed_device(device: torch.device, op: str = "dropout") -> torch.device | None:
+    """Where :func:`draw_seeds` draws the seeds of ``op``'s kernel on ``device`` tensors:
+    ``device`` itself when the kernel is the gpu backend's (it reads seeds from device
+    memory), ``None`` (host ints) for the cpu and ref kernels."""
+    return device if backend_for(op, device) == "gpu" else None
+
+
+@contextlib.contextmanager
+def host_seed_draws() -> Iterator[list[float]]:
+    """Inside the block, the list it yields collects the ``p`` of every seed pair this
+    thread draws on the host (:func:`draw_seeds` without a device): dropout that a
+    captured CUDA graph would freeze to one mask."""
+    drawn: list[float] = []
+    with thread_setting(_watch, "draws", drawn):
+        yield drawn
 
 
 def check_attention_p(p: float, who: str = "attention dropout") -> float:
@@ -147,22 +189,24 @@ class EdgeDropout:
             kept in the dtype it came in (a cast would be a fresh ``[E]`` array each call;
             the hash reads the index modulo ``2**32``, the same in either width); ``None``
             for the identity.
-        s1, s2: the two 32-bit seeds (:func:`draw_seeds`).
+        s1, s2: the two 32-bit seeds (:func:`draw_seeds`): ints, or 0-dim int64 tensors on
+            the counters' device for the gpu backend's kernels.
         reverse: ``(rev_perm, counter[rev_perm])`` for a reverse CSR, or ``None``.
         num_edges: ``E``, given with the identity counter (else ``counter``'s length).
     """
 
     p: float
     counter: torch.Tensor | None
-    s1: int
-    s2: int
+    s1: Seed
+    s2: Seed
     reverse: tuple[torch.Tensor, torch.Tensor] | None = None
     num_edges: int | None = None
 
     @classmethod
     def draw(cls, p: float, counter: torch.Tensor | None,
              reverse: tuple[torch.Tensor, torch.Tensor] | None = None,
-             num_edges: int | None = None) -> EdgeDropout | None:
+             num_edges: int | None = None,
+             device: torch.device | None = None) -> EdgeDropout | None:
         """Seeds from torch's default generator (``None`` when ``p == 0``: no dropout).
 
         Args:
@@ -170,6 +214,9 @@ class EdgeDropout:
             counter: ``[E]`` int32/int64 edge counters (e.g. ``Graph.perm``), or ``None``
                 for the identity (then ``num_edges`` gives ``E``).
             reverse: ``(rev_perm, counter[rev_perm])`` (see the class docstring), or ``None``.
+            device: where the aggregation runs (default: the counter's device, the CPU
+                for the identity); its backend decides where the seeds are drawn
+                (:func:`seed_device`).
         """
         p = check_attention_p(p)
         if counter is None:
@@ -183,7 +230,9 @@ class EdgeDropout:
             raise TypeError(f"the edge counter must be a 1-D int32/int64 tensor [E]; got {got}.")
         if p == 0:
             return None
-        s1, s2, _, _ = draw_seeds(p)
+        if device is None:
+            device = torch.device("cpu") if counter is None else counter.device
+        s1, s2, _, _ = draw_seeds(p, seed_device(device, "softmax_aggregate_fwd"))
         return cls(p, counter, s1, s2, None if counter is None else reverse,
                    num_edges if counter is None else None)
 
@@ -259,7 +308,7 @@ class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p):
         ctx.backend = current_backend()
-        ctx.seeds = draw_seeds(p)
+        ctx.seeds = draw_seeds(p, seed_device(x.device))
         ctx.base = row_base(x)
         return lookup("dropout", x.device)(x.contiguous(), *ctx.seeds, ctx.base)
 

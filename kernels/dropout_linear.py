@@ -28,7 +28,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ngra.kernels._checks import check_feat
-from ngra.kernels.dropout import check_p, draw_seeds, row_base
+from ngra.kernels.dropout import check_p, draw_seeds, row_base, seed_device
 from ngra.kernels.registry import current_backend, lookup, use_backend
 from ngra.memstat import release_mapped
 
@@ -161,7 +161,7 @@ class _DropoutLinear(torch.autograd.Function):
         ctx.k, ctx.p, ctx.x_shape = k, p, tuple(x.shape)
         ctx.has_bias = tuple(b is not None for b in biases)
         if replay is None:
-            s1, s2, thr, scale = draw_seeds(p)
+            s1, s2, thr, scale = draw_seeds(p, seed_device(x.device, "dropout_mask"))
         else:
             scale = replay.scale
         ctx.scale = scale

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["BACKENDS", "available", "backward_only", "current_backend", "forward_skipped",
-           "lookup", "register", "use_backend"]
+__all__ = ["BACKENDS", "available", "backend_for", "backward_only", "current_backend",
+           "forward_skipped", "lookup", "register", "use_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,11 @@ def lookup(op: str, device: torch.device | str = "cpu") -> Callable:
     ``auto`` picks ``gpu`` on CUDA and ``cpu`` (numba) elsewhere, falling back to
     ``ref`` when the preferred backend is missing or lacks ``op``.
     """
+    return _IMPLS[(op, backend_for(op, device))]
+
+
+def backend_for(op: str, device: torch.device | str = "cpu") -> str:
+    """The backend whose ``op`` :func:`lookup` returns for ``device`` here and now."""
     device = torch.device(device)
     req = _requested()
     if req == "auto":
@@ -89,7 +94,7 @@ def lookup(op: str, device: torch.device | str = "cpu") -> Callable:
         order = [req]
     for backend in order:
         if _load(backend) and (op, backend) in _IMPLS:
-            return _IMPLS[(op, backend)]
+            return backend
     known = sorted({o for o, _ in _IMPLS})
     why = "".join(f" Backend {b!r} is unavailable: {_why[b]}" for b in order if b in _why)
     raise NotImplementedError(

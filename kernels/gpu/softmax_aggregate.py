@@ -216,7 +216,11 @@ def _drop_args(drop, value, counter=None) -> tuple:
     value's dtype (a float argument would be fp32)."""
     if drop is None:
         return value, value, value
-    seeds = torch.tensor([drop.s1, drop.s2, drop.thr], dtype=torch.int64, device=value.device)
+    if isinstance(drop.s1, torch.Tensor):  # drawn on the device: no host copy
+        seeds = torch.stack([drop.s1, drop.s2, drop.s1.new_full((), drop.thr)])
+    else:
+        seeds = torch.tensor([drop.s1, drop.s2, drop.thr], dtype=torch.int64,
+                             device=value.device)
     ctr = drop.counter if counter is None else counter
     return (value if ctr is None else ctr), seeds, value.new_full((1,), drop.scale)
 
