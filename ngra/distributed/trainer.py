@@ -274,6 +274,9 @@ class RankSession:
                 plans += "\n" + grid_report(self.model, self.graph, self.x, self.edge_data)
         return plans
 
+    def step_begin(self) -> None:
+        """Before each training step (the exchange counts its own traffic)."""
+
     def step_done(self) -> None:
         self.steps.append(self.graph.traffic.take())
 

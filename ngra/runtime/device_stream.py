@@ -54,7 +54,7 @@ from ngra import kernels
 from ngra.compiler.ir import Op
 from ngra.graph import EdgeFactors, Graph
 from ngra.kernels._checks import vouch
-from ngra.kernels.dropout import EdgeDropout
+from ngra.kernels.dropout import EdgeDropout, seed_device
 from ngra.runtime.device_schedule import (
     RowBytes,
     Schedule,
@@ -96,6 +96,19 @@ def wants_streaming(plan: Any, graph: Any, x: Any) -> bool:
         return False
     leaves, _ = flatten(x)
     return bool(leaves) and all(t.device.type == "cpu" for t in leaves)
+
+
+def _get_rng(device: torch.device) -> tuple:
+    """The generators' states a dropout's seeds come from: the CPU's, and the CUDA
+    device's (the gpu kernels draw their seeds there, :func:`ngra.kernels.dropout`)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng(device: torch.device, state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
 
 
 class _Degrees:
@@ -156,6 +169,7 @@ class _Call:
         self.reads_x = _post_reads_x(plan)
         self.linear = _linear(plan)
         self.rng: dict[tuple[int, int], torch.Tensor] = {}
+        self.drop_seeds: tuple | None = None
         self._inflight: collections.deque = collections.deque()
 
     # ------------------------------------------------------------ small pieces
@@ -180,7 +194,7 @@ class _Call:
             raw = [t.requires_grad_(g) for t, g in zip(raw, self.x_grad)]
         if not self.p:
             return raw, unflatten(self.x_spec, raw)
-        torch.set_rng_state(self.rng0)  # every chunk draws the layer's one pair of seeds
+        _set_rng(self.device, self.rng0)  # every chunk draws the layer's one pair of seeds
         ids = torch.arange(lo, hi, device=self.device)
         with kernels.dropout_rows(ids):
             dropped = [kernels.dropout(t, self.p) for t in raw]
@@ -237,7 +251,12 @@ class _Call:
         else:
             counters = self.tiles.gathered("counter", d.counter, self.device)[(c, q)]
         (dev,) = self.link.h2d(counters).ready()
-        return EdgeDropout(d.p, dev, d.s1, d.s2)
+        if self.drop_seeds is None:  # the kernels on the device take their seeds there
+            where = seed_device(self.device, "softmax_aggregate_fwd")
+            self.drop_seeds = tuple(
+                s if where is None or isinstance(s, torch.Tensor) else
+                torch.tensor(int(s), dtype=torch.int64, device=where) for s in (d.s1, d.s2))
+        return EdgeDropout(d.p, dev, *self.drop_seeds)
 
     def degrees(self, c: int) -> torch.Tensor:
         lo, hi = self.rows(c)
@@ -308,7 +327,7 @@ class StreamedLayer(torch.autograd.Function):
         c, link, k = call, call.link, call.s.k
         c.setup()
         acc_rule = c.plan.accumulator
-        c.rng0 = torch.get_rng_state()
+        c.rng0 = _get_rng(c.device)
         # 1. pre, a row chunk at a time
         chunks: _Chunks | None = None
         dst_host: dict[int, torch.Tensor] = {}
@@ -316,7 +335,7 @@ class StreamedLayer(torch.autograd.Function):
             lo, hi = c.rows(r)
             _, xd = c.x_chunk(r)
             if r == 0:
-                rng_after = torch.get_rng_state()
+                rng_after = _get_rng(c.device)
             leaves = c.pre(xd)
             if chunks is None:
                 src_slots, dst_slots = read_slots(c.plan, c.t_spec, len(leaves))
@@ -338,7 +357,7 @@ class StreamedLayer(torch.autograd.Function):
                     link.d2h(leaves[s], dst_host[s][lo:hi])
             c.pace()
         if k and c.p:
-            torch.set_rng_state(rng_after)  # as after one draw of the input dropout
+            _set_rng(c.device, rng_after)  # as after one draw of the input dropout
         link.fence()  # the host terms are written before a column copies them back
         # 2. columns
         out_host = acc_host = lse_host = None
@@ -421,21 +440,16 @@ class StreamedLayer(torch.autograd.Function):
         # needs a gradient) pre's backward right away
         g_src_host: dict[int, torch.Tensor] = {}
         g_dst: dict[int, torch.Tensor] = {}
-        fused = propagate = None
-        edge_params = [p for p in plan_parameters(c.plan) if p.requires_grad]
-        for q in range(k):
+        # what the probe found (so the copies are the ones moved_bytes counts): whether any
+        # term needs a gradient (GCN's first layer: none), and any destination-side term
+        propagate, fused = c.s.rows.propagate, not c.s.rows.dst_grad
+        for q in range(k if propagate or wants_x else 0):
             q_lo, q_hi = c.rows(q)
             with torch.enable_grad():
                 raw, xd = c.x_chunk(q, grad=True)
                 terms = c.pre(xd)
-            if propagate is None:  # GCN's first layer: no term needs a gradient
-                propagate = bool(edge_params) or any(
-                    terms[s].requires_grad for s in c.src_slots | c.dst_slots)
-                if not propagate and not wants_x:
-                    break
-            if fused is None:
-                fused = not any(terms[s].requires_grad for s in c.dst_slots)
-                for s in ([] if fused else c.dst_slots):
+            if q == 0 and not fused:
+                for s in c.dst_slots:
                     if terms[s].requires_grad:
                         g_dst[s] = torch.zeros((n,) + tuple(terms[s].shape[1:]),
                                                dtype=terms[s].dtype, device=c.device)

@@ -261,3 +261,36 @@ def test_schedule_follows_the_budget():
         with device_streaming("cpu", budget=1 << 10):
             schedule_for(plan, graph, ds.x, edata)
     assert "device streaming on cpu" in s.describe()
+
+
+def test_training_summary_reports_bytes_and_the_transfer_bound(tmp_path, monkeypatch):
+    """ngra's training loop, streamed (the stand-in): the JSON summary gives each epoch's
+    bytes each way (those of the schedule's analytic count), the transfer bound and the
+    epoch over it."""
+    from ngra.fit import Session, fit
+    from ngra.train import TrainConfig
+
+    monkeypatch.setenv("NGRA_CALIBRATION", str(tmp_path))
+    graph, _ = prepare("gcn", _case("random", 9))
+    x, y = torch.randn(N, 5), torch.randint(0, 3, (N,))
+    masks = {k: torch.rand(N) < 0.5 for k in ("train", "val", "test")}
+    torch.manual_seed(0)
+    model = build_model("gcn", 5, 3, hidden=8)
+
+    class Streamed(Session):
+        def context(self):
+            return device_streaming("cpu", parts=4, cache=1)
+
+    s = Streamed(model, graph, x, None, y, masks, None, N, graph.num_edges)
+    cfg = TrainConfig(model="gcn", dataset="test", epochs=3, progress=False)
+    out = fit(cfg, s)
+    model.train()
+    with s.context():  # the training step's schedules (evaluation's are the last used)
+        model(graph, x).sum().backward()
+    want = [moved_bytes(last_schedule(layer)) for layer in model.layers]
+    h2d = sum(w["fwd_h2d"] + w["bwd_h2d"] for w in want)
+    d2h = sum(w["fwd_d2h"] + w["bwd_d2h"] for w in want)
+    assert out["h2d_mb_per_epoch"] * 2**20 == pytest.approx(h2d)
+    assert out["d2h_mb_per_epoch"] * 2**20 == pytest.approx(d2h)
+    assert out["transfer_bound_s"] > 0 and out["epoch_over_transfer_bound"] > 0
+    assert list(tmp_path.glob("copy-*.json")), "the bandwidth is cached beside the link's"
