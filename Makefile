@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH  := torch==2.13.0
 DATA   ?= $(abspath ../shared/data)
 
-.PHONY: demo test test-all install install-test bench clean
+.PHONY: demo test test-all install install-test bench clean gpu-wheels
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test: $(VENV)/.test
 
 test-all: $(VENV)/.test
 	NGRA_DATA=$(DATA) NGRA_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q
+
+# PyG for experiments/gpu_check.sh on a GPU machine without network: the wheel goes to .whl/
+# (git-ignored locally: echo /.whl/ >> .git/info/exclude), carried to the machine beside the tree.
+gpu-wheels:
+	python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+	    --implementation cp --platform any -d .whl torch_geometric==2.8.1
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -99,8 +99,12 @@ _PINNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def pinned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` in page-locked memory (for a CUDA ``device``): ``t`` itself when it is pinned
     already, else a pinned copy made once and kept while ``t`` lives unmodified (a
-    dataset's features are copied once per run, not once per epoch)."""
-    if device.type != "cuda" or t.is_pinned():
+    dataset's features are copied once per run, not once per epoch). An array mapped from
+    disk (``--storage disk``) stays mapped: its chunks are copied from the mapping as they
+    are needed (synchronous copies, but no host copy of the whole array)."""
+    from ngra.memstat import is_mapped
+
+    if device.type != "cuda" or t.is_pinned() or is_mapped(t):
         return t
     hit = _PINNED.get(t)
     if hit is not None and hit[0] == t._version:

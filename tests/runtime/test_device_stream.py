@@ -294,3 +294,17 @@ def test_training_summary_reports_bytes_and_the_transfer_bound(tmp_path, monkeyp
     assert out["d2h_mb_per_epoch"] * 2**20 == pytest.approx(d2h)
     assert out["transfer_bound_s"] > 0 and out["epoch_over_transfer_bound"] > 0
     assert list(tmp_path.glob("copy-*.json")), "the bandwidth is cached beside the link's"
+
+
+def test_explain_shows_the_schedule_and_its_bytes():
+    from ngra import explain
+
+    model, _ = _model("gat", 1)
+    graph, _ = prepare("gat", _case("random", 1))
+    x = torch.randn(N, 5, dtype=torch.float64)
+    with device_streaming("cpu", parts=4, cache=1):
+        text = explain(model, graph, x)
+    assert text.count("device streaming on cpu: 4 x 4 tiles") == 2, text
+    assert "1 source chunk(s) kept on the device" in text
+    assert "forward host->device" in text and "predicted device peak" in text
+    assert "device streaming" not in explain(model, graph, x)  # resident: no schedule

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The prepared GPU check (issue 38): the GPU tests, then the GPU benchmark against PyG
+# (experiments/gpu_bench.py -> results/gpu.md) and streaming out of device memory
+# (experiments/gpu_streaming.py -> results/gpu_streaming.md). Sized for one GPU in at most
+# 8 minutes, so that a lent machine's 15 minutes of device time allow one rerun.
+#
+#   bash experiments/gpu_check.sh            # from the repository root, on a GPU machine
+#
+# ngra runs from a copy of the package layout (ngra.kernels = kernels/, ...) on PYTHONPATH,
+# so nothing is installed; wheels carried in .whl/ (`make gpu-wheels`: the PyG version the
+# tests pin, where the machine has another or none) are unpacked beside it. Logs and the two reports also go to $OUT when it is set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${OUT:-$(mktemp -d)}
+S=${S:-/tmp/ngra-site}
+rm -rf "$S"; mkdir -p "$S"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$S" .whl/*.whl
+fi
+cp -r ngra "$S/ngra"; cp -r kernels "$S/ngra/kernels"
+cp -r partition "$S/ngra/partition"; cp -r datasets "$S/ngra/datasets"
+export PYTHONPATH="$S${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export NGRA_CACHE=${NGRA_CACHE:-/tmp/ngra-cache} NGRA_CALIBRATION=${NGRA_CALIBRATION:-/tmp/ngra-calibration}
+T0=$(date +%s)
+stamp() { echo "== $1 at $(( $(date +%s) - T0 )) s"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+
+stamp "pytest -m gpu"
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/runtime tests/kernels \
+    2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+
+stamp "gpu_bench.py"
+timeout 240 python3 experiments/gpu_bench.py 2>&1 | tee "$OUT/gpu_bench.log"
+
+stamp "gpu_streaming.py"
+timeout 200 python3 experiments/gpu_streaming.py 2>&1 | tee "$OUT/gpu_streaming.log"
+
+stamp "done"
+cp experiments/results/gpu.md experiments/results/gpu_streaming.md "$OUT/" 2>/dev/null
+cd "$ROOT"
