@@ -22,6 +22,16 @@ optimizer, best state, the early-stop state and every RNG, so a resumed run is
 bit-identical to an uninterrupted one. Each step is checked for a non-finite loss,
 output, gradient or weight (:func:`check_finite`), which stops the run with a
 :class:`~ngra.errors.TrainingDivergedError` before the optimizer spreads it.
+
+A device-resident run on a CUDA device (``cuda_graphs`` ``auto`` or ``on``) trains with a
+capturable Adam and a step that reads nothing on the host: the loss over the training
+rows by index (the mask's rows found once) and the finiteness of the loss, the outputs,
+the gradients and the weights as device flags. After its warm-up the step replays from a
+CUDA graph (:class:`ngra.runtime.cuda_graph.GraphedStep`), where safe; the summary's
+``cuda_graph`` says ``"captured"`` or why not. The host then reads the loss and the flags
+once an epoch; a flag that is not set runs :func:`check_finite`, so a divergence is
+named as before, though found after the optimizer step (the weights in memory then hold
+the diverged update; checkpoints do not).
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from ngra.memstat import (io_read_bytes, is_mapped, peak_rss_bytes, release_larg
                           release_mapped)
 from ngra.models import HYPER_PARAMETERS, param_groups
 from ngra.runtime.budget import memory_budget
+from ngra.runtime.cuda_graph import GraphedStep, capture_refusal
 from ngra.runtime.placement import Placement, placed
 from ngra.spill import saved_on_disk
 
@@ -78,13 +89,20 @@ def _seed_all(seed: int) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+             "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()  # the gpu kernels' dropout seeds
+    return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def resume_from_checkpoint(directory: str | Path, resolved: dict[str, Any],
@@ -313,6 +331,10 @@ class Session:
         self.placement = placement
         self.info = dict(info or {})  # dataset figures for the summary
         self.read_start = io_read_bytes()  # disk_read_mb: what training reads (storage=disk)
+        # the training rows by index, found once: indexing by the mask would find them
+        # every step (on a GPU a host wait, and no CUDA graph can hold it)
+        self.train_index = masks["train"].nonzero().view(-1)
+        self.train_y = y.index_select(0, self.train_index)
 
     def context(self) -> Any:
         """Around every forward (and a training step's backward): the placement on a GPU,
@@ -330,9 +352,17 @@ class Session:
 
     def loss(self, out: torch.Tensor) -> tuple[torch.Tensor, float]:
         """``(loss to differentiate, the loss's value)`` of the training rows."""
-        m = self.masks["train"]
-        loss = F.cross_entropy(out[m], self.y[m])
+        loss = self.train_loss(out)
         return loss, float(loss.detach())
+
+    def train_loss(self, out: torch.Tensor) -> torch.Tensor:
+        """The loss of the training rows, read nowhere (no host wait)."""
+        return F.cross_entropy(out.index_select(0, self.train_index), self.train_y)
+
+    def capture_refusal(self) -> str | None:
+        """Why this session's training step cannot replay from a CUDA graph, or ``None``
+        (see :func:`ngra.runtime.cuda_graph.capture_refusal`)."""
+        return capture_refusal(self.device, self.placement)
 
     def after_backward(self) -> None:
         """After ``backward()`` (the distributed session sums the gradients over ranks)."""
@@ -407,8 +437,10 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
     seed = cfg.seed if seed is None else seed
     checkpoint = cfg.checkpoint if checkpoint is None else checkpoint
     model = s.model
+    graphed = _graphed(cfg, s)
+    # capturable: Adam keeps its step count on the device, so its step needs no host read
     opt = torch.optim.Adam(param_groups(cfg.model, model, resolved["weight_decay"]),
-                           lr=resolved["lr"])
+                           lr=resolved["lr"], capturable=graphed is not None)
     plans = None
     if cfg.explain and (run is None or run[0] == 0):
         plans = s.explain()
@@ -432,24 +464,28 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
     bar = tqdm(range(start, cfg.epochs), desc=label,
                disable=not (cfg.progress and s.is_main) or stopped, initial=start,
                total=cfg.epochs)
+    step = None if graphed is None else graphed(_device_step(s, opt), s.device)
     for epoch in bar:
         if stopped:
             break
         t0 = time.perf_counter()
         model.train()
-        opt.zero_grad()
-        with s.context():
-            out = s.net(s.graph, s.x, s.edge_data)
-            loss, loss_value = s.loss(out)
-            # the outputs are checked now and let go: an N x classes array not held
-            # through backward (R-MAT 2^23, 8 classes: 268 MB off the peak)
-            out_finite = bool(torch.isfinite(out.detach()).all())
-            del out
-            loss.backward()
-        s.after_backward()
-        check_finite(epoch + 1, resolved, model, loss, out_finite=out_finite, kept=kept)
-        opt.step()
-        check_finite(epoch + 1, resolved, model, kept=kept)
+        if step is not None:
+            loss_value = _read_device_step(step(), epoch + 1, resolved, model, kept)
+        else:
+            opt.zero_grad()
+            with s.context():
+                out = s.net(s.graph, s.x, s.edge_data)
+                loss, loss_value = s.loss(out)
+                # the outputs are checked now and let go: an N x classes array not held
+                # through backward (R-MAT 2^23, 8 classes: 268 MB off the peak)
+                out_finite = bool(torch.isfinite(out.detach()).all())
+                del out
+                loss.backward()
+            s.after_backward()
+            check_finite(epoch + 1, resolved, model, loss, out_finite=out_finite, kept=kept)
+            opt.step()
+            check_finite(epoch + 1, resolved, model, kept=kept)
         s.step_done()
         times.append(time.perf_counter() - t0)
         acc, val_loss = s.evaluate()
@@ -494,11 +530,83 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
         "config_sources": {k: h.source for k, h in cfg.hyper_parameters().items() if h},
         "history": history,
     }
+    summary["cuda_graph"] = (step.describe() if step is not None else
+                             "off (--cuda-graphs off)" if cfg.cuda_graphs == "off" else
+                             _static_refusal(s))
     summary.update(s.extra(times))
     summary.update(cfg.extra)
     if plans is not None:
         summary["explain"] = plans
     return summary
+
+
+def _static_refusal(s: Session) -> str:
+    """Why ``s``'s step is never captured, known before training."""
+    if not isinstance(s, Session):
+        return ("a distributed rank: its gradients are all-reduced between backward and the "
+                "optimizer step")
+    return s.capture_refusal() or "not captured"
+
+
+def _graphed(cfg: TrainConfig, s: Session) -> Callable[..., GraphedStep] | None:
+    """How ``s``'s steps are made into a :class:`GraphedStep` (``None``: the host-checked
+    eager loop, where no graph can be captured or ``cuda_graphs`` is off).
+    ``cuda_graphs="on"`` raises where a graph cannot be."""
+    if cfg.cuda_graphs == "off":
+        return None
+    why = _static_refusal(s) if not isinstance(s, Session) else s.capture_refusal()
+    if why is not None:
+        if cfg.cuda_graphs == "on":
+            raise ValueError(f"--cuda-graphs on: this run's training step cannot be "
+                             f"captured: {why}. Use --cuda-graphs auto (or off).")
+        if isinstance(s, Session) and s.device.type == "cuda":
+            log.info("training step runs eagerly, not from a CUDA graph: %s", why)
+        return None
+
+    def make(step: Callable[[], torch.Tensor], device: torch.device) -> GraphedStep:
+        return GraphedStep(step, device, strict=cfg.cuda_graphs == "on")
+
+    return make
+
+
+def _device_step(s: Session, opt: torch.optim.Optimizer) -> Callable[[], torch.Tensor]:
+    """One training step that reads nothing on the host: it returns ``[5]`` in the loss's
+    dtype, the loss and four finiteness flags (loss, outputs, gradients, weights; 1 or 0),
+    for :func:`_read_device_step`. The gradients' and weights' flags screen their norms
+    (one batched kernel each): a norm may overflow where every entry is finite, and the
+    reader then checks entry by entry."""
+    params = [p for p in s.model.parameters() if p.requires_grad]
+
+    def finite_norms(ts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.isfinite(torch.stack(torch._foreach_norm(ts))).all()
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        with s.context():
+            out = s.net(s.graph, s.x, s.edge_data)
+            loss = s.train_loss(out)
+            out_ok = torch.isfinite(out.detach()).all()
+            del out
+            loss.backward()
+        grads = [p.grad for p in params if p.grad is not None]
+        grads_ok = finite_norms(grads) if grads else out_ok.new_ones(())
+        opt.step()
+        loss = loss.detach()
+        flags = torch.stack([torch.isfinite(loss), out_ok, grads_ok, finite_norms(params)])
+        return torch.cat([loss.view(1), flags.to(loss.dtype)])
+
+    return step
+
+
+def _read_device_step(result: torch.Tensor, epoch: int, resolved: dict[str, Any],
+                      model: torch.nn.Module, kept: str) -> float:
+    """The loss of a :func:`_device_step` result (one host read); raises
+    :class:`TrainingDivergedError` through :func:`check_finite` when a flag is not set."""
+    loss, *flags = result.tolist()
+    if not all(flags):
+        check_finite(epoch, resolved, model, result[0], out_finite=bool(flags[1]), kept=kept)
+        check_finite(epoch, resolved, model, kept=kept)
+    return loss
 
 
 def _has_checkpoint(directory: str | None) -> bool:

@@ -79,6 +79,7 @@ class TrainConfig:
     memory_budget: str | None = None
     reorder: str = "none"
     device: str = "cpu"
+    cuda_graphs: str = "auto"
     nprocs: int = 1
     exchange: str = "auto"
     partition: str | None = None
@@ -255,6 +256,7 @@ def check_config(cfg: TrainConfig) -> None:
     from ngra.datasets.store import STORAGES
     from ngra.distributed.cost import STRATEGIES
     from ngra.partition import BOOK_METHODS
+    from ngra.runtime.cuda_graph import MODES as CUDA_GRAPH_MODES
 
     if cfg.model not in MODELS:
         raise ValueError(f"unknown model {cfg.model!r}; choose one of {sorted(MODELS)}.")
@@ -282,6 +284,19 @@ def check_config(cfg: TrainConfig) -> None:
                          "FILE); no such file.")
     if not cfg.dist_timeout > 0:
         raise ValueError(f"--dist-timeout must be > 0 seconds; got {cfg.dist_timeout}.")
+    if cfg.cuda_graphs not in CUDA_GRAPH_MODES:
+        raise ValueError(f"--cuda-graphs must be one of {CUDA_GRAPH_MODES}; "
+                         f"got {cfg.cuda_graphs!r}.")
+    if cfg.cuda_graphs == "on":
+        why = ("it runs on the CPU" if not str(cfg.device).startswith("cuda") else
+               "--memory-budget tiles the graph on a grid chosen at run time"
+               if cfg.memory_budget else
+               "--nprocs all-reduces gradients between backward and the optimizer step"
+               if cfg.nprocs > 1 else None)
+        if why is not None:
+            raise ValueError(f"--cuda-graphs on captures a device-resident training step in "
+                             f"a CUDA graph, and this run cannot have one: {why}. Use "
+                             "--cuda-graphs auto (or off).")
     if cfg.storage not in STORAGES:
         raise ValueError(f"--storage must be one of {STORAGES}; got {cfg.storage!r}.")
     if cfg.storage != "memory" and cfg.nprocs > 1:
