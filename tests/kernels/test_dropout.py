@@ -30,6 +30,16 @@ def test_cpu_matches_reference(dtype, shape):
     assert torch.equal(y_cpu, y_ref) and torch.equal(gx_cpu, gx_ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(0,), (7,), (300, 5), (3, 1000)])
+def test_gpu_matches_reference(dtype, shape):
+    """The Triton kernel (in the interpreter without CUDA) hashes the reference's mask."""
+    x = torch.randn(shape, dtype=dtype)
+    y_ref, gx_ref, _ = _run("ref", x, 0.3)
+    y_gpu, gx_gpu, _ = _run("gpu", x, 0.3)
+    assert torch.equal(y_gpu, y_ref) and torch.equal(gx_gpu, gx_ref)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_distribution_and_scaling(p):
     x = torch.rand(1_000_000) + 0.5  # no zeros: kept <=> nonzero

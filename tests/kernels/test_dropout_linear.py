@@ -30,7 +30,7 @@ def _grads(outs, leaves, seed=1):
     return torch.autograd.grad(outs, live, gs)
 
 
-@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("backend", ["ref", "cpu", "gpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n,f_in,outs,bias,x_grad", [
     (300, 37, [5], [True], False),          # 300 * 37 elements: not a multiple of 8
@@ -61,11 +61,12 @@ def test_backends_draw_the_same_mask():
     x = torch.randn(1001, 13, dtype=torch.float64)
     w = [torch.randn(6, 13, dtype=torch.float64)]
     res = []
-    for backend in ("ref", "cpu"):
+    for backend in ("ref", "cpu", "gpu"):
         torch.manual_seed(3)
         with use_backend(backend):
             res.append(dropout_linear(x, w, None, 0.5)[0])
     torch.testing.assert_close(res[0], res[1])
+    torch.testing.assert_close(res[0], res[2])
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 200_003])
@@ -144,7 +145,7 @@ def test_gpu_matches_cpu():
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("backend", ["ref", "cpu", "gpu"])
 @pytest.mark.parametrize("block_bytes", [None, 1024])  # one block; many blocks
 def test_replaying_masks_reproduces_outputs_and_gradients(backend, block_bytes, monkeypatch):
     """dropout_linear(..., masks=dropout_masks(out)) is the same dropout again: the same

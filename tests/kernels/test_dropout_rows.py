@@ -11,7 +11,7 @@ import torch
 
 from ngra.kernels import dropout, dropout_linear, dropout_rows, use_backend
 
-BACKENDS = ("ref", "cpu")
+BACKENDS = ("ref", "cpu", "gpu")  # gpu: Triton kernels, in the interpreter without CUDA
 
 
 def _rows(n: int) -> torch.Tensor:
