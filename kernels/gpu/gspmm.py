@@ -3,7 +3,9 @@
 :func:`_spmm` walks a destination's in-edges in blocks of ``BLOCK_E``: it gathers the
 ``[BLOCK_E, BLOCK_F]`` source rows, multiplies by the edge weights (none, one per
 head broadcast over its ``D`` columns, or one per element) and reduces them into a
-register accumulator, so nothing per edge ever reaches memory. It serves the
+register accumulator, so nothing per edge ever reaches memory. Factored edge weights
+(``SCALED``, GCN's ``w_uv = s_src[u] s_dst[v]``) multiply each gathered row by its
+source's factor and the accumulator by the destination's. It serves the
 sum/mean/max/min forward, the sum/mean backward w.r.t. sources (the same kernel over
 the reverse CSR, edge ids through ``eperm``) and the max/min backward w.r.t. sources
 (``MASKED``: an edge counts only where it is the arg-extreme of its destination).
@@ -35,11 +37,13 @@ NO_EDGE, HEAD_EDGE, FULL_EDGE = (tl.constexpr(i) for i in range(3))
            triton.Config({"BLOCK_E": 32, "BLOCK_F": 128}, num_warps=4),
            triton.Config({"BLOCK_E": 64, "BLOCK_F": 128}, num_warps=8),
            triton.Config({"BLOCK_E": 64, "BLOCK_F": 32}, num_warps=1)],
-          key=["F", "D", "REDUCE", "EDGE", "AVG_DEG"])
+          key=["F", "D", "REDUCE", "EDGE", "SCALED", "AVG_DEG"],
+          interpret=triton.Config({"BLOCK_E": 64, "BLOCK_F": 128}, num_warps=8))
 @triton.jit
-def _spmm(indptr, indices, eperm, src, edge, arg, out, out_arg, F, D, H, AVG_DEG,
+def _spmm(indptr, indices, eperm, src, edge, arg, s_src, s_dst, out, out_arg, F, D, H, AVG_DEG,
           REDUCE: tl.constexpr, EDGE: tl.constexpr, HAS_PERM: tl.constexpr,
-          MASKED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+          MASKED: tl.constexpr, SCALED: tl.constexpr, BLOCK_E: tl.constexpr,
+          BLOCK_F: tl.constexpr):
     v = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     cmask = cols < F
@@ -65,6 +69,8 @@ def _spmm(indptr, indices, eperm, src, edge, arg, out, out_arg, F, D, H, AVG_DEG
         else:
             eid = e
         x = tl.load(src + u[:, None] * F + cols[None, :], mask=m2, other=0.0)
+        if SCALED:  # w_e = s_src[u] * s_dst[v]: the source factor per edge, s_dst[v] at the end
+            x = x * tl.load(s_src + u, mask=emask, other=0.0)[:, None]
         if EDGE != NO_EDGE:
             w = tl.load(edge + eid[:, None] * estride + ecol[None, :], mask=m2, other=0.0)
             x = x * w
@@ -89,6 +95,8 @@ def _spmm(indptr, indices, eperm, src, edge, arg, out, out_arg, F, D, H, AVG_DEG
             acc += tl.sum(x, axis=0)
     if REDUCE == MEAN:
         acc = acc / tl.maximum(end - start, 1).to(acc.dtype)
+    if SCALED:
+        acc = acc * tl.load(s_dst + v)
     if REDUCE >= MAX:
         acc = tl.where(best < 0, 0.0, acc)
         tl.store(out_arg + v * F + cols, best, mask=cmask)
@@ -129,8 +137,10 @@ def _avg_degree(indptr: torch.Tensor, num_edges: int) -> int:
     return pow2(num_edges // max(indptr.numel() - 1, 1))
 
 
-def spmm(indptr, indices, src, edge, reduce: str, eperm=None, arg=None):
-    """``(out [M, H, D], arg [M, H, D] int64 or None)``; ``arg`` given: the masked sum."""
+def spmm(indptr, indices, src, edge, reduce: str, eperm=None, arg=None, scale=None):
+    """``(out [M, H, D], arg [M, H, D] int64 or None)``; ``arg`` given: the masked sum;
+    ``scale`` given (``(s_src [N], s_dst [M])``, sum/mean without ``edge``): edge weights
+    ``s_src[u] * s_dst[v]``."""
     num_dst = indptr.numel() - 1
     num_src, heads, dim = src.shape
     width = heads * dim
@@ -146,11 +156,12 @@ def spmm(indptr, indices, src, edge, reduce: str, eperm=None, arg=None):
     def grid(meta):
         return (num_dst, triton.cdiv(width, meta["BLOCK_F"]))
 
+    s_src, s_dst = (src, src) if scale is None else scale
     _spmm[grid](indptr, indices, indices if eperm is None else eperm, src,
-                src if edge is None else edge, out_arg if arg is None else arg, out, out_arg,
-                width, dim, heads, _avg_degree(indptr, indices.numel()),
+                src if edge is None else edge, out_arg if arg is None else arg, s_src, s_dst,
+                out, out_arg, width, dim, heads, _avg_degree(indptr, indices.numel()),
                 REDUCE=_CODES[reduce], EDGE=mode, HAS_PERM=eperm is not None,
-                MASKED=arg is not None)
+                MASKED=arg is not None, SCALED=scale is not None)
     return out, (out_arg if ext else None)
 
 
@@ -175,12 +186,12 @@ def gspmm(indptr, indices, src, edge, reduce, eperm=None):
 
 @register("gspmm_scaled", "gpu")
 def gspmm_scaled(indptr, indices, src, src_scale, dst_scale, reduce):
-    """See :func:`ngra.kernels.ref.gspmm.gspmm_scaled` (same contract): the source rows
-    times their factor through the plain g-SpMM, the output rows times theirs (one
-    ``[N, H, D]`` temporary; no ``[E]`` weight)."""
+    """See :func:`ngra.kernels.ref.gspmm.gspmm_scaled` (same contract): the factors are
+    applied inside the g-SpMM, so the output is the only ``[M, H, D]`` tensor it makes
+    (no scaled copy of ``src``, no unscaled output, no ``[E]`` weight)."""
     require_cuda(indptr, indices, src, src_scale, dst_scale)
-    out, _ = spmm(indptr, indices, src * src_scale.view(-1, 1, 1), None, reduce)
-    return out * dst_scale.view(-1, 1, 1)
+    out, _ = spmm(indptr, indices, src, None, reduce, scale=(src_scale, dst_scale))
+    return out
 
 
 @register("gspmm_backward", "gpu")
