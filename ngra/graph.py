@@ -449,7 +449,9 @@ class Graph:
             return self
         w = None if self._weight is None else self._weight.to(device)
         f = self.edge_factors
-        f = None if f is None else EdgeFactors(f.src.to(device), f.dst.to(device))
+        if f is not None:  # GCN's two sides are one [N] tensor: one copy of it, not two
+            src = f.src.to(device)
+            f = EdgeFactors(src, src if f.dst is f.src else f.dst.to(device))
         g = Graph(self.indptr.to(device), self.indices.to(device),
                   None if self._perm is None else self._perm.to(device), self.num_nodes, w, f)
         if "csr" in self._cache:

@@ -134,6 +134,16 @@ def test_gcn_norm_matches_definition(order):
     assert torch.allclose(g.edge_weight, expect)
 
 
+def test_to_another_device_moves_a_shared_factor_once():
+    """GCN's normalization is one [N] tensor on both sides: a device gets one copy."""
+    g = Graph.from_edge_index(_rand_edges(20, 60), num_nodes=20).gcn_norm(order="csc")
+    assert g.edge_factors.src is g.edge_factors.dst
+    moved = g.to("meta")
+    f = moved.edge_factors
+    assert f.src.device.type == "meta" and f.src is f.dst
+    assert moved.indices.dtype == torch.int32 and not moved.has_perm
+
+
 def test_self_loops_in_csc_order_need_no_perm():
     ei = torch.tensor([[2, 0, 1, 2], [0, 1, 1, 2]])  # in CSC order, a loop at 2
     g = Graph.from_edge_index(ei, num_nodes=4)
