@@ -1,6 +1,6 @@
 """Triton dropout: the reference's counter-based mask hashed in registers, nothing stored.
 
-One program per ``BLOCK`` elements of the flattened tensor computes each element's
+One program per ``ELEMS_PER_PROGRAM`` elements of the flattened tensor computes each element's
 32-bit draw (``ref.dropout.mask_hash``: two xorshift-multiply rounds on uint32, whose
 multiplies wrap as the reference's ``mod 2**32``) from its flat index, or from
 ``base[row] + column`` under :func:`ngra.kernels.dropout.dropout_rows`, and writes
@@ -31,7 +31,7 @@ from ngra.kernels.registry import register
 __all__ = ["SeedMask", "mix32"]
 
 #: Elements per program.
-BLOCK = 1024
+ELEMS_PER_PROGRAM = 1024
 
 
 @triton.jit
@@ -82,8 +82,9 @@ def _launch(x: torch.Tensor, mask: SeedMask, scale: float, out: torch.Tensor) ->
         return out
     row = n // x.shape[0] if mask.base is not None else 1
     base = mask.base if mask.base is not None else mask.seeds
-    _dropout[(triton.cdiv(n, BLOCK),)](x, out, base, mask.seeds, x.new_full((1,), scale), n,
-                                       row, HAS_BASE=mask.base is not None, BLOCK=BLOCK)
+    _dropout[(triton.cdiv(n, ELEMS_PER_PROGRAM),)](
+        x, out, base, mask.seeds, x.new_full((1,), scale), n, row,
+        HAS_BASE=mask.base is not None, BLOCK=ELEMS_PER_PROGRAM)
     return out
 
 

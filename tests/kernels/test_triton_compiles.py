@@ -63,19 +63,21 @@ fn = G._spmm
 while not isinstance(fn, JITFunction):  # under the autotuner
     fn = fn.fn
 ptr = {"indptr": "*i64", "indices": "*i32", "eperm": "*i32", "src": "*fp32", "edge": "*fp32",
-       "arg": "*i64", "out": "*fp32", "out_arg": "*i64"}
+       "arg": "*i64", "s_src": "*fp32", "s_dst": "*fp32", "out": "*fp32", "out_arg": "*i64"}
 sig = {**ptr, "F": "i32", "D": "i32", "H": "i32", "AVG_DEG": "i32",
-       **{k: "constexpr" for k in ("REDUCE", "EDGE", "HAS_PERM", "MASKED", "BLOCK_E",
-                                   "BLOCK_F")}}
+       **{k: "constexpr" for k in ("REDUCE", "EDGE", "HAS_PERM", "MASKED", "SCALED",
+                                   "BLOCK_E", "BLOCK_F")}}
 names = list(sig)
 for reduce in G._CODES.values():
     for edge in (G.NO_EDGE, G.HEAD_EDGE, G.FULL_EDGE):
-        cx = {"REDUCE": reduce, "EDGE": edge.value, "HAS_PERM": False, "MASKED": False,
-              "BLOCK_E": 16, "BLOCK_F": 64}
-        src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v
-                                                          for k, v in cx.items()})
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-        assert kernel.asm["cubin"], (reduce, edge)
+        # GCN's factored weights: sum/mean without edge data
+        for scaled in (False, True) if edge == G.NO_EDGE and reduce <= G.MEAN.value else (False,):
+            cx = {"REDUCE": reduce, "EDGE": edge.value, "HAS_PERM": False, "MASKED": False,
+                  "SCALED": scaled, "BLOCK_E": 16, "BLOCK_F": 64}
+            src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v
+                                                              for k, v in cx.items()})
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+            assert kernel.asm["cubin"], (reduce, edge, scaled)
 print("compiled")
 """
 
@@ -86,6 +88,36 @@ def test_gspmm_compiles_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True,
                        env=env, timeout=280, check=False)
+    if r.returncode and "ptxas" in r.stderr and "not found" in r.stderr:
+        pytest.skip("this triton has no ptxas to compile with")
+    assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+
+
+_COMPILE_DROPOUT = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from ngra.kernels.gpu import dropout as D
+
+sig = {"x": "*fp32", "out": "*fp32", "base": "*i64", "seeds": "*i64", "scale": "*fp32",
+       "n": "i64", "row": "i64", "HAS_BASE": "constexpr", "BLOCK": "constexpr"}
+names = list(sig)
+for has_base in (False, True):  # by flat position; by row ids (dropout_rows)
+    src = ASTSource(fn=D._dropout, signature=sig,
+                    constexprs={(names.index("HAS_BASE"),): has_base,
+                                (names.index("BLOCK"),): D.ELEMS_PER_PROGRAM})
+    assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"], has_base
+print("compiled")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_dropout_compiles_for_hopper():
+    """The uint32 hash (wrapping multiplies, logical shifts) lowers for sm_90."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_DROPOUT], capture_output=True,
+                       text=True, env=env, timeout=280, check=False)
     if r.returncode and "ptxas" in r.stderr and "not found" in r.stderr:
         pytest.skip("this triton has no ptxas to compile with")
     assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
