@@ -203,6 +203,8 @@ def _graphed(w, dev, epochs: int) -> Run:
     refusal = capture_refusal(dev)  # the CPU's (dry run); Adam is capturable on devices only
     step = GraphedStep(_ngra_step(w, dev, capturable=refusal is None), dev,
                        warmup=GRAPH_WARMUP, refusal=refusal)
+    if refusal is not None:  # refused up front: one (eager) call shows it runs
+        return Run(status=step.describe(), loss=float(step()))
     for _ in range(GRAPH_WARMUP + 1):  # the warm-up, then the capture and its first replay
         step()
     if step.status != CAPTURED:
