@@ -128,7 +128,10 @@ def test_bad_input_errors(args, match):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_matches_cpu():
+def test_gpu_matches_cpu(monkeypatch):
+    # the gpu kernels draw their seeds from the CUDA generator (seed_device); drawn on the
+    # host like the cpu kernels' here, both backends hash one mask
+    monkeypatch.setattr(DL, "seed_device", lambda device, op="dropout": None)
     x = torch.randn(3001, 40, dtype=torch.float64)
     ws, bs = _params(40, [6, 2], [True, False], torch.float64)
     res = []
