@@ -191,3 +191,27 @@ def test_train_config_and_summary():
         summary = train(TrainConfig(model="gcn", dataset=spec, epochs=2, progress=False,
                                     cuda_graphs=mode))
         assert summary["cuda_graph"] == want and summary["config"]["cuda_graphs"] == mode
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_training_matches_eager_on_cuda():
+    """On a GPU: GAT trained with its step replayed from a CUDA graph (``on``: a refusal
+    fails the test with its reason) has the eager run's losses, epoch by epoch (no
+    dropout: the same arithmetic); with the zoo's dropouts it captures and trains."""
+    from ngra.train import TrainConfig, train
+
+    def run(mode: str, **kw):
+        return train(TrainConfig(model="gat", dataset="sbm:nodes=500", epochs=6,
+                                 progress=False, device="cuda", cuda_graphs=mode, **kw))
+
+    plain = {"dropout": 0.0, "attention_dropout": 0.0}
+    eager, graphed = run("off", **plain), run("on", **plain)
+    assert eager["cuda_graph"] == "off (--cuda-graphs off)" and graphed["cuda_graph"] == CAPTURED
+    want = [h["loss"] for h in eager["history"]]
+    got = [h["loss"] for h in graphed["history"]]
+    assert got == pytest.approx(want, rel=1e-3)
+    dropped = run("auto")
+    losses = [h["loss"] for h in dropped["history"]]
+    assert dropped["cuda_graph"] == CAPTURED and all(torch.isfinite(torch.tensor(losses)))
+    assert len(set(losses[3:])) == len(losses[3:])  # replays draw fresh masks and train
