@@ -60,6 +60,7 @@ from ngra.models import HYPER_PARAMETERS, param_groups
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.cuda_graph import GraphedStep, capture_refusal
 from ngra.runtime.placement import Placement, placed
+from ngra.runtime.transfer import TransferCounts, transfer_counts
 from ngra.spill import saved_on_disk
 
 if TYPE_CHECKING:
@@ -331,6 +332,8 @@ class Session:
         self.placement = placement
         self.info = dict(info or {})  # dataset figures for the summary
         self.read_start = io_read_bytes()  # disk_read_mb: what training reads (storage=disk)
+        self.moved: list[TransferCounts] = []  # each streamed step's host <-> device bytes
+        self._moved_from = transfer_counts().copy()
         # the training rows by index, found once: indexing by the mask would find them
         # every step (on a GPU a host wait, and no CUDA graph can hold it)
         self.train_index = masks["train"].nonzero().view(-1)
@@ -392,13 +395,40 @@ class Session:
             out["placement"] = self.placement.describe()
         if self.device.type == "cuda":
             out["peak_device_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        if self.moved:  # streamed through the device: bytes a step and the transfer bound
+            out.update(transfer_summary(self.moved, times, self.device))
         return out
 
+    def step_begin(self) -> None:
+        """Before each training step."""
+        self._moved_from = transfer_counts().copy()
+
     def step_done(self) -> None:
-        """After each training step (the GPU session waits for the device; the
-        distributed one counts its traffic)."""
+        """After each training step (the GPU session waits for the device and counts the
+        bytes a streamed step moved; the distributed one counts its traffic)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        moved = transfer_counts().since(self._moved_from)
+        if moved.h2d_copies or moved.d2h_copies:
+            self.moved.append(moved)
+
+
+def transfer_summary(moved: list[TransferCounts], times: list[float],
+                     device: torch.device) -> dict[str, Any]:
+    """JSON fields of a run streamed through ``device``: the median training step's bytes
+    each way, the transfer bound (those bytes at the device's pinned copy bandwidth,
+    :func:`ngra.runtime.transfer.copy_bandwidth`) and the median step over it."""
+    from ngra.runtime.transfer import copy_bandwidth
+
+    h2d = statistics.median(m.h2d_bytes for m in moved)
+    d2h = statistics.median(m.d2h_bytes for m in moved)
+    bw = copy_bandwidth(device)
+    bound = max(h2d / bw.h2d, d2h / bw.d2h)
+    step = statistics.median(times[-len(moved):]) if times else float("nan")
+    return {"h2d_mb_per_epoch": h2d / 2**20, "d2h_mb_per_epoch": d2h / 2**20,
+            "copy_bandwidth_gbs": {"h2d": bw.h2d / 1e9, "d2h": bw.d2h / 1e9},
+            "transfer_bound_s": bound,
+            "epoch_over_transfer_bound": step / bound if bound > 0 else float("nan")}
 
 
 def fit_runs(cfg: TrainConfig, make_session: Callable[[int], Session],
@@ -469,6 +499,7 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
         if stopped:
             break
         t0 = time.perf_counter()
+        s.step_begin()
         model.train()
         if step is not None:
             loss_value = _read_device_step(step(), epoch + 1, resolved, model, kept)

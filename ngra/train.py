@@ -244,6 +244,8 @@ def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[s
         if device.type == "cuda" and placement.resident:
             g, x, y, e, model = move_to(device, g, x, y, e, model)
             m = dict(zip(m, move_to(device, *m.values())))
+        elif device.type == "cuda":  # streaming: the parameters live on the device
+            (model,) = move_to(device, model)
         check_predictions_vary(model, g, x, e, cfg.model, cfg.dataset)
         return Session(model, g, x, e, y, m, cfg.memory_budget, num_nodes, num_edges,
                        device, placement, about)

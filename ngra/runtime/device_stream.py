@@ -396,7 +396,6 @@ class StreamedLayer(torch.autograd.Function):
                 link.d2h(final[0].contiguous(), lse_host[lo:hi])
             c.pace()
         link.drain()
-        c.chunks_fwd = (chunks.fetches, chunks.reuses)
         c.acc_host, c.lse_host, c.dst_host = acc_host, lse_host, dst_host
         ctx.call = c
         return out_host
