@@ -11,7 +11,6 @@
 # tests pin, where the machine has another or none) are unpacked beside it. Logs and the two reports also go to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
 OUT=${OUT:-$(mktemp -d)}
 S=${S:-/tmp/ngra-site}
 rm -rf "$S"; mkdir -p "$S"
@@ -29,15 +28,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 
 stamp "pytest -m gpu"
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime tests/kernels \
+timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime tests/kernels \
     2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
-
-stamp "gpu_bench.py"
-timeout 240 python3 experiments/gpu_bench.py 2>&1 | tee "$OUT/gpu_bench.log"
 
 stamp "gpu_streaming.py"
 timeout 200 python3 experiments/gpu_streaming.py 2>&1 | tee "$OUT/gpu_streaming.log"
+cp experiments/results/gpu_streaming.md "$OUT/" 2>/dev/null
+
+stamp "gpu_bench.py"
+timeout 200 python3 experiments/gpu_bench.py 2>&1 | tee "$OUT/gpu_bench.log"
+cp experiments/results/gpu.md "$OUT/" 2>/dev/null
 
 stamp "done"
-cp experiments/results/gpu.md experiments/results/gpu_streaming.md "$OUT/" 2>/dev/null
-cd "$ROOT"

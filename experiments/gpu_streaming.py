@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -227,12 +228,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{gname}: {ds.graph.num_nodes:,} vertices, {ds.graph.num_edges:,} edges "
               f"(loaded in {time.perf_counter() - t0:.1f} s)", flush=True)
         for name in args.models.split(","):
-            rows.append(_case(name, gname, ds, dev, epochs, bw, notes))
+            try:
+                rows.append(_case(name, gname, ds, dev, epochs, bw, notes))
+            except Exception as exc:  # one failing case must not lose the others' rows
+                notes.append(f"{gname} {name}: failed: {type(exc).__name__}: {exc}")
+                traceback.print_exc()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    lines = _report(rows, notes, bw, dev, args)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text("\n".join(lines) + "\n")
+            # the report is rewritten after every case: a run cut short keeps its rows
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            out_path.write_text("\n".join(_report(rows, notes, bw, dev, args)) + "\n")
     print(f"wrote {out_path}")
     return 0
 
