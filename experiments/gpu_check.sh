@@ -28,7 +28,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 
 stamp "pytest -m gpu"
-timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime tests/kernels \
+# -P: the working directory's ngra/ (the source folder, without kernels/ inside it) must
+# not shadow the package layout on PYTHONPATH
+timeout 120 python3 -P -m pytest -q -m gpu -p no:cacheprovider tests/runtime tests/kernels \
     2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
 
 stamp "gpu_streaming.py"

@@ -157,7 +157,9 @@ class _Call:
         self.p, self.drop, self.act = dropout, drop, activation
         self.b = schedule.bounds
         self.x_leaves, self.x_spec = flatten(x)
-        self.x_host = [pinned(t.detach(), self.device) for t in self.x_leaves]
+        # pinned() remembers the copy per tensor: pin x itself, not a fresh detached view
+        # (a view dies with the call, and the features were copied again every step)
+        self.x_host = [pinned(t, self.device).detach() for t in self.x_leaves]
         self.x_grad = [t.requires_grad for t in self.x_leaves]
         self.e_leaves, self.e_spec = flatten(edata)
         for t in self.e_leaves:
@@ -633,7 +635,7 @@ _SCHEDULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def last_schedule(layer: Any) -> Schedule | None:
     """The schedule of ``layer``'s last streamed call (``None`` if it never streamed)."""
     cache = _SCHEDULES.get(layer)
-    return next(iter(cache.values())) if cache else None
+    return next(reversed(cache.values())) if cache else None
 
 
 def schedule_for(plan: Any, graph: Graph, x: Any, edata: Any, activation: Any = None,
@@ -650,15 +652,18 @@ def schedule_for(plan: Any, graph: Graph, x: Any, edata: Any, activation: Any = 
     cache = _SCHEDULES.get(layer)
     if cache is None:
         cache = _SCHEDULES[layer] = {}
-    if key not in cache:
+    if key not in cache:  # training and evaluation calls alternate: keep a few
         budget = st.budget
         if budget is None and st.device.type == "cuda":
             from ngra.runtime.placement import device_memory
 
             budget = device_memory(st.device)
         rows = _probe_rows(plan, graph, x, edata, st.device, activation, drop)
-        cache.clear()
+        while len(cache) >= 4:
+            cache.pop(next(iter(cache)))
         cache[key] = choose_schedule(graph, rows, st.device, budget, st.parts, st.cache)
+    else:
+        cache[key] = cache.pop(key)  # the most recent call's schedule comes last
     return cache[key]
 
 

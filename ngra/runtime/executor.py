@@ -26,7 +26,7 @@ from ngra.compiler.driver import compile_layer
 from ngra.graph import EdgeFactors, Graph
 from ngra.kernels.dropout import EdgeDropout, check_attention_p, check_p
 from ngra.runtime.budget import current_budget, forced_grid, grid_for
-from ngra.runtime.device_stream import run_streamed_layer, wants_streaming
+from ngra.runtime.device_stream import run_streamed_layer, settings_for, wants_streaming
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, plan_parameters, staging_summary
 from ngra.runtime.stream import walk
@@ -61,7 +61,8 @@ def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: fl
         if not layer.training:
             dropout = attention = 0.0
         if wants_streaming(plan, graph, x):
-            drop = _attention_drop(plan, graph, attention, None)
+            drop = _attention_drop(plan, graph, attention, None,
+                                   device=settings_for(plan).device)
             return run_streamed_layer(plan, graph, x, edata, dropout, drop, activation)
         out = run_plan(plan, graph, None, x, edata, dropout, attention)
         return out if activation is None else activation(out)
@@ -201,10 +202,13 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
 
 
 def _attention_drop(plan: Any, graph: Graph | Partitioned, p: float,
-                    edge_counter: torch.Tensor | None, grid: Grid | None = None
-                    ) -> EdgeDropout | None:
+                    edge_counter: torch.Tensor | None, grid: Grid | None = None,
+                    device: torch.device | None = None) -> EdgeDropout | None:
     """:func:`run_plan`'s attention dropout (seeds drawn now), or ``None`` at ``p == 0``;
-    on the whole-graph ``grid`` with the graph's cached reverse counters."""
+    on the whole-graph ``grid`` with the graph's cached reverse counters. ``device``: where
+    the aggregation runs (default: the graph's), whose generator draws the seeds when its
+    kernels read them there, so a layer streamed through a GPU draws the masks the same
+    layer resident on it would."""
     if not p:
         return None
     if plan.accumulator.name != "softmax":
@@ -213,14 +217,15 @@ def _attention_drop(plan: Any, graph: Graph | Partitioned, p: float,
     counter = default_edge_counter(graph) if edge_counter is None else edge_counter
     if counter is None:
         return EdgeDropout.draw(p, None, num_edges=graph.num_edges,
-                                device=graph.indptr.device)
+                                device=device or graph.indptr.device)
     if not isinstance(counter, torch.Tensor) or tuple(counter.shape) != (graph.num_edges,):
         got = list(counter.shape) if isinstance(counter, torch.Tensor) else type(counter)
         raise ValueError(f"edge_counter must hold one counter per edge ([{graph.num_edges}]"
                          f"); got {got}.")
     whole = grid is not None and grid.num_tiles == 1 and getattr(grid.columns[0][0], "whole",
                                                                  False)
-    return EdgeDropout.draw(p, counter, _reverse_counters(graph, counter) if whole else None)
+    return EdgeDropout.draw(p, counter, _reverse_counters(graph, counter) if whole else None,
+                            device=device)
 
 
 def _dropout_vertex(x: Any, p: float) -> Any:

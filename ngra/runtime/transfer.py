@@ -109,7 +109,7 @@ def pinned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     hit = _PINNED.get(t)
     if hit is not None and hit[0] == t._version:
         return hit[1]
-    copy = t.pin_memory()
+    copy = t.detach().pin_memory()
     try:
         _PINNED[t] = (t._version, copy)
     except TypeError:  # not weak-referenceable: pin every time
