@@ -35,6 +35,7 @@ from typing import Any
 from ngra.memstat import malloc_trim, peak_rss_bytes, reset_peak_rss, rss_bytes
 
 __all__ = [
+    "gpu_or_dry_run",
     "PeakRSS",
     "Timing",
     "fmt_bytes",
@@ -291,6 +292,25 @@ def measure_bandwidth(nbytes: int = 1 << 30, repeat: int = 7) -> dict[str, float
 
 
 # --------------------------------------------------------------------------------- info
+def gpu_or_dry_run(dry_run: bool, graphs: Mapping[str, str], chosen: str, dry_graph: str,
+                   out: Path | None, results: Path, name: str, epochs: int) -> tuple:
+    """The GPU benchmarks' set-up: ``(device, {graph: spec}, epochs, report path)``. A dry
+    run takes the CPU, the tiny ``dry_graph``, one epoch and a temporary report (never the
+    committed results); else CUDA (or exit saying it is missing), the ``chosen`` graphs
+    (comma-separated names of ``graphs``) and ``results / name``."""
+    import tempfile
+
+    import torch
+
+    if dry_run:
+        path = out or Path(tempfile.mkdtemp(prefix="ngra-gpu-")) / name
+        return torch.device("cpu"), {"dry": dry_graph}, 1, path
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{name}'s benchmark needs a CUDA device (or --dry-run on CPU).")
+    return (torch.device("cuda"), {k: graphs[k] for k in chosen.split(",")}, epochs,
+            out or results / name)
+
+
 def machine_info() -> dict[str, str]:
     """CPU, core count, library versions and the pinned environment, for result headers."""
     info = {

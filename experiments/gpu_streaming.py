@@ -30,13 +30,13 @@ import argparse
 import math
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_util import gpu_or_dry_run  # noqa: E402
 
 GRAPHS = {
     "rmat20": "rmat:scale=20,edge_factor=16,feat=64,classes=8,seed=0",
@@ -209,15 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     from ngra.datasets import load
     from ngra.runtime.transfer import copy_bandwidth
 
-    if args.dry_run:
-        dev, specs, epochs = torch.device("cpu"), {"dry": DRY_GRAPH}, 1
-        out_path = args.out or Path(tempfile.mkdtemp(prefix="ngra-gpu-streaming-")) / "s.md"
-    else:
-        if not torch.cuda.is_available():
-            raise SystemExit("gpu_streaming.py needs a CUDA device (or --dry-run on CPU).")
-        dev, epochs = torch.device("cuda"), args.epochs
-        specs = {k: GRAPHS[k] for k in args.graphs.split(",")}
-        out_path = args.out or RESULTS / "gpu_streaming.md"
+    dev, specs, epochs, out_path = gpu_or_dry_run(args.dry_run, GRAPHS, args.graphs, DRY_GRAPH,
+                                                  args.out, RESULTS, "gpu_streaming.md", args.epochs)
     bw = copy_bandwidth(dev, nbytes=1 << (28 if dev.type == "cuda" else 20))
     print(f"pinned copy bandwidth: host->device {bw.h2d / 1e9:.1f} GB/s, device->host "
           f"{bw.d2h / 1e9:.1f} GB/s", flush=True)

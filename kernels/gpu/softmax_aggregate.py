@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ngra.kernels.gpu._util import autotune, pow2, require_cuda
+from ngra.kernels.gpu.dropout import mix32  # the one hash: the masks agree with dropout's
 from ngra.kernels.registry import register
 
 __all__ = ["softmax_aggregate_bwd", "softmax_aggregate_bwd_fold", "softmax_aggregate_fwd"]
@@ -47,23 +48,13 @@ _CONFIGS = [triton.Config({"BLOCK_E": 16}, num_warps=1),
 
 
 @triton.jit
-def _mix32(x):
-    """The dropout hash's mixing round on uint32 (wrapping multiplies)."""
-    x = x ^ (x >> 16)
-    x = x * 0x7FEB352D
-    x = x ^ (x >> 15)
-    x = x * 0x846CA68B
-    return x ^ (x >> 16)
-
-
-@triton.jit
 def _keep_factor(c, h, H, dseed, dscale):
     """``dscale`` where the weight of head ``h`` of the edges with counters ``c`` is kept,
     else 0: ``ref.dropout.mask_hash(c * H + h, s1, s2) >= thr`` with ``dseed = (s1, s2,
     thr)`` (int64, loaded: an int argument of value 1 would be specialized to a constant)."""
-    x = _mix32((c.to(tl.int64) * H + h + tl.load(dseed)).to(tl.uint32))  # either counter width
+    x = mix32((c.to(tl.int64) * H + h + tl.load(dseed)).to(tl.uint32))  # either counter width
     x = x ^ tl.load(dseed + 1).to(tl.uint32)
-    x = _mix32(x)
+    x = mix32(x)
     return tl.where(x.to(tl.int64) >= tl.load(dseed + 2), dscale, 0.0)
 
 
