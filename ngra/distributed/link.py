@@ -57,6 +57,8 @@ from typing import Any
 
 import torch
 
+from ngra.calibration import calibration_file
+
 __all__ = ["AlphaBeta", "GemmTable", "LinkModel", "OPS", "calibrate", "calibration_path",
            "link_model", "load_link", "measure", "save_link"]
 
@@ -64,7 +66,6 @@ log = logging.getLogger(__name__)
 
 OPS = ("p2p", "all_to_all", "all_reduce", "all_gather", "broadcast")
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 23)  # bytes each rank sends
-CALIBRATION_ENV = "NGRA_CALIBRATION"
 VERSION = 4
 GEMM_REPEATS = 3
 
@@ -291,9 +292,7 @@ class LinkModel:
 
 def calibration_path(backend: str, device: str, world_size: int) -> Path:
     """Where this host's calibration for ``backend``/``device``/``world_size`` is cached."""
-    root = Path(os.environ.get(CALIBRATION_ENV) or "~/.ngra/calibration").expanduser()
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
-    return root / f"link-{host}-{backend}-{device}-w{world_size}.json"
+    return calibration_file("link", backend, device, f"w{world_size}")
 
 
 def load_link(path: Path) -> LinkModel | None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import statistics
 import time
 import weakref
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ngra.calibration import calibration_file
 
 __all__ = ["Bandwidth", "Fetched", "Link", "TransferCounts", "copy_bandwidth", "pinned",
            "pinned_empty", "transfer_counts"]
@@ -230,13 +231,8 @@ class Bandwidth:
 
 
 def _calibration_file(device: torch.device) -> Path:
-    from ngra.distributed.link import CALIBRATION_ENV
-
-    root = Path(os.environ.get(CALIBRATION_ENV) or "~/.ngra/calibration").expanduser()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in
-                   f"{socket.gethostname()}-{name}")
-    return root / f"copy-{safe}.json"
+    return calibration_file("copy", name)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28, repeats: int = 5

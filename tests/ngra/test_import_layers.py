@@ -30,6 +30,7 @@ LAYERS = (
     "ngra.checkpoint",  # checkpoint files (torch and ngra.errors only)
     "ngra._compat",
     "ngra.memstat",
+    "ngra.calibration",  # where measured machine figures are cached (stdlib only)
     "ngra.livetensors",  # live tensor bytes of a step (torch only)
     "ngra.spill",  # saved activations on disk (ngra.memstat only)
     "ngra.idtype",  # index dtypes (32-bit ids where they fit); imports nothing of ngra
