@@ -187,8 +187,11 @@ def _measure(step, dev, epochs: int, warm: bool = False) -> Run:
     (``warm``: ``step`` has run already, no warm-up call)."""
     from ngra.runtime.launches import count_launches
 
+    if not warm:
+        step()  # warm-up first: Triton's one-time compiles and autotuning (its timing
+        # runs allocate a 256 MiB cache-flush buffer) are no part of a training step
     _peak_reset(dev)
-    t = _median_epoch(step, dev, epochs, warm)
+    t = _median_epoch(step, dev, epochs, warm=True)
     peak = _peak_mib(dev)
     launches = count_launches(step, dev)
     return Run(t, peak, launches, float(step()))
@@ -380,7 +383,8 @@ def _report(rows, notes, bandwidth, versions, args, seconds: float, done: bool) 
                            f"{len(rows)} row(s).**", ""]),
         "Median training epoch (forward, backward, Adam step; 2 layers, hidden 64, GAT 4 x 16; "
         f"the zoo's dropouts in both frameworks) over {args.epochs if not args.dry_run else 1} "
-        "epochs after one warm-up epoch, and peak GPU memory allocated. ngra eager, and "
+        "epochs after one warm-up epoch, and peak GPU memory allocated over them (the warm-up, "
+        "with Triton's one-time compiling and autotuning, not counted). ngra eager, and "
         f"replayed from a CUDA graph ({GRAPH_WARMUP} eager warm-up steps, then captured; "
         "capturable Adam; what `ngra train --device cuda` runs) or why not. Graphs: "
         + "; ".join(f"`{k}` = `{v}`" for k, v in GRAPHS.items()) + ".",
