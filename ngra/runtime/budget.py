@@ -75,7 +75,7 @@ from ngra.runtime.stream import stager_for
 from ngra.runtime.tiles import Grid, TileView, lazy_grid, whole_graph_grid
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
-           "TileCosts", "BudgetGrid", "grid_for", "executor_grid"]
+           "TileCosts", "BudgetGrid", "grid_for", "executor_grid", "row_bytes"]
 
 _state = threading.local()
 SAMPLE_EDGES = 4096
@@ -197,13 +197,14 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
-def _row_bytes(x: Any) -> int:
+def row_bytes(x: Any) -> int:
+    """Bytes of one row of ``x`` (a tensor, a dict or tuple of them; 0 for none or no rows)."""
     if isinstance(x, torch.Tensor):
         return (x[0].numel() * x.element_size()) if x.dim() and x.shape[0] else 0
     if isinstance(x, dict):
-        return sum(_row_bytes(v) for v in x.values())
+        return sum(row_bytes(v) for v in x.values())
     if isinstance(x, (tuple, list)):
-        return sum(_row_bytes(v) for v in x)
+        return sum(row_bytes(v) for v in x)
     return 0
 
 
@@ -347,9 +348,9 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
         return TileCosts(none, none, none)
     s = _saved_bytes(plan, graph, terms, edata)
     tiles = TileCost(
-        bytes_per_src_row=float((_row_bytes(terms) + 8) / GATHER_FRACTION),
+        bytes_per_src_row=float((row_bytes(terms) + 8) / GATHER_FRACTION),
         bytes_per_dst_row=float(4 * max(_nbytes(s.part) / s.tile.num_dst, s.saved_row)),
-        bytes_per_edge=float(2 * s.saved_edge + INDEX_BYTES_PER_EDGE + _row_bytes(edata)),
+        bytes_per_edge=float(2 * s.saved_edge + INDEX_BYTES_PER_EDGE + row_bytes(edata)),
         fixed=fixed,
     )
     # the 1 x 1 grid's kernels, measured on a small graph of their own
@@ -365,7 +366,7 @@ def _whole_cost(plan: Any, graph: Graph, terms: Any, edata: Any, fixed: float) -
     with partials_judged_on(graph.indptr):
         s = _saved_bytes(plan, graph, terms, edata, whole=True)
     # staged edge data is a copy on a tile, the graph's own array on the whole graph
-    created = max(s.created_edge - _row_bytes(edata), 0.0)
+    created = max(s.created_edge - row_bytes(edata), 0.0)
     rev = s.tile.rev  # the whole graph's is made only where the sample's was used
     transpose = (TRANSPOSE_BYTES_PER_EDGE + PERM_BYTES_PER_EDGE * rev.read_perm) * rev.used
     return TileCost(bytes_per_src_row=0.0,

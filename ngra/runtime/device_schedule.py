@@ -29,18 +29,18 @@ once per graph and bounds: what each tile's copy to the device reads.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
 from ngra.graph import Graph
 from ngra.kernels.registry import thread_setting
+from ngra.partition import degree_indptr, edge_balanced_ranges
+from ngra.runtime.tiles import tile_counts
 from ngra.runtime.transfer import pinned_empty
 
 __all__ = ["HostTiles", "RowBytes", "Schedule", "choose_schedule", "device_streaming",
@@ -148,37 +148,22 @@ INDEX_BYTES = 4  # tiles' index arrays are int32
 
 def interval_bounds(graph: Graph, k: int) -> tuple[int, ...]:
     """``k + 1`` bounds cutting the vertices into ``k`` intervals of about equal rows +
-    edges (weight ``in + out degree + mean degree`` per vertex)."""
+    edges (:func:`~ngra.partition.edge_balanced_ranges` over in + out degree, each vertex
+    weighing the mean degree besides); an interval that would be empty is dropped."""
     n = graph.num_nodes
     if k <= 1 or n <= 1:
         return (0, n)
-    k = min(k, n)
-    w = _vertex_weights(graph)
-    cum = np.cumsum(w)
-    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, k) / k, side="left") + 1
-    b = np.unique(np.concatenate([[0], np.clip(cuts, 1, n - 1), [n]]))
-    return tuple(int(v) for v in b)
-
-
-def _vertex_weights(graph: Graph) -> np.ndarray:
-    key = "ngra.device-schedule-weights"
-    if key not in graph._cache:
-        indptr = graph.indptr.numpy().astype(np.int64)
-        ind = np.diff(indptr)
-        outd = np.bincount(graph.indices.numpy(), minlength=graph.num_nodes)
-        mean = max(graph.num_edges / max(graph.num_nodes, 1), 1.0)
-        graph._cache[key] = (ind + outd).astype(np.float64) + mean
-    return graph._cache[key]
+    key = "ngra.device-schedule-degrees"
+    if key not in graph._cache:  # in + out degree offsets: one O(E) count per graph
+        graph._cache[key] = degree_indptr(graph.in_degrees().long() + graph.out_degrees())
+    mean = max(graph.num_edges / n, 1.0)
+    b = edge_balanced_ranges(graph._cache[key], min(k, n), vertex_cost=mean)
+    return tuple(int(v) for v in torch.unique(b))
 
 
 def _tile_edges(graph: Graph, bounds: tuple[int, ...]) -> np.ndarray:
     """``[k, k]`` edges of tile ``(column, source chunk)``."""
-    from ngra.partition._kernels import grid_counts
-
-    k = len(bounds) - 1
-    b = np.asarray(bounds, dtype=np.int64)
-    src_part = np.repeat(np.arange(k, dtype=np.int32), np.diff(b))
-    edges, _ = grid_counts(graph.indptr.numpy(), graph.indices.numpy(), b, src_part, k)
+    edges, _ = tile_counts(graph, bounds, bounds)
     return np.asarray(edges, dtype=np.int64)
 
 
@@ -462,16 +447,3 @@ def host_tiles(graph: Graph, bounds: tuple[int, ...], device: torch.device) -> H
         graph._cache.pop(key, None)  # drop the old arrays before building new ones
         hit = graph._cache[key] = HostTiles(graph, bounds, device)
     return hit
-
-
-def row_bytes_of(t: Any) -> int:
-    """Bytes of one row of ``t`` (a tensor, a dict of tensors, a tuple, or None)."""
-    if t is None:
-        return 0
-    if isinstance(t, torch.Tensor):
-        return (t[:1].numel() if t.shape[0] else math.prod(t.shape[1:])) * t.element_size()
-    if isinstance(t, dict):
-        return sum(row_bytes_of(v) for v in t.values())
-    if isinstance(t, (tuple, list)):
-        return sum(row_bytes_of(v) for v in t)
-    return 0

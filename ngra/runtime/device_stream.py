@@ -55,13 +55,13 @@ from ngra.compiler.ir import Op
 from ngra.graph import EdgeFactors, Graph
 from ngra.kernels._checks import vouch
 from ngra.kernels.dropout import EdgeDropout, seed_device
+from ngra.runtime.budget import row_bytes
 from ngra.runtime.device_schedule import (
     RowBytes,
     Schedule,
     StreamingSettings,
     choose_schedule,
     host_tiles,
-    row_bytes_of,
     streaming_settings,
 )
 from ngra.runtime.staging import Staged, flatten, plan_parameters, read_slots, unflatten
@@ -604,20 +604,20 @@ def _probe_rows(plan: Any, graph: Graph, x: Any, edata: Any, device: torch.devic
     if drop is not None:
         counter = (drop.counter.element_size() if drop.counter is not None else
                    4 if graph.num_edges < 2**31 else 8)
-    grads = [row_bytes_of(t_leaves[s]) if t_leaves[s].requires_grad else 0
+    grads = [row_bytes(t_leaves[s]) if t_leaves[s].requires_grad else 0
              for s in range(len(t_leaves))]
     return RowBytes(
-        x=sum(row_bytes_of(t) for t in leaves),
-        terms=sum(row_bytes_of(t_leaves[s]) for s in used),
-        dst_terms=sum(row_bytes_of(t_leaves[s]) for s in dst_slots),
-        acc=row_bytes_of(acc),
-        stats=row_bytes_of(stats[0]) if rule.name == "softmax" else 0,
-        out=row_bytes_of(out),
+        x=sum(row_bytes(t) for t in leaves),
+        terms=sum(row_bytes(t_leaves[s]) for s in used),
+        dst_terms=sum(row_bytes(t_leaves[s]) for s in dst_slots),
+        acc=row_bytes(acc),
+        stats=row_bytes(stats[0]) if rule.name == "softmax" else 0,
+        out=row_bytes(out),
         deg=graph.indptr.element_size(),
-        factors=sum(row_bytes_of(t) for t in e_leaves) if e_spec == "factors" else 0,
-        edge=0 if e_spec in (None, "factors") else sum(row_bytes_of(t) for t in e_leaves),
+        factors=sum(row_bytes(t) for t in e_leaves) if e_spec == "factors" else 0,
+        edge=0 if e_spec in (None, "factors") else sum(row_bytes(t) for t in e_leaves),
         counter=counter,
-        edge_temp=0 if fused else 4 * row_bytes_of(acc),
+        edge_temp=0 if fused else 4 * row_bytes(acc),
         params=4 * params,
         gather=rule.name,
         post_reads_x=_post_reads_x(plan),

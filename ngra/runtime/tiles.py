@@ -25,7 +25,7 @@ from ngra.graph import Graph, segment_ids
 from ngra.partition import Tile
 
 __all__ = ["TileView", "TileRef", "Grid", "whole_graph_grid", "grid_from_tiles", "lazy_grid",
-           "empty_tile"]
+           "empty_tile", "tile_counts"]
 
 Rev = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -181,6 +181,19 @@ class _Columns:
             return self._last[1][row]
 
 
+def tile_counts(graph: Graph, dst_bounds: Any, src_bounds: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``([P, Q] edges, [P, Q] distinct source rows)`` of every tile of these bounds, from one
+    ``O(E)`` pass over the CSC without building a tile."""
+    from ngra.partition._kernels import grid_counts
+
+    s_b = np.asarray(src_bounds, dtype=np.int64)
+    q = s_b.size - 1
+    # np.repeat: torch.repeat_interleave wakes the thread pool even for tiny inputs
+    src_part = np.repeat(np.arange(q, dtype=np.int32), np.diff(s_b))
+    return grid_counts(graph.indptr.numpy(), graph.indices.numpy(),
+                       np.asarray(dst_bounds, dtype=np.int64), src_part, q)
+
+
 def lazy_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor,
               index_dtype: torch.dtype) -> Grid:
     """The grid of these bounds with tiles built on the fly (see :class:`TileRef`).
@@ -188,13 +201,8 @@ def lazy_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor,
     One ``O(E)`` counting pass finds the non-empty tiles and their sizes; nothing else
     is kept per tile.
     """
-    from ngra.partition._kernels import grid_counts
-
     p, q = dst_bounds.numel() - 1, src_bounds.numel() - 1
-    s_b = src_bounds.numpy()
-    src_part = np.repeat(np.arange(q, dtype=np.int32), np.diff(s_b))
-    edges, rows = grid_counts(graph.indptr.numpy(), graph.indices.numpy(), dst_bounds.numpy(),
-                              src_part, q)
+    edges, rows = tile_counts(graph, dst_bounds, src_bounds)
     cols = _Columns(graph, dst_bounds, src_bounds, index_dtype)
     refs = [[TileRef(c, r, int(edges[c, r]), int(rows[c, r]), cols) for r in range(q)
              if edges[c, r] > 0] for c in range(p)]
