@@ -151,6 +151,7 @@ def _case(name, gname, ds, dev, epochs, bw, notes):
 
     from ngra.runtime.device_schedule import device_streaming
     from ngra.runtime.device_stream import last_schedule
+    from ngra.runtime.transfer import TransferCounts
     from ngra.saga import SagaLayer
 
     # resident
@@ -165,9 +166,8 @@ def _case(name, gname, ds, dev, epochs, bw, notes):
                           dev, epochs)
     peak = _peak(dev)
     scheds = [last_schedule(m) for m in net.modules() if isinstance(m, SagaLayer)]
-    h2d = statistics.median(m.h2d_bytes for m in moved)
-    d2h = statistics.median(m.d2h_bytes for m in moved)
-    bound = max(h2d / bw.h2d, d2h / bw.d2h)
+    epoch = TransferCounts.median(moved)
+    h2d, d2h, bound = epoch.h2d_bytes, epoch.d2h_bytes, bw.seconds(epoch)
     # losses: a few steps streamed vs resident from one init, no input dropout
     loss_budget, loss_parts = budget, PARTS
     while ws and ws < 3 * loss_budget and loss_parts < 64:

@@ -420,12 +420,12 @@ def transfer_summary(moved: list[TransferCounts], times: list[float],
     :func:`ngra.runtime.transfer.copy_bandwidth`) and the median step over it."""
     from ngra.runtime.transfer import copy_bandwidth
 
-    h2d = statistics.median(m.h2d_bytes for m in moved)
-    d2h = statistics.median(m.d2h_bytes for m in moved)
+    epoch = TransferCounts.median(moved)
     bw = copy_bandwidth(device)
-    bound = max(h2d / bw.h2d, d2h / bw.d2h)
+    bound = bw.seconds(epoch)
     step = statistics.median(times[-len(moved):]) if times else float("nan")
-    return {"h2d_mb_per_epoch": h2d / 2**20, "d2h_mb_per_epoch": d2h / 2**20,
+    return {"h2d_mb_per_epoch": epoch.h2d_bytes / 2**20,
+            "d2h_mb_per_epoch": epoch.d2h_bytes / 2**20,
             "copy_bandwidth_gbs": {"h2d": bw.h2d / 1e9, "d2h": bw.d2h / 1e9},
             "transfer_bound_s": bound,
             "epoch_over_transfer_bound": step / bound if bound > 0 else float("nan")}

@@ -73,6 +73,12 @@ class TransferCounts:
     def copy(self) -> TransferCounts:
         return TransferCounts(self.h2d_bytes, self.d2h_bytes, self.h2d_copies, self.d2h_copies)
 
+    @staticmethod
+    def median(runs: list[TransferCounts]) -> TransferCounts:
+        """Each field's median over ``runs`` (the epochs of a timed run)."""
+        return TransferCounts(*(int(statistics.median(getattr(r, f) for r in runs)) for f in
+                                ("h2d_bytes", "d2h_bytes", "h2d_copies", "d2h_copies")))
+
 
 _TOTAL = TransferCounts()
 
