@@ -8,7 +8,9 @@ One entry point, :func:`load`, takes a spec string usable from the command line:
 
 Loaders: Planetoid raw files (:func:`load_planetoid`), OGB node-property folders
 (:func:`load_ogb`), edge lists (:func:`load_edgelist`, :func:`load_twitter`),
-generators (:func:`rmat`, :func:`sbm`); interop with PyG and DGL
+generators (:func:`rmat`, :func:`sbm`); an edge list with the user's own features,
+labels and split (``edgelist:g.csv,features=x.npy,labels=y.csv,split=s.npz``, see
+:mod:`~ngra.datasets.vertexdata`); interop with PyG and DGL
 (:func:`to_pyg`, :func:`from_pyg`, :func:`to_dgl`, :func:`from_dgl`).
 :func:`check_trainable` says whether training on a dataset can mean anything.
 """
@@ -18,6 +20,7 @@ from .base import (
     DamagedFileError,
     DatasetError,
     DatasetNotFoundError,
+    MissingFileError,
     NodeDataset,
     SpecError,
     data_root,
@@ -40,6 +43,7 @@ __all__ = [
     "DatasetNotFoundError",
     "DatasetSpec",
     "DownloadError",
+    "MissingFileError",
     "NodeDataset",
     "SpecError",
     "available",

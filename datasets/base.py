@@ -6,6 +6,11 @@ edges already in destination-sorted (CSC) order, so the graph's "original" edge
 order, the order of ``edge_type`` and the CSC order coincide; a dataset built by
 hand (or converted from PyG/DGL) may use any edge order, and ``edge_type`` then
 follows ``graph.edge_index()`` (the original order).
+
+Provenance: ``info["synthesized"]`` lists what a loader made up rather than read
+(``"features"``, ``"labels"``; ``[]`` for real data), and :meth:`NodeDataset.summary`
+always reports it, so a run's header can say when its accuracy is on invented data.
+A dataset built by hand without that key counts as real (``[]``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ __all__ = [
     "DamagedFileError",
     "DatasetError",
     "DatasetNotFoundError",
+    "MissingFileError",
     "NodeDataset",
     "SpecError",
     "data_root",
@@ -41,6 +47,13 @@ __all__ = [
 DATA_ENV = "NGRA_DATA"
 #: Data root used when neither an explicit root nor ``NGRA_DATA`` is given.
 DEFAULT_DATA_ROOT = Path("~/.ngra/data")
+
+
+class MissingFileError(DatasetNotFoundError, DatasetError):
+    """A file the user named (an edge list's ``features=``, ``labels=`` or ``split=``)
+    does not exist. Both a missing file (:class:`DatasetNotFoundError`, a
+    ``FileNotFoundError``) and bad input (:class:`DatasetError`, a ``ValueError``), so
+    either ``except`` catches it."""
 
 
 def data_root(root: str | os.PathLike[str] | None = None) -> Path:
@@ -88,7 +101,8 @@ class NodeDataset:
         edge_type: ``[E]`` int64 in ``graph.edge_index()`` (original) order, for
             typed-edge models (GG-NN, R-GCN); ``None`` when untyped.
         num_edge_types: number of edge types (1 when untyped).
-        info: provenance, not part of the data: ``spec`` (canonical spec string),
+        info: provenance, not part of the data: ``synthesized`` (what was made up:
+            ``["features", "labels"]``, ``[]`` for real data), ``spec`` (canonical spec string),
             ``cache`` (``"hit"``, ``"miss"`` or ``"off"``), ``reciprocity`` (see
             :attr:`reciprocity`), how file loaders decided the edge direction
             (``symmetric``, ``direction``, ``symmetric_option``), loader notes.
@@ -184,8 +198,15 @@ class NodeDataset:
             self.info["reciprocity"] = reciprocity(self.graph)
         return self.info["reciprocity"]
 
+    @property
+    def synthesized(self) -> list[str]:
+        """What the loader made up instead of reading: a sublist of
+        ``["features", "labels"]`` (``info["synthesized"]``; ``[]`` when absent)."""
+        return list(self.info.get("synthesized", []))
+
     def summary(self) -> dict[str, Any]:
-        """Sizes and edge reciprocity as a flat dict (for logs and result files)."""
+        """Sizes, edge reciprocity and what was synthesized, as a flat dict (for logs and
+        result files)."""
         r = self.reciprocity
         return {
             "name": self.name,
@@ -198,6 +219,7 @@ class NodeDataset:
             "val": int(self.val_mask.sum()),
             "test": int(self.test_mask.sum()),
             "reciprocity": None if r is None else round(r, 4),
+            "synthesized": self.synthesized,
             **{k: self.info[k] for k in ("symmetric", "direction") if k in self.info},
         }
 

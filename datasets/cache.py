@@ -3,10 +3,14 @@
 Entries live in ``<cache root>/<name>-<hash>/`` where the cache root is
 ``$NGRA_CACHE``, else ``<data root>/cache`` (``~/.ngra/cache`` when the data root is
 read-only), and the hash covers the canonical spec
-string, the cache format version and the size and mtime of the source files, so
-a changed input or a new format never returns stale data. Entries are written
+string, the cache format version and the size and mtime (ns) of the source files
+(an edge list's, and its ``features=``/``labels=``/``split=`` files), so a changed
+input or a new format never returns stale data. Entries are written
 into a temporary folder and renamed into place, so readers never see half an
 entry and concurrent writers cannot corrupt one.
+
+``meta.json`` keeps the dataset's ``info`` values that are strings, numbers or lists
+of strings (``synthesized``), so a cache hit reports the same provenance.
 
 Layout: ``indptr`` / ``indices`` (/ ``perm``) in the graph's own narrow dtypes
 (:mod:`ngra.idtype`: int32 while they fit), ``x``, ``y``, the masks, and optional
@@ -65,8 +69,8 @@ log = logging.getLogger(__name__)
 #: Environment variable overriding the cache folder.
 CACHE_ENV = "NGRA_CACHE"
 #: Bump when the stored layout or any loader's output changes: old entries are then ignored.
-CACHE_VERSION = 3  # 2: edge direction in info, symmetric adds only missing reverses;
-#   3: narrow structure arrays, CRC-32 per block
+CACHE_VERSION = 4  # 2: edge direction in info, symmetric adds only missing reverses;
+#   3: narrow structure arrays, CRC-32 per block; 4: info["synthesized"] (a list of str)
 #: Cache folder used when the data root is read-only and ``NGRA_CACHE`` is unset.
 USER_CACHE = "~/.ngra/cache"
 #: Bytes covered by one CRC-32 of an array's data.
@@ -213,7 +217,8 @@ def save_cached(ds: NodeDataset, directory: Path, spec: str,
         "info": {
             k: v
             for k, v in ds.info.items()
-            if isinstance(v, (str, int, float, bool)) and k != "cache"
+            if k != "cache" and (isinstance(v, (str, int, float, bool)) or (
+                isinstance(v, list) and all(isinstance(i, str) for i in v)))
         },
         "check_block": CHECK_BLOCK,
         "arrays": {},

@@ -10,7 +10,7 @@ Expected folder (what ``ogb`` unpacks, e.g. ``ogbn_arxiv/``)::
 
 The split type (e.g. ``time``, ``sales_ranking``) is the only folder under
 ``split/`` unless chosen with ``split=``. Uncompressed ``.csv`` files are accepted
-too.
+too. Everything is read, nothing made up (``info["synthesized"] == []``).
 
 Direction: OGB stores an undirected graph with each edge once and marks it
 ``add_inverse_edge`` in its ``master.csv`` (ogbn-products, ogbn-proteins; ogbn-arxiv
@@ -135,7 +135,7 @@ def load_ogb(
         val_mask=masks[1] & (y >= 0),
         test_mask=masks[2] & (y >= 0),
         num_classes=num_classes,
-        info={"source": str(folder), "split": split_dir.name},
+        info={"source": str(folder), "split": split_dir.name, "synthesized": []},
     )
     check_direction(ds, stated=stated, symmetric=symmetric,
                     option=f"ogb:{folder},symmetric=true")

@@ -8,6 +8,10 @@ moved to the (unsorted) test indices, and where the test index range has gaps
 label 0. The graph is made symmetric, with self-loops and duplicate edges
 removed (Cora: 10,556 directed edges; CiteSeer: 9,104).
 
+``allow_missing_features`` (the spec's ``structure`` flag) keeps the real graph, labels
+and split but draws random features: ``info["synthesized"]`` is then ``["features"]``
+(``[]`` otherwise).
+
 Files are looked up in ``<root>/planetoid/`` and then ``<root>/``; missing ones are
 downloaded into ``<root>/planetoid/`` from the Planetoid repository when
 ``download=True`` and checked against the sha256 recorded here.
@@ -191,6 +195,7 @@ def load_planetoid(
     info = {
         "source": str(paths["graph"].parent),
         "features": "random" if allow_missing_features else "raw",
+        "synthesized": ["features"] if allow_missing_features else [],
     }
     return NodeDataset(
         name=key,

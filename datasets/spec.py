@@ -5,7 +5,14 @@ bare word is a path for loaders that read a file (``edgelist:graph.txt.gz``) or
 turns a flag on (``pubmed:structure``). Names and keys are case-insensitive;
 paths cannot contain commas. Every key has a default, and the canonical form of
 a spec lists them all, so ``sbm`` and ``sbm:nodes=2000`` name (and cache) the
-same dataset.
+same dataset. Path keys (``edgelist:PATH``, its ``features=``, ``labels=`` and
+``split=``) appear in the canonical form as absolute paths, and the cache key adds
+each such file's size and mtime (:func:`~ngra.datasets.cache.source_stamp`): a
+changed file is a new cache entry, never a stale one.
+
+Bringing one's own vertex data: ``edgelist:g.csv,features=x.npy,labels=y.csv,
+split=split.npz,header=true`` (formats: :mod:`~ngra.datasets.vertexdata`).
+``classes`` is then the labels' range (``auto``: max label + 1).
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ class Param:
     def parse(self, raw: str, dataset: str) -> Any:
         text = raw.strip()
         low = text.lower()
+        if self.default is None and self.kind in ("int", "float") and low == "auto":
+            return None  # optional numbers print their default as 'auto'
         try:
             if self.kind == "int":
                 value = float(text) if any(c in low for c in ".e") else int(text)
@@ -199,6 +208,9 @@ def _build_sbm(root: Path, download: bool, progress: bool | None, **kw: Any) -> 
 def _build_edgelist(
     root: Path, download: bool, progress: bool | None, path: str, **kw: Any
 ) -> NodeDataset:
+    for key in _VERTEX_FILES:
+        if kw[key] is not None:
+            kw[key] = _resolve(kw[key], root)
     return load_edgelist(_resolve(path, root), progress=progress, **kw)
 
 
@@ -218,19 +230,45 @@ _SYNTH_LABELED = (
     Param("seed", "int", 0, "random seed (labels, features, split)"),
     Param("noise", "float", 2.0, "feature noise std (class centroids are N(0,1))"),
 )
+_SYMMETRIC_FILE = Param(
+    "symmetric",
+    "auto-bool",
+    None,
+    "add each edge's missing reverse: true for an undirected graph listed one direction "
+    "per edge (auto: yes for an LG 'u' file, else edges as listed, and a file with "
+    "almost no reciprocal edges is reported)",
+)
 _EDGELIST_PARAMS = (
     *_SYNTH_LABELED,
-    Param(
-        "symmetric",
-        "auto-bool",
-        None,
-        "add each edge's missing reverse: true for an undirected graph listed one direction "
-        "per edge (auto: yes for an LG 'u' file, else edges as listed, and a file with "
-        "almost no reciprocal edges is reported)",
-    ),
+    _SYMMETRIC_FILE,
     Param("simple", "bool", True, "drop self-loops and duplicate edges"),
     *_split_params(),
     Param("edge_types", "int", 1, "K > 1 adds edge types (0 = same-label edge)"),
+)
+#: Keys of the files a user brings beside an edge list (rows = vertex ids).
+_VERTEX_FILES = ("features", "labels", "split")
+_OWN_DATA_PARAMS = (
+    Param("path", "path", None, "the edge-list file"),
+    Param("feat", "int", 64, "synthetic feature width (ignored with features=)"),
+    Param("classes", "int", None, "number of classes: of the synthetic labels (auto: 8), or "
+          "with labels= their range [0, classes) (auto: max label + 1)"),
+    Param("seed", "int", 0, "random seed (synthetic labels, features, random split)"),
+    Param("noise", "float", 2.0, "synthetic feature noise std (class centroids are N(0,1))"),
+    _SYMMETRIC_FILE,
+    Param("simple", "bool", True, "drop self-loops and duplicate edges"),
+    Param("train", "float", 0.1, "random split: fraction of labeled vertices in training "
+          "(without split=)"),
+    Param("val", "float", 0.1, "random split: fraction in validation (test: the rest)"),
+    Param("edge_types", "int", 1, "K > 1 adds edge types (0 = same-label edge)"),
+    Param("features", "path", None, "[N, F] features, row i = vertex id i (ids then kept, not "
+          "renumbered): .csv(.gz), .npy, or .npz with key x/features (auto: synthetic)"),
+    Param("labels", "path", None, "[N] integer labels, -1 = unlabeled, rows as features: "
+          ".csv(.gz), .npy, or .npz with key y/labels (auto: synthetic, structural)"),
+    Param("split", "path", None, ".npz with train, val (or valid), test vertex-id arrays; "
+          ".csv of 'id,name' lines (train/val/valid/test); or .npy/.csv of one code per "
+          "vertex: 0 train, 1 val, 2 test, -1 none (auto: random, train=/val=)"),
+    Param("header", "bool", False, "the text files' first non-comment line holds column "
+          "names: skip it"),
 )
 
 _REGISTRY: dict[str, Entry] = {
@@ -278,11 +316,14 @@ _REGISTRY: dict[str, Entry] = {
         ),
         Entry(
             name="edgelist",
-            help="edge-list file (SNAP text or Graphs.jl LG, plain or .gz) with synthetic labels/features",
-            params=(Param("path", "path", None, "the edge-list file"), *_EDGELIST_PARAMS),
+            help="edge-list file (SNAP text or Graphs.jl LG, plain or .gz) with your own "
+                 "features/labels/split files, or synthetic ones",
+            params=_OWN_DATA_PARAMS,
             build=_build_edgelist,
             positional="path",
-            sources=lambda root, path, **_: [_resolve(path, root)],
+            sources=lambda root, **params: [
+                _resolve(params[k], root) for k in ("path", *_VERTEX_FILES)
+                if params[k] is not None],
         ),
         Entry(
             name="twitter",
@@ -440,8 +481,9 @@ def load(
     entry = parsed.entry
     root_path = data_root(root)
     params = dict(parsed.params)
-    if entry.positional:
-        params[entry.positional] = str(_resolve(params[entry.positional], root_path))
+    for p in entry.params:  # absolute paths: the canonical form names the files read
+        if p.kind == "path" and params[p.name] is not None:
+            params[p.name] = str(_resolve(params[p.name], root_path))
     canonical = DatasetSpec(parsed.name, params).canonical()
     if storage not in STORAGES:
         raise SpecError(f"storage must be one of {STORAGES}; got {storage!r}.")

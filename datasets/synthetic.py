@@ -15,6 +15,7 @@ Labels and features:
   homophilous, so the label signal that training learns lives mostly in the
   features.
 * Features: ``centroid[label] + noise * N(0, 1)`` (see :func:`class_features`).
+* Both are made up, and say so: ``info["synthesized"] == ["features", "labels"]``.
 
 Graph defaults: self-loops and duplicate edges are removed (``simple=True``), the
 SBM is undirected (both directions stored), R-MAT is directed as generated unless
@@ -349,6 +350,7 @@ def synthetic_node_data(
         num_classes=num_classes,
         edge_type=edge_type,
         num_edge_types=edge_types if edge_type is not None else 1,
+        info={"synthesized": ["features", "labels"]},
     )
 
 

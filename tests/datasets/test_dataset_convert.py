@@ -89,5 +89,68 @@ def test_dgl_weights_and_missing_fields() -> None:
     g.ndata["label"] = torch.tensor([1, 0])
     ds = from_dgl(g)
     assert torch.equal(ds.graph.edge_weight_original(), torch.tensor([2.0, 3.0]))
-    assert not ds.train_mask.any() and ds.num_classes == 2
+    assert ds.info["split"].startswith("random") and ds.num_classes == 2  # no masks given
     assert isinstance(to_dgl(ds), dgl.DGLGraph)
+
+
+# ---------------------------------------------------- own split masks, no masks, bad data
+def _tiny_pyg(tg, **masks):
+    ei = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
+    return tg.Data(x=torch.randn(6, 3), y=torch.tensor([0, 1, 2, 0, 1, 2]), edge_index=ei,
+                   num_nodes=6, **masks)
+
+
+def test_pyg_masks_kept_and_no_masks_random_split() -> None:
+    tg = pytest.importorskip("torch_geometric.data")
+    masks = {"train_mask": torch.tensor([1, 1, 0, 0, 0, 0], dtype=torch.bool),
+             "val_mask": torch.tensor([0, 0, 1, 0, 0, 0], dtype=torch.bool),
+             "test_mask": torch.tensor([0, 0, 0, 1, 1, 1], dtype=torch.bool)}
+    ds = from_pyg(_tiny_pyg(tg, **masks))
+    for m, want in masks.items():
+        assert torch.equal(getattr(ds, m), want)
+    assert ds.info["split"] == "the graph's masks" and ds.synthesized == []
+    assert ds.summary()["synthesized"] == []
+    bare = from_pyg(_tiny_pyg(tg), train=0.5, val=0.25, seed=3)  # no masks: a random split
+    counts = [int(m.sum()) for m in (bare.train_mask, bare.val_mask, bare.test_mask)]
+    assert counts == [3, 2, 1] and bool((bare.train_mask | bare.val_mask | bare.test_mask).all())
+    assert bare.info["split"].startswith("random (train=0.5, val=0.25, seed=3)")
+    again = from_pyg(_tiny_pyg(tg), train=0.5, val=0.25, seed=3)
+    assert torch.equal(again.train_mask, bare.train_mask)  # seeded
+
+
+def test_pyg_bad_labels_and_feature_rows() -> None:
+    tg = pytest.importorskip("torch_geometric.data")
+    data = _tiny_pyg(tg)
+    data.y = torch.tensor([0, 1, 2, 7, 1, 2])
+    with pytest.raises(DatasetError, match=r"\[0, num_classes=3\).*vertex 3 has 7"):
+        from_pyg(data, num_classes=3)
+    data.y = torch.tensor([0.0, 1.0, 2.5, 0.0, 1.0, 2.0])
+    with pytest.raises(DatasetError, match="integer classes.*vertex 2 has 2.5"):
+        from_pyg(data)
+    data.y = torch.tensor([0, 1, -1, 0, 1, 2])  # -1: unlabeled, never in the random split
+    ds = from_pyg(data)
+    assert not bool((ds.train_mask | ds.val_mask | ds.test_mask)[2])
+    data.x = torch.randn(5, 3)
+    with pytest.raises(DatasetError, match=r"data.x must be \[num_vertices, F\] = \[6, F\]"):
+        from_pyg(data)
+
+
+def test_dgl_masks_kept_and_no_masks_random_split() -> None:
+    _dgl()
+    g = Graph.from_edge_index(torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])).to_dgl()
+    g.ndata["feat"] = torch.randn(4, 2)
+    g.ndata["label"] = torch.tensor([0, 1, 0, 1])
+    bare = from_dgl(g, train=0.5, val=0.25)
+    assert [int(m.sum()) for m in (bare.train_mask, bare.val_mask, bare.test_mask)] == [2, 1, 1]
+    assert bare.info["split"].startswith("random") and bare.synthesized == []
+    g.ndata["train_mask"] = torch.tensor([True, False, False, False])
+    g.ndata["val_mask"] = torch.tensor([False, True, False, False])
+    g.ndata["test_mask"] = torch.tensor([False, False, True, True])
+    ds = from_dgl(g)
+    assert ds.train_mask.tolist() == [True, False, False, False]
+    assert ds.test_mask.tolist() == [False, False, True, True]
+    back = to_dgl(ds)
+    assert torch.equal(back.ndata["val_mask"], g.ndata["val_mask"])
+    g.ndata["label"] = torch.tensor([0, 1, -3, 1])
+    with pytest.raises(DatasetError, match=r'g.ndata\["label"\].*vertex 2 has -3'):
+        from_dgl(g)

@@ -38,6 +38,7 @@ def test_valid_dataset_summary() -> None:
         "val": 1,
         "test": 1,
         "reciprocity": 0.0,  # a directed triangle
+        "synthesized": [],  # built by hand: real data
     }
     assert repr(ds) == (
         "NodeDataset('tiny', num_nodes=3, num_edges=3, num_features=2, num_classes=2, "
