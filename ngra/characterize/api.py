@@ -1,4 +1,11 @@
-"""``characterize``: run the grid and write every output."""
+"""``characterize``: run the grid and write every output.
+
+A grid in which no run completed (every dataset missing, every framework not installed,
+every run past its caps or failed) writes runs.csv and report.md, which list each run and
+why, but no plots, and raises :class:`NoCompletedRunsError` (``ngra characterize`` exits
+with status 2) naming what was missing. Runs skipped in a grid where others completed are
+logged, listed in report.md and, by the CLI, at the end of its output.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +21,37 @@ import torch
 
 from ngra.characterize.ceilings import load_or_measure
 from ngra.characterize.plots import plot_roofline, plot_stages
-from ngra.characterize.report import read_csv, result_rows, write_csv, write_report
+from ngra.characterize.report import read_csv, result_rows, unfinished, write_csv, write_report
 from ngra.characterize.runner import CharacterizeConfig, run_grid
 
-__all__ = ["characterize", "rebuild_outputs", "OUTPUTS"]
+__all__ = ["characterize", "rebuild_outputs", "NoCompletedRunsError", "OUTPUTS"]
 
 log = logging.getLogger(__name__)
 
 OUTPUTS = ("runs.csv", "report.md", "stages.png", "roofline.png")
+
+
+class NoCompletedRunsError(ValueError):
+    """No run completed, so there is nothing to plot; the message says what each run
+    lacked (a dataset not found and where it was looked for, a framework not installed)."""
+
+
+def _nothing_completed(rows: list[dict[str, Any]], out: Path) -> NoCompletedRunsError:
+    lines = unfinished(rows)
+    missing = " ".join(lines)
+    fixes = []
+    if "dataset " in missing:
+        fixes.append("point --data-root (default: $NGRA_DATA) at a folder holding the datasets, "
+                     "or name others in --datasets")
+    if "framework " in missing:
+        fixes.append("install the missing frameworks or leave them out of --frameworks")
+    if "timeout" in missing or "out of memory" in missing:
+        fixes.append("raise --timeout / --memory-cap-gb or use smaller datasets")
+    fix = ("Fix: " + "; ".join(fixes) + ". ") if fixes else ""
+    n = sum(1 for r in rows if r["status"] != "ok")
+    return NoCompletedRunsError(
+        f"no run completed ({n} skipped or failed), so no plots were written:\n  "
+        + "\n  ".join(lines) + f"\n{fix}{out / 'report.md'} lists every run.")
 
 
 def _environment(cfg: CharacterizeConfig) -> dict[str, Any]:
@@ -62,10 +92,17 @@ def characterize(cfg: CharacterizeConfig) -> dict[str, Path]:
         done = {_key(r) for r in rows}
         write_csv([r for r in kept if _key(r) not in done] + rows, out / "runs.csv")
 
-    save(run_grid(cfg, on_group=save))
+    results = run_grid(cfg, on_group=save)
+    save(results)
     resolved["environment"]["loadavg_end"] = _loadavg()
     (out / "config.json").write_text(
         json.dumps({"invocations": invocations + [resolved]}, indent=2) + "\n")
+    mine = result_rows(results)
+    if not any(r.status == "ok" for r in results):
+        _write_report(out, read_csv(out / "runs.csv"))
+        raise _nothing_completed(mine, out)
+    for line in unfinished(mine):
+        log.warning("did not complete: %s", line)
     return rebuild_outputs(out)
 
 
@@ -90,12 +127,20 @@ def _invocations(out: Path) -> list[dict[str, Any]]:
 
 def rebuild_outputs(out: Path | str) -> dict[str, Path]:
     """Rewrite report.md, stages.png and roofline.png from ``out``'s runs.csv,
-    ceilings.json and config.json."""
+    ceilings.json and config.json; without a completed run, report.md only, and
+    :class:`NoCompletedRunsError`."""
     out = Path(out)
     rows = read_csv(out / "runs.csv")
-    ceilings = json.loads((out / "ceilings.json").read_text())
-    invocations = _invocations(out)
-    write_report(rows, out / "report.md", ceilings=ceilings, invocations=invocations)
+    ceilings = _write_report(out, rows)
+    if not any(r["status"] == "ok" for r in rows):
+        raise _nothing_completed(rows, out)
     plot_stages(rows, out / "stages.png")
     plot_roofline(rows, ceilings, out / "roofline.png")
     return {name: out / name for name in OUTPUTS}
+
+
+def _write_report(out: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """report.md from ``rows`` and ``out``'s ceilings.json and config.json; the ceilings."""
+    ceilings = json.loads((out / "ceilings.json").read_text())
+    write_report(rows, out / "report.md", ceilings=ceilings, invocations=_invocations(out))
+    return ceilings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import fields
 
 __all__ = ["add_parser", "run"]
@@ -85,7 +86,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run (or rebuild) and print the outputs, then the runs that did not complete.
+
+    Without a completed run :class:`~ngra.characterize.NoCompletedRunsError` (a
+    ``ValueError``) propagates: ``ngra``'s ``main`` prints it and exits with status 2.
+    """
     from ngra.characterize import CharacterizeConfig, characterize, rebuild_outputs
+    from ngra.characterize.report import read_csv, unfinished
 
     if args.report_only:
         paths = rebuild_outputs(args.out)
@@ -97,4 +104,11 @@ def run(args: argparse.Namespace) -> int:
         paths = characterize(CharacterizeConfig(**kw))
     for name, path in paths.items():
         print(f"{name}: {path}")
+    rows = read_csv(paths["runs.csv"])
+    lines = unfinished(rows)
+    if lines:
+        n = sum(1 for r in rows if r["status"] != "ok")
+        runs = len({(r["framework"], r["model"], r["dataset"], r["mode"]) for r in rows})
+        print(f"ngra characterize: {n} of {runs} runs did not complete (listed in "
+              f"{paths['report.md']}):\n  " + "\n  ".join(lines), file=sys.stderr)
     return 0

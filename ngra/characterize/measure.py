@@ -15,6 +15,10 @@ the first iteration:
   :mod:`ngra.characterize.stages` (forward by layer range and op; backward by
   autograd sequence number).
 
+For ngra the run also records whether its first layer multiplied the input features
+as a sparse matrix (``input_nnz``), so that executed FLOPs can be told from the
+algorithm's (:mod:`ngra.characterize.metrics`).
+
 The reported breakdown is the instrumented iteration whose total is the
 median: its stage times and its ``remainder`` (total minus stages) sum to that
 total exactly. An iteration is one forward (inference: eval mode under
@@ -42,6 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ngra.characterize.metrics import input_linears
 from ngra.characterize.stages import (
     LAYER_RANGE,
     STAGES,
@@ -51,6 +56,7 @@ from ngra.characterize.stages import (
     sum_by_stage,
 )
 from ngra.characterize.workloads import Workload, build_ngra
+from ngra.kernels import sparse_input
 from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 __all__ = ["RunResult", "run_workload", "attribute_events", "plan_info", "FRAMEWORKS",
@@ -70,6 +76,9 @@ class RunResult:
         fused: per layer, whether its Scatter-ApplyEdge-Gather ran as one kernel.
         totals: every instrumented iteration's total (the reported one is the median).
         layers: the layer widths (:class:`~ngra.characterize.metrics.LayerDims` as dicts).
+        input_nnz: non-zeros of the input features when the run multiplied them as a
+            sparse matrix (ngra's :mod:`ngra.kernels.sparse_input`), else 0: the executed
+            FLOPs of :func:`~ngra.characterize.metrics.model_counts` follow from it.
     """
 
     framework: str
@@ -93,6 +102,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     totals: list[float] = field(default_factory=list)
     layers: list[dict] = field(default_factory=list)
+    input_nnz: int = 0
 
     @property
     def stage_s(self) -> dict[str, float]:
@@ -342,7 +352,26 @@ def run_workload(framework: str, w: Workload, mode: str, *, repeats: int = 5, wa
     res.plain_s = statistics.median(plain_times) if plain_times else float("nan")
     res.repeats, res.warmup = instr_n, warm_left + 1
     res.peak_mb = max(peak_rss_mb() - base_mb, 0.0)
+    res.input_nnz = _sparse_input_nnz(framework, w)
     return res
+
+
+def _sparse_input_nnz(framework: str, w: Workload) -> int:
+    """Non-zeros of ``w.x`` if the timed iterations multiplied it as a CSR matrix, else 0.
+
+    Only ngra's compiled plans call :func:`ngra.kernels.sparse_input.linear` in their
+    layers (:func:`~ngra.characterize.metrics.input_linears`), which makes (and keeps,
+    while ``x`` lives unmodified) the CSR copy at a tensor's second use: every iteration
+    after the untimed first one used it when it exists now. Nothing else is asked: in
+    one process the frameworks share ``x``, and its copy, with ngra; and asking about an
+    ``x`` the kernel never saw would mark it seen.
+    """
+    x = w.x
+    if (framework != "ngra" or not w.layers or not input_linears(w.layers[0])
+            or x.device.type != "cpu" or x.numel() * x.element_size() < sparse_input.MIN_BYTES):
+        return 0
+    form = sparse_input.sparse_form(x)
+    return int(form[0].values().numel()) if form is not None else 0
 
 
 def _generic_context() -> Any:

@@ -1,8 +1,19 @@
-"""stages.png (stacked stage shares per run) and roofline.png, from runs.csv rows."""
+"""stages.png (stacked stage shares per run) and roofline.png, from runs.csv rows.
+
+Both figures keep their titles and legends inside the figure (stages.png wraps its
+title and spreads its legend over as many rows as its width needs; constrained layout
+makes room for both) and are saved with ``bbox_inches="tight"``. The roofline plots
+executed FLOPs and bytes (``exec_flops`` / ``exec_bytes``, see
+:mod:`ngra.characterize.metrics`): a stage cannot execute faster than the measured
+sgemm, while its analytic (useful) FLOP rate can exceed it where ngra skipped the
+zeros of sparse input features. Rows of a runs.csv without those columns fall back to
+the analytic counts, and the panel says so.
+"""
 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -11,13 +22,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from ngra.characterize.report import short_names  # noqa: E402
+from ngra.characterize.report import executed, short_names  # noqa: E402
 from ngra.characterize.stages import REMAINDER, STAGES  # noqa: E402
 
-__all__ = ["plot_stages", "plot_roofline"]
+__all__ = ["plot_stages", "plot_roofline", "stages_figure", "roofline_figure"]
 
 COLORS = {"Scatter": "#4C72B0", "ApplyEdge": "#DD8452", "Gather": "#55A868",
           "ApplyVertex": "#C44E52", REMAINDER: "#BBBBBB"}
@@ -49,17 +61,26 @@ def _runs(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[st
     return out
 
 
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.1)
+    plt.close(fig)
+
+
 def plot_stages(rows: list[dict[str, Any]], path: Path) -> None:
+    """Write :func:`stages_figure` of ``rows`` to ``path``."""
+    _save(stages_figure(rows), path)
+
+
+def stages_figure(rows: list[dict[str, Any]]) -> Figure:
     """One panel per dataset x mode; per model a bar per framework, stacked by stage share,
-    with the run's total time above it."""
+    with the run's total time above it.
+
+    Raises:
+        ValueError: no row is of a completed run (there is nothing to plot).
+    """
     runs = _runs(rows)
     if not runs:
-        fig, ax = plt.subplots(figsize=(6, 2))
-        ax.text(0.5, 0.5, "no completed runs", ha="center", va="center")
-        ax.axis("off")
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return
+        raise ValueError("no completed run to plot: every row of runs.csv is skipped or failed.")
     size: dict[str, float] = {}
     for k, st in runs.items():
         size[k[2]] = max(size.get(k[2], 0.0), _f(next(iter(st.values()))["num_edges"]))
@@ -120,27 +141,38 @@ def plot_stages(rows: list[dict[str, Any]], path: Path) -> None:
     handles.insert(3, Patch(color=FUSED_COLOR, label="Gather (fused)"))
     handles.append(Patch(facecolor=COLORS[REMAINDER], hatch="//", edgecolor="white",
                          label="remainder"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=9,
-               frameon=False)
-    fig.suptitle("Share of run time per SAGA stage (numbers above bars: run total in ms; "
-                 "ngra = compiled, gen = ngra generic executor)", fontsize=11)
+    fig_w = fig.get_figwidth()
+    # ~1.6 in per legend entry at 9 pt, ~0.09 in per title character at 11 pt: as many
+    # legend columns and title characters per line as the figure's width holds
+    fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=9,
+               ncol=max(1, min(len(handles), int(fig_w / 1.6))))
+    title = ("Share of run time per SAGA stage (numbers above bars: run total in ms; "
+             "ngra = compiled, gen = ngra generic executor)")
+    fig.suptitle(textwrap.fill(title, width=max(30, int(fig_w / 0.09))), fontsize=11)
     fig.get_layout_engine().set(h_pad=0.12, hspace=0.06)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def plot_roofline(rows: list[dict[str, Any]], ceilings: dict[str, Any], path: Path) -> None:
+    """Write :func:`roofline_figure` of ``rows`` to ``path``."""
+    _save(roofline_figure(rows, ceilings), path)
+
+
+def roofline_figure(rows: list[dict[str, Any]], ceilings: dict[str, Any]) -> Figure:
     """Roofline panels (one per mode) of every stage with FLOPs, and a bandwidth panel
-    for every stage (zero-FLOP Scatters included) against the measured bandwidths."""
+    for every stage (zero-FLOP Scatters included) against the measured bandwidths; each
+    point is a stage's executed FLOPs and bytes over its measured time."""
     ok = [r for r in rows if r["status"] == "ok" and r["stage"] in STAGES and _f(r["time_s"]) > 0]
+    work = {id(r): executed(r) for r in ok}
+    analytic_only = any(not w[2] for w in work.values())
     modes = _order((r["mode"] for r in ok), MODE_ORDER) or ["inference"]
     peak, bw, gbw = ceilings["flops"], ceilings["bandwidth"], ceilings["gather_bandwidth"]
     fig, axes = plt.subplots(1, len(modes) + 1, figsize=(6.2 * (len(modes) + 1), 5.4),
                              squeeze=False)
     axes = axes[0]
     for ax, mode in zip(axes, modes):
-        pts = [r for r in ok if r["mode"] == mode and _f(r["flops"]) > 0 and _f(r["bytes"]) > 0]
-        xs = [_f(r["intensity"]) for r in pts]
+        pts = [r for r in ok if r["mode"] == mode and work[id(r)][0] > 0 and work[id(r)][1] > 0]
+        xs = [work[id(r)][0] / work[id(r)][1] for r in pts]
         lo = min(xs + [0.05]) / 3
         hi = max(xs + [peak / bw * 10]) * 3
         grid = [lo * (hi / lo) ** (k / 200) for k in range(201)]
@@ -150,27 +182,33 @@ def plot_roofline(rows: list[dict[str, Any]], ceilings: dict[str, Any], path: Pa
                 label=f"random-row gather {gbw / 1e9:.1f} GB/s")
         for r in pts:
             fused = r["stage"] == "Gather" and r.get("fused") == "yes"
-            ax.scatter(_f(r["intensity"]), _f(r["flop_rate"]), s=26,
+            flops, bytes_, _ = work[id(r)]
+            ax.scatter(flops / bytes_, flops / _f(r["time_s"]), s=26,
                        marker=MARKERS.get(r["framework"], "D"),
                        facecolors="none" if fused else COLORS[r["stage"]],
                        edgecolors=FUSED_COLOR if fused else COLORS[r["stage"]],
                        linewidths=1.2, alpha=0.85)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("arithmetic intensity (FLOP / byte, analytic)")
-        ax.set_ylabel("achieved FLOP/s (analytic FLOPs / measured time)")
+        ax.set_xlabel("arithmetic intensity (executed FLOP / byte)")
+        ax.set_ylabel("achieved FLOP/s (executed FLOPs / measured time)")
         ax.set_title(f"Roofline — {mode}")
+        if analytic_only:
+            ax.text(0.02, 0.98, "runs.csv without exec_flops: analytic FLOPs of the unfused\n"
+                    "dense program, which can exceed the roof where ngra skipped zeros",
+                    transform=ax.transAxes, va="top", fontsize=7, color="#A00000")
         ax.grid(which="both", alpha=0.25)
         ax.legend(fontsize=7, loc="lower right")
     ax = axes[-1]
     for si, s in enumerate(STAGES):
-        pts = [r for r in ok if r["stage"] == s and _f(r["bytes"]) > 0]
+        pts = [r for r in ok if r["stage"] == s and work[id(r)][1] > 0]
         fws = _order((r["framework"] for r in pts), FW_ORDER)
         for r in pts:
             fi = fws.index(r["framework"])
             x = si + (fi - (len(fws) - 1) / 2) * 0.18 + (0.04 if r["mode"] == "training" else -0.04)
             fused = s == "Gather" and r.get("fused") == "yes"
-            ax.scatter(x, _f(r["bandwidth"]), s=22, marker=MARKERS.get(r["framework"], "D"),
+            ax.scatter(x, work[id(r)][1] / _f(r["time_s"]), s=22,
+                       marker=MARKERS.get(r["framework"], "D"),
                        facecolors="none" if fused else COLORS[s],
                        edgecolors=FUSED_COLOR if fused else COLORS[s], linewidths=1.1, alpha=0.85)
     ax.axhline(bw, color="black", lw=1.5)
@@ -181,7 +219,7 @@ def plot_roofline(rows: list[dict[str, Any]], ceilings: dict[str, Any], path: Pa
     ax.set_xticklabels(STAGES)
     ax.set_xlim(-0.5, len(STAGES) - 0.5)
     ax.set_yscale("log")
-    ax.set_ylabel("achieved bandwidth (analytic bytes / measured time, B/s)")
+    ax.set_ylabel("achieved bandwidth (executed bytes / measured time, B/s)")
     ax.set_title("Bandwidth per stage (all modes)")
     ax.grid(which="both", axis="y", alpha=0.25)
     fws_all = _order((r["framework"] for r in ok), FW_ORDER)
@@ -192,5 +230,4 @@ def plot_roofline(rows: list[dict[str, Any]], ceilings: dict[str, Any], path: Pa
                           markeredgecolor=FUSED_COLOR, label="Gather (fused)"))
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

@@ -3,7 +3,10 @@
 :func:`result_rows` turns run results into one row per framework x model x
 dataset x mode x stage (the four SAGA stages and ``remainder``), with the
 analytic FLOPs/bytes of :mod:`ngra.characterize.metrics` and the rates they
-imply. Skipped and failed runs get one row (stage ``-``) with the reason.
+imply ("useful" work, the same for every framework), and the FLOPs/bytes the run
+executed (``exec_flops``, ``exec_bytes``: they differ where ngra multiplied sparse
+input features as a sparse matrix), which the roofline plots. Skipped and failed
+runs get one row (stage ``-``) with the reason; :func:`unfinished` lists them.
 :func:`write_report` reads nothing but those rows and the ceilings, so a
 report can be rebuilt from a ``runs.csv`` (:func:`read_csv`).
 """
@@ -22,18 +25,20 @@ from ngra.characterize.measure import RunResult
 from ngra.characterize.metrics import LayerDims, model_counts
 from ngra.characterize.stages import REMAINDER, STAGES
 
-__all__ = ["COLUMNS", "result_rows", "write_csv", "read_csv", "write_report", "findings"]
+__all__ = ["COLUMNS", "result_rows", "write_csv", "read_csv", "write_report", "findings",
+           "unfinished", "executed"]
 
 COLUMNS = [
     "framework", "model", "dataset", "mode", "stage", "fused", "status", "time_s", "fwd_s",
     "bwd_s", "share", "flops", "bytes", "intensity", "flop_rate", "bandwidth", "peak_mb",
-    "run_total_s", "run_plain_s", "repeats", "num_nodes", "num_edges", "notes",
+    "run_total_s", "run_plain_s", "repeats", "num_nodes", "num_edges", "exec_flops", "exec_bytes",
+    "notes",
 ]
 MODEL_ORDER = ("gcn", "gat", "sage", "gin", "ggnn", "rgcn")
 FW_ORDER = ("ngra", "ngra-generic", "pyg", "dgl")
 NUMERIC = {"time_s", "fwd_s", "bwd_s", "share", "flops", "bytes", "intensity", "flop_rate",
            "bandwidth", "peak_mb", "run_total_s", "run_plain_s", "repeats", "num_nodes",
-           "num_edges"}
+           "num_edges", "exec_flops", "exec_bytes"}
 
 
 def _div(a: float, b: float) -> float:
@@ -51,8 +56,11 @@ def result_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
             continue
         layers = [LayerDims(**d) for d in r.layers]
         fused_all = bool(r.fused) and all(r.fused)
-        counts = model_counts(layers, r.num_nodes, r.num_edges, training=r.mode == "training",
-                              fused=list(r.fused) if r.fused else False)
+        fused = list(r.fused) if r.fused else False
+        training = r.mode == "training"
+        counts = model_counts(layers, r.num_nodes, r.num_edges, training=training, fused=fused)
+        ran = model_counts(layers, r.num_nodes, r.num_edges, training=training, fused=fused,
+                           input_nnz=r.input_nnz)
         common = {**base, "peak_mb": r.peak_mb, "run_total_s": r.total_s,
                   "run_plain_s": r.plain_s, "repeats": r.repeats,
                   "notes": "; ".join(r.notes + ([r.peak_note] if r.peak_note else []))}
@@ -66,7 +74,8 @@ def result_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
                          "share": _div(t, r.total_s), "flops": c.flops, "bytes": c.bytes,
                          "intensity": _div(c.flops, c.bytes),
                          "flop_rate": _div(c.flops, t) if c.flops else float("nan"),
-                         "bandwidth": _div(c.bytes, t) if c.bytes else float("nan")})
+                         "bandwidth": _div(c.bytes, t) if c.bytes else float("nan"),
+                         "exec_flops": ran[s].flops, "exec_bytes": ran[s].bytes})
         rem = r.remainder_s
         fwd_rem = r.fwd_total_s - sum(r.fwd.values())
         rows.append({**common, "stage": REMAINDER, "fused": "", "time_s": rem,
@@ -122,6 +131,27 @@ def _total(stages: dict[str, dict[str, Any]]) -> float:
 def _plain(stages: dict[str, dict[str, Any]]) -> float:
     v = float(next(iter(stages.values()))["run_plain_s"])
     return v if not math.isnan(v) else _total(stages)
+
+
+def executed(row: dict[str, Any]) -> tuple[float, float, bool]:
+    """``(flops, bytes, known)``: what a stage row's run executed; a ``runs.csv`` written
+    before ``exec_flops`` existed gives the analytic counts with ``known=False``."""
+    f, b = _f(row.get("exec_flops")), _f(row.get("exec_bytes"))
+    if math.isnan(f) or math.isnan(b):
+        return _f(row.get("flops")), _f(row.get("bytes")), False
+    return f, b, True
+
+
+def unfinished(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per reason runs did not complete, naming them
+    (``"skipped: <reason> -- ngra/gcn/cora/inference, ..."``); empty when all did."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        if r["status"] != "ok":
+            why = str(r.get("notes") or "").strip() or "no reason recorded"
+            by_reason[f"{r['status']}: {why}"].append(
+                f"{r['framework']}/{r['model']}/{r['dataset']}/{r['mode']}")
+    return [f"{why} -- {len(runs)} run(s): {', '.join(runs)}" for why, runs in by_reason.items()]
 
 
 def _dominant(stages: dict[str, dict[str, Any]]) -> tuple[str, float]:
@@ -283,9 +313,10 @@ def findings(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None = None)
                              f"{bw / 1e9:.2f} GB/s = {_pct(bw / ceilings['bandwidth'])} of copy "
                              "bandwidth")
             else:
-                fl = statistics.median(_f(r["flop_rate"]) for r in pts)
+                fl = statistics.median(executed(r)[0] / _f(r["time_s"]) for r in pts)
                 parts.append(f"{s}: intensity {inten:.1f} FLOP/B (compute-bound side), "
-                             f"{fl / 1e9:.2f} GFLOP/s = {_pct(fl / ceilings['flops'])} of sgemm")
+                             f"{fl / 1e9:.2f} executed GFLOP/s = {_pct(fl / ceilings['flops'])} "
+                             "of sgemm")
         out.append(f"**Roofline** (medians over runs; ridge point {ridge:.1f} FLOP/B = "
                    f"{ceilings['flops'] / 1e9:.1f} GFLOP/s / "
                    f"{ceilings['bandwidth'] / 1e9:.1f} GB/s): " + "; ".join(parts) + ".")
@@ -385,9 +416,15 @@ def write_report(rows: list[dict[str, Any]], path: Path, *, ceilings: dict[str, 
               "- \"Gather (fused)\": one kernel did Scatter + ApplyEdge + Gather (g-SpMM, "
               "softmax aggregation); its FLOPs/bytes are those of the fused pass.",
               "- FLOPs and bytes are analytic (`ngra/characterize/metrics.py`), the same for every "
-              "framework: rates are useful work per second. Bytes ignore caches: stages of "
-              "graphs that fit in the last-level cache (Cora, CiteSeer) can land above the "
-              "measured DRAM roof.", ""]
+              "framework: `GFLOP/s` and `GB/s` are useful work per second. Bytes ignore caches: "
+              "stages of graphs that fit in the last-level cache (Cora, CiteSeer) can land above "
+              "the measured DRAM roof.",
+              "- *Executed* FLOPs and bytes (`exec_flops`, `exec_bytes`; roofline.png, the "
+              "roofline finding, `exec GFLOP/s`) are the work the run did. They differ from the "
+              "analytic ones where ngra multiplied mostly-zero input features as a sparse matrix "
+              "(`ngra/kernels/sparse_input.py`): its first-layer transform then does `2 nnz k` "
+              "FLOPs, not the dense `2 N F k`, so useful FLOP/s of that stage can exceed the "
+              "sgemm roof while executed FLOP/s cannot.", ""]
     if extra:
         lines += extra + [""]
     for mode in _order((k[3] for k in runs), ("inference", "training")):
@@ -469,8 +506,10 @@ def _rate_table(rows: list[dict[str, Any]]) -> list[str]:
     if not groups:
         return []
     lines = ["## Achieved rates per stage (median over runs)", "",
-             "| framework | stage | intensity (FLOP/B) | GFLOP/s | GB/s | runs |",
-             "|---|---|---:|---:|---:|---:|"]
+             "Analytic (useful) counts per second; `exec GFLOP/s`: executed FLOPs per second "
+             "(see How to read this).", "",
+             "| framework | stage | intensity (FLOP/B) | GFLOP/s | exec GFLOP/s | GB/s | runs |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for (fw, s) in sorted(groups, key=lambda t: (_rank(t[0], FW_ORDER), STAGES.index(t[1]))):
         rs = groups[(fw, s)]
 
@@ -478,6 +517,8 @@ def _rate_table(rows: list[dict[str, Any]]) -> list[str]:
             vals = [_f(r[key]) for r in rs if not math.isnan(_f(r[key]))]
             return statistics.median(vals) if vals else float("nan")
 
+        ran = [executed(r)[0] / _f(r["time_s"]) for r in rs if executed(r)[0] > 0]
+        exec_rate = statistics.median(ran) if ran else float("nan")
         lines.append(f"| {fw} | {s} | {med('intensity'):.2f} | {med('flop_rate') / 1e9:.2f} | "
-                     f"{med('bandwidth') / 1e9:.2f} | {len(rs)} |")
+                     f"{exec_rate / 1e9:.2f} | {med('bandwidth') / 1e9:.2f} | {len(rs)} |")
     return lines + [""]

@@ -123,7 +123,8 @@ def _framework_check(framework: str) -> str | None:
 
             import_dgl()
     except Exception as exc:  # ImportError, or DGL's own failures on a newer torch
-        return f"{framework} unavailable: {type(exc).__name__}: {exc}"
+        return (f"framework {framework} unavailable (not installed or not importable): "
+                f"{type(exc).__name__}: {exc}")
     return None
 
 
