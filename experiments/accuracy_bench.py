@@ -18,7 +18,7 @@ hyper-parameters (:data:`ngra.models.MODELS`): GCN 16 hidden units, ReLU, dropou
 before each layer, Adam lr 0.01, weight decay 5e-4 on the first layer only; GAT 8
 heads x 8 hidden units, ELU, one output head, dropout 0.6 before each layer and on
 the attention weights, Adam lr 0.005, weight decay 5e-4; row-normalized features. ngra
-trains with ``ngra.train.train`` (what ``ngra train`` runs); PyG with ``GCNConv`` / ``GATConv``
+trains with ``ngra.training.run.train`` (what ``ngra train`` runs); PyG with ``GCNConv`` / ``GATConv``
 (``dropout=0.6``, its attention dropout), DGL with ``GraphConv`` / ``GATConv``
 (``attn_drop=0.6``), both on the same graph (self-loops added by the layers, as
 in ngra's preparation), features and split, in the same loop as ngra's: one
@@ -138,8 +138,8 @@ def _baseline(framework: str, model: str, ds: Any) -> torch.nn.Module:
 
 def _train_baseline(framework: str, model: str, ds: Any, seed: int, epochs: int,
                     patience: int | None) -> dict[str, Any]:
-    """ngra.train's loop and selection, for a PyG or DGL model."""
-    from ngra.train import EarlyStop
+    """ngra.training.run's loop and selection, for a PyG or DGL model."""
+    from ngra.training.loop import EarlyStop
 
     spec = _spec(model)
     torch.manual_seed(seed)
@@ -208,11 +208,13 @@ def run_cell(model: str, dataset: str, protocol: str, framework: str,
     """One table cell: a run per seed."""
     from ngra.datasets import load
     from ngra.models import MODELS as SPECS
-    from ngra.train import TrainConfig, normalize_features, train
+    from ngra.training import TrainConfig
+    from ngra.training.data import normalize_features
+    from ngra.training.run import train
 
     epochs, patience = PROTOCOLS[protocol][model]
     ds = load(dataset, root=DATA_ROOT, progress=False)
-    if SPECS[model].normalize_features:  # what ngra.train does with the zoo's defaults
+    if SPECS[model].normalize_features:  # what ngra.training.run does with the zoo's defaults
         ds = normalize_features(ds)
     rows = []
     for seed in seeds:

@@ -1,8 +1,11 @@
-"""The ``ngra`` command line: ``ngra train``, ``ngra partition``, ``ngra explain``,
-``ngra characterize``, ``ngra plan``, ``ngra info``.
+"""The ``ngra`` command line: ``ngra train``, ``ngra predict``, ``ngra partition``,
+``ngra explain``, ``ngra characterize``, ``ngra plan``, ``ngra info``.
 
-Every ``train`` flag maps to one :class:`ngra.train.TrainConfig` field; the
-resolved configuration is logged and written into the JSON summary.
+A thin layer over the library: every ``train`` flag maps to one
+:class:`ngra.training.TrainConfig` field (what :func:`ngra.fit` takes by name), and
+``predict`` is :func:`ngra.load_model` and :meth:`~ngra.training.Predictor.predict`.
+Flags are never abbreviated (``--epoch`` is an error, not ``--epochs``), and a mistyped
+flag of a subcommand prints that subcommand's usage.
 """
 
 from __future__ import annotations
@@ -32,18 +35,27 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     from ngra.models import MODELS, defaults_table
 
     p = sub.add_parser("train", help="full-graph node classification training",
-                       description="Train a zoo model full-graph and write a JSON summary.",
+                       description="Train a zoo model or your own (--model module:callable) "
+                                   "full-graph and write a JSON summary.",
                        epilog="model defaults (a flag a model has no setting for is an error):\n"
                               + defaults_table() + "\n\ndatasets:\n" + describe(),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="gcn", choices=sorted(MODELS))
+                       formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--model", default="gcn", metavar="NAME|MODULE:CALLABLE",
+                   help=f"a zoo model ({', '.join(sorted(MODELS))}) or your own factory, "
+                        "module:callable, called as f(num_features, num_classes, **given "
+                        "hyper-parameters) and returning an nn.Module (default: gcn)")
     p.add_argument("--dataset", default="sbm",
                    help="dataset spec: cora, citeseer, pubmed, sbm[:...], rmat:scale=..., "
                         "edgelist:PATH, ogb:PATH, twitter (default: sbm)")
-    p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=200,
+                   help="epochs to train (the ceiling with --patience) (default: 200)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the model's initial weights, dropout and generated datasets' "
+                        "split (default: 0)")
     _add_hyper(p, "hidden", "heads", "lr", "weight_decay", "dropout", "attention_dropout")
-    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--num-layers", type=int, default=None,
+                   help="SAGA layers of a zoo model (default: 2); given to your factory as "
+                        "num_layers= only when set")
     p.add_argument("--normalize-features", action=argparse.BooleanOptionalAction, default=None,
                    help="row-normalize non-negative features (default: per model; GCN and GAT "
                         "do, as their papers)")
@@ -56,11 +68,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", default=None, help="dataset folder (default: $NGRA_DATA or ~/.ngra/data)")
     p.add_argument("--out", default=None, help="write the JSON summary here")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="save checkpoints in DIR")
-    p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
+                   help="save a checkpoint every N epochs, and at the last (default: 10)")
     p.add_argument("--resume", action="store_true",
                    help="continue from DIR/checkpoint.pt (DIR/checkpoint.prev.pt if it is damaged)")
     p.add_argument("--threads", type=int, default=None, help="torch/numba threads")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (default: a tqdm bar on stderr)")
     p.add_argument("--explain", action="store_true",
                    help="print the compiled plan of each layer before training")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
@@ -159,33 +173,62 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
 
 
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="run a trained model (a checkpoint folder) on a dataset",
+                       description="Write each vertex's predicted label, class scores or "
+                                   "the output of a named layer (embeddings) from a "
+                                   "checkpoint folder of `ngra train --checkpoint DIR`.")
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="the checkpoint folder (its selected weights and how to rebuild the "
+                        "model)")
+    p.add_argument("--dataset", required=True,
+                   help="dataset spec, as for `ngra train` (features as wide as in training)")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="where to write: .npy (an array) or .csv (vertex id, then values)")
+    p.add_argument("--output", default="labels", choices=["labels", "scores", "probabilities"],
+                   help="per vertex: the predicted class, the class scores (logits) or their "
+                        "softmax (default: labels)")
+    p.add_argument("--embeddings", default=None, metavar="LAYER",
+                   help="write the output of this layer instead (e.g. layers.0; an unknown "
+                        "name lists the model's layers)")
+    p.add_argument("--model", default=None, metavar="MODULE:CALLABLE",
+                   help="the factory, for a checkpoint of a model given in memory")
+    p.add_argument("--data-root", default=None, help="dataset folder")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ngra", description="GNN training and analysis with ngra.")
+    parser = argparse.ArgumentParser(prog="ngra", description="GNN training and analysis with ngra.",
+                                     allow_abbrev=False)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
+    _add_predict(sub)
     _add_partition(sub)
     _add_explain(sub)
     _add_characterize(sub)
     _add_plan(sub)
     sub.add_parser("info", help="versions and available kernel backends")
+    for p in sub.choices.values():
+        p.allow_abbrev = False  # --epoch is a mistake, not --epochs
     return parser
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from ngra.train import TrainConfig, train
+    from ngra.training import TrainConfig
+    from ngra.training.run import train
 
     names = {f.name for f in fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
     summary = train(cfg, echo=print)
-    for s in summary.get("results", [summary]):
-        seed = f" seed {s['seed']}" if "results" in summary else ""
+    name, data = summary["model"], summary["dataset"]
+    for s in summary["results"] or [summary]:
+        seed = f" seed {s['seed']}" if summary["results"] else ""
         stop = f", stopped early after {s['epochs']} epochs" if s["stopped_early"] else ""
-        print(f"{cfg.model} on {cfg.dataset}{seed}: test_acc={s['test_acc']:.4f} "
+        print(f"{name} on {data}{seed}: test_acc={s['test_acc']:.4f} "
               f"val_acc={s['val_acc']:.4f} (best epoch {s['best_epoch']}{stop}) "
               f"epoch_time={s['epoch_time_s'] * 1e3:.1f} ms peak_rss={s['peak_rss_mb']:.0f} MB")
-    if "results" in summary:
-        print(f"{cfg.model} on {cfg.dataset}, {summary['runs']} runs (seeds "
+    if summary["results"]:
+        print(f"{name} on {data}, {summary['runs']} runs (seeds "
               f"{summary['seeds'][0]}-{summary['seeds'][-1]}): test_acc "
               f"{summary['test_acc_mean']:.4f} +- {summary['test_acc_std']:.4f}, val_acc "
               f"{summary['val_acc_mean']:.4f} +- {summary['val_acc_std']:.4f} (mean +- std)")
@@ -194,10 +237,40 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import numpy as np
+
+    from ngra.training import load_model
+
+    out = Path(args.out)
+    if out.suffix not in (".npy", ".csv"):
+        raise ValueError(f"--out {args.out}: expected a .npy or .csv file name.")
+    predictor = load_model(args.checkpoint, model=args.model)
+    values = predictor.predict(args.dataset, output=args.output, embeddings=args.embeddings,
+                               root=args.data_root).detach().cpu().numpy()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".npy":
+        np.save(out, values)
+    else:
+        table = values.reshape(len(values), -1)
+        ids = np.arange(len(table)).reshape(-1, 1)
+        head = "vertex," + (",".join(f"v{i}" for i in range(table.shape[1]))
+                            if args.embeddings or args.output != "labels" else "label")
+        fmt = ["%d"] + (["%d"] if table.dtype.kind in "iu" else ["%.8g"]) * table.shape[1]
+        np.savetxt(out, np.hstack([ids, table]) if table.dtype.kind in "iu"
+                   else np.column_stack([ids, table]), delimiter=",", header=head,
+                   comments="", fmt=fmt)
+    what = f"layer {args.embeddings}" if args.embeddings else args.output
+    print(f"{what} of {len(values)} vertices ({list(values.shape)}) written to {out}")
+    return 0
+
+
 def _cmd_partition(args: argparse.Namespace) -> int:
     from ngra.datasets import load
     from ngra.partition import build_book, save_book
-    from ngra.train import reorder_dataset
+    from ngra.partition import reorder_dataset
 
     if args.parts < 1:
         raise ValueError(f"--parts must be >= 1; got {args.parts}.")
@@ -292,10 +365,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the subcommand's usage, not the top level's
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    handlers = {"train": _cmd_train, "partition": _cmd_partition, "explain": _cmd_explain,
+    handlers = {"train": _cmd_train, "predict": _cmd_predict, "partition": _cmd_partition, "explain": _cmd_explain,
                 "info": _cmd_info, "characterize": _cmd_characterize, "plan": _cmd_plan}
     from ngra.errors import DistributedError, TrainingDivergedError
 

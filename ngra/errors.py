@@ -5,7 +5,7 @@ type derives from a builtin one (``ValueError``, ``FileNotFoundError``, ``OSErro
 ``RuntimeError``), so code that already catches those keeps working. Bad arguments
 to :class:`ngra.Graph` and to layer calls raise plain ``ValueError`` / ``TypeError``.
 
-This module imports nothing heavy: ``ngra.datasets`` and ``ngra.train`` raise these
+This module imports nothing heavy: ``ngra.datasets`` and ``ngra.training.run`` raise these
 and ``ngra`` exports them.
 """
 

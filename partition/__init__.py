@@ -48,6 +48,7 @@ from ngra.partition.reorder import (
     permute_rows,
     relabel,
     reorder,
+    reorder_dataset,
     unpermute_rows,
 )
 from ngra.partition.tiling import Summary, Tile, TileGrid, TileStats, default_bounds, tile_graph
@@ -65,6 +66,7 @@ __all__ = [
     "REORDER_METHODS",
     "Reordering",
     "reorder",
+    "reorder_dataset",
     "permute_graph",
     "permute_rows",
     "unpermute_rows",

@@ -25,7 +25,8 @@ Edge data never moves: :func:`permute_graph` keeps ``perm`` pointing at the call
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,6 +41,7 @@ __all__ = [
     "permute_rows",
     "relabel",
     "reorder",
+    "reorder_dataset",
     "unpermute_rows",
 ]
 
@@ -219,3 +221,14 @@ def unpermute_rows(x: torch.Tensor, reordering: Reordering) -> torch.Tensor:
 def relabel(ids: torch.Tensor, reordering: Reordering) -> torch.Tensor:
     """Map vertex ids (e.g. a train index or an ``edge_index``) to new ids: ``rank[ids]``."""
     return reordering.rank.to(ids.device)[ids]
+
+
+def reorder_dataset(ds: Any, method: str, seed: int = 0) -> Any:
+    """A node dataset (any dataclass with ``graph, x, y`` and the three split masks, such
+    as :class:`ngra.datasets.NodeDataset`) with its vertices relabeled by
+    :func:`reorder`: features, labels and masks permuted with the graph; edge data
+    given in the original edge order (edge types) still lines up."""
+    r = reorder(ds.graph, method, seed=seed)
+    return replace(ds, graph=permute_graph(ds.graph, r), x=permute_rows(ds.x, r),
+                   y=permute_rows(ds.y, r), train_mask=permute_rows(ds.train_mask, r),
+                   val_mask=permute_rows(ds.val_mask, r), test_mask=permute_rows(ds.test_mask, r))

@@ -1,6 +1,6 @@
 """ngra.distributed: full-graph training over several processes (torch.distributed).
 
-``ngra train --nprocs K`` (:mod:`ngra.distributed.trainer`) is the whole path. Its
+``ngra train --nprocs K`` (:mod:`ngra.training.ranks`) is the whole path. Its
 pieces, for a user's own model and loop:
 
 * :func:`launch` starts ``K`` ranks (gloo on the CPU, NCCL with one GPU a rank) and names

@@ -46,12 +46,25 @@ log = logging.getLogger(__name__)
 SHARD_VERSION = 4  # 3: 32-bit structure and edge ids; 4: GCN's weights as factors
 
 
-def prep_key(model: str) -> str:
-    """What the model's graph preparation depends on (its edge data and self-loops)."""
+def prep_key(model: Any) -> str:
+    """What the model's graph preparation depends on (its edge data and self-loops):
+    ``model`` is a zoo name, or anything with ``prep_key()`` (a training ``ModelSource``)."""
     from ngra.models import MODELS
 
+    if not isinstance(model, str):
+        return model.prep_key()
     spec = MODELS[model]
     return f"{spec.edge_data}{'+self_loops' if spec.self_loops else ''}"
+
+
+def _prepare(model: Any, ds: Any) -> tuple[Any, Any]:
+    """``(graph, edge_data)`` ``model`` trains on: a zoo name's preparation, or
+    ``model.prepare(graph, edge_type, num_edge_types)``."""
+    from ngra.models import prepare
+
+    if isinstance(model, str):
+        return prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
+    return model.prepare(ds.graph, ds.edge_type, ds.num_edge_types)
 
 
 def data_fingerprint(ds: Any) -> str:
@@ -70,12 +83,12 @@ def data_fingerprint(ds: Any) -> str:
     return h.hexdigest()
 
 
-def _stamp(ds: Any, model: str, book: PartitionBook) -> dict[str, Any]:
+def _stamp(ds: Any, model: Any, book: PartitionBook) -> dict[str, Any]:
     return {"version": SHARD_VERSION, "parts": book.num_parts, "book": book.fingerprint,
             "method": book.method, "data": data_fingerprint(ds), "prep": prep_key(model)}
 
 
-def shards_current(folder: Path, ds: Any, model: str, book: PartitionBook) -> bool:
+def shards_current(folder: Path, ds: Any, model: Any, book: PartitionBook) -> bool:
     """Whether ``folder`` holds shards of exactly this dataset, model preparation and book."""
     try:
         meta = json.loads((Path(folder) / "meta.json").read_text())
@@ -86,14 +99,13 @@ def shards_current(folder: Path, ds: Any, model: str, book: PartitionBook) -> bo
     return all((Path(folder) / f"rank{r}.pt").is_file() for r in range(book.num_parts))
 
 
-def build_shards(ds: Any, model: str, book: PartitionBook, folder: str | os.PathLike[str],
+def build_shards(ds: Any, model: Any, book: PartitionBook, folder: str | os.PathLike[str],
                  progress: bool = False) -> Path:
-    """Write every rank's shard of ``ds`` prepared for zoo ``model`` under ``book``."""
-    from ngra.models import prepare
-
+    """Write every rank's shard of ``ds`` prepared for ``model`` (a zoo name, or a
+    training ``ModelSource``) under ``book``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
+    graph, edge_data = _prepare(model, ds)
     factors = graph.edge_factors  # GCN's weights: per-vertex factors, not per-edge weights
     rg = permute_graph(graph.with_edge_weight(None) if factors is not None else graph,
                        book.reordering)

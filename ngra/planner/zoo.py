@@ -4,10 +4,10 @@ the plan ``ngra train --nprocs K --plan auto|FILE`` runs.
 The graph exchange of a ``d``-way data-parallel plan is the halo of the busiest rank of
 a ``d``-way partition book: ``--partition DIR`` for its part count, else the book
 ``ngra train --nprocs d`` caches beside the dataset (built and cached here if missing;
-:func:`ngra.distributed.trainer.partition_for`), so that the planner and the run read
+:func:`ngra.distributed.books.partition_for`), so that the planner and the run read
 the same figures.
 
-Full-graph training (:mod:`ngra.distributed.trainer`) runs plans without a pipeline:
+Full-graph training (:mod:`ngra.training.ranks`) runs plans without a pipeline:
 ``dp d x tp t`` on ``d``-way row partitions, each shared by ``t`` ranks that split the
 plan's split Linears and run its replicated layers whole (:mod:`ngra.distributed.dense`).
 Pipeline stages, micro-batches and recomputation cut a full-graph step into pieces the
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 import os
-from types import SimpleNamespace
 from typing import Any
 
 from ngra.planner.chain import Chain
 from ngra.planner.cost import Devices, Shape
 from ngra.planner.plan import Plan
+from ngra.partition import reorder_dataset
 
 __all__ = ["book_halos", "default_memory", "device_link", "runs_in_trainer", "training_plan",
            "zoo_chain"]
@@ -45,7 +45,7 @@ def book_halos(ds: Any, dataset: str, parts: list[int], *, partition: str | None
         ValueError: ``partition``'s part count is not among ``parts``.
         BookError: the book belongs to another graph, or is stale.
     """
-    from ngra.distributed.trainer import partition_for
+    from ngra.distributed.books import partition_for
     from ngra.partition import load_book
     from ngra.planner.gnn import book_halo
 
@@ -58,10 +58,9 @@ def book_halos(ds: Any, dataset: str, parts: list[int], *, partition: str | None
                              f"a multiple of {given} devices, or another book.")
     halo = {}
     for p in parts:
-        cfg = SimpleNamespace(dataset=dataset, data_root=data_root, nprocs=p,
-                              partition=partition if p == given else None, reorder=reorder,
-                              partition_method=method)
-        book, folder = partition_for(cfg, ds)
+        book, folder = partition_for(ds, p, spec=ds.info.get("spec", dataset),
+                                     book_dir=partition if p == given else None,
+                                     method=method, reorder=reorder, data_root=data_root)
         halo[p] = book_halo(book)
         log.info("%d-way partition (%s, %s): busiest rank's halo %d rows", p, book.method,
                  folder, halo[p])
@@ -84,8 +83,6 @@ def zoo_chain(model: str, dataset: str, devices: int, *, hidden: int | None = No
                          "mlp:W0,W1,...")
     ds = load(dataset, root=data_root)
     if reorder != "none":
-        from ngra.fit import reorder_dataset
-
         ds = reorder_dataset(ds, reorder, seed=seed)
     graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
     net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=heads,

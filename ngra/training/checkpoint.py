@@ -14,6 +14,14 @@ first, then the file is unpickled and the keys the caller needs are checked.
 :func:`load_latest_checkpoint` falls back to ``checkpoint.prev.pt`` with a warning
 when the newest is damaged or missing; a damaged newest file is renamed to
 ``checkpoint.pt.damaged``, so that the next save keeps the intact one as previous.
+
+A checkpoint holds plain tensors, numbers, strings, lists and dicts only, and is read
+with ``torch.load(..., weights_only=True)`` (no code runs while loading): ``model`` is
+the **selected** weights (the epoch with the best validation accuracy), ``last`` the
+last epoch's (what a resumed run continues from), ``meta`` what rebuilds the model
+(:func:`ngra.load_model`: the zoo name or factory, its arguments, the feature
+normalization, the dataset's fingerprint), and the optimizer, history and every RNG's
+state (:func:`rng_state`: numpy's as a tensor).
 """
 
 from __future__ import annotations
@@ -26,16 +34,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import random
+
+import numpy as np
 import torch
 
 from ngra.errors import CheckpointError
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "FORMAT_VERSION",
     "PREVIOUS_NAME",
     "load_checkpoint",
     "load_latest_checkpoint",
+    "rng_state",
     "save_checkpoint",
+    "set_rng_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -44,6 +58,34 @@ log = logging.getLogger(__name__)
 CHECKPOINT_NAME = "checkpoint.pt"
 #: The checkpoint before it, kept until the next save.
 PREVIOUS_NAME = "checkpoint.prev.pt"
+#: The layout of a training checkpoint (2: selected weights as ``model``, ``last``,
+#: ``meta``, read with ``weights_only=True``).
+FORMAT_VERSION = 2
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG's state as plain values (torch's and CUDA's tensors, numpy's key as a
+    tensor, Python's tuple)."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": [kind, torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss),
+                       float(gauss)],
+             "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()  # the gpu kernels' dropout seeds
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    kind, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike[str]) -> Path:
@@ -88,7 +130,7 @@ def load_checkpoint(path: str | os.PathLike[str], required: Iterable[str] = ()) 
             bad = archive.testzip()
         if bad is not None:
             raise ValueError(f"checksum mismatch in its member {bad}")
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except MemoryError:
         raise
     except Exception as err:  # zipfile, torch and pickle fail in many ways on damaged bytes

@@ -3,8 +3,8 @@ early stop, several seeds.
 
 :func:`fit` runs the loop over a :class:`Session`: the data and model it trains, how a
 loss and accuracies are computed (and, on ranks of a partitioned run, reduced), and
-whether this process writes files and shows progress. :func:`ngra.train.train` makes a
-one-process session; :mod:`ngra.distributed.trainer` makes one per rank
+whether this process writes files and shows progress. :func:`ngra.training.run.train` makes a
+one-process session; :mod:`ngra.training.ranks` makes one per rank
 (``RankSession``). A checkpoint holds the same state either way, so a run resumes on any
 number of processes.
 
@@ -16,7 +16,7 @@ improvement for that many epochs; ``epochs`` is then the ceiling). On ranks the 
 is taken from the validation loss and accuracy reduced over every rank, so all ranks stop
 at the same epoch.
 
-Checkpoints are written every ``checkpoint_every`` epochs through :mod:`ngra.checkpoint`
+Checkpoints are written every ``checkpoint_every`` epochs through :mod:`ngra.training.checkpoint`
 (atomic, the previous one kept, verified on read); ``resume=True`` restores model,
 optimizer, best state, the early-stop state and every RNG, so a resumed run is
 bit-identical to an uninterrupted one. Each step is checked for a non-finite loss,
@@ -44,37 +44,37 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ngra.checkpoint import (CHECKPOINT_NAME, PREVIOUS_NAME, load_latest_checkpoint,
-                             save_checkpoint)
+from ngra.training.checkpoint import (CHECKPOINT_NAME, FORMAT_VERSION, PREVIOUS_NAME,
+                                      load_latest_checkpoint,
+                                      rng_state, save_checkpoint, set_rng_state)
 from ngra.errors import CheckpointError, TrainingDivergedError
 from ngra.memstat import (io_read_bytes, is_mapped, peak_rss_bytes, release_large_frees,
                           release_mapped)
-from ngra.models import HYPER_PARAMETERS, param_groups
+from ngra.models import HYPER_PARAMETERS
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.cuda_graph import GraphedStep, capture_refusal
 from ngra.runtime.placement import Placement, placed
 from ngra.runtime.transfer import TransferCounts, transfer_counts
 from ngra.spill import saved_on_disk
-
-if TYPE_CHECKING:
-    from ngra.train import TrainConfig
+from ngra.training.config import TrainConfig
+from ngra.training.model_source import call_model
+from ngra.training.summary import finish_summary, summarize_runs
 
 __all__ = ["CHECKPOINT_KEYS", "EarlyStop", "Session", "check_finite", "evaluate", "fit",
-           "fit_runs", "grid_report", "normalize_features", "prepare_dataset",
-           "reorder_dataset", "resume_from_checkpoint"]
+           "fit_runs", "grid_report", "resume_from_checkpoint"]
 
 log = logging.getLogger(__name__)
 
-#: What a training checkpoint holds (:func:`resume_from_checkpoint` checks them all; it
-#: also holds ``stopped`` and ``patience``, the early stop's state, absent from older ones).
-CHECKPOINT_KEYS = ("config", "epoch", "model", "optimizer", "best", "times", "history", "rng")
+#: What a training checkpoint holds (:func:`resume_from_checkpoint` checks them all).
+CHECKPOINT_KEYS = ("format", "config", "meta", "epoch", "model", "last", "optimizer", "best",
+                   "times", "history", "rng", "stopped", "patience")
 #: Settings a resumed run must share with its checkpoint: they fix the weights' shapes.
 _RESUME_FIELDS = ("model", "dataset", "hidden", "heads", "num_layers")
 
@@ -89,27 +89,11 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-             "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()  # the gpu kernels' dropout seeds
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
-
-
 def resume_from_checkpoint(directory: str | Path, resolved: dict[str, Any],
                            model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore ``model``, ``opt`` and every RNG from the newest intact checkpoint in
-    ``directory`` (``checkpoint.prev.pt`` with a warning when the newest is damaged).
+    """Restore ``model`` (its last epoch's weights), ``opt`` and every RNG from the newest
+    intact checkpoint in ``directory`` (``checkpoint.prev.pt`` with a warning when the
+    newest is damaged).
 
     The optimizer continues with this run's learning rate and weight decay (a warning
     says when they differ from the checkpoint's), so a diverged run can resume with a
@@ -120,7 +104,11 @@ def resume_from_checkpoint(directory: str | Path, resolved: dict[str, Any],
         CheckpointError: every checkpoint there is damaged, or it was written by a run
             with another model, dataset or layer sizes, or past ``epochs``.
     """
-    ck, path = load_latest_checkpoint(directory, CHECKPOINT_KEYS)
+    ck, path = load_latest_checkpoint(directory, CHECKPOINT_KEYS[:2])
+    if ck.get("format") != FORMAT_VERSION or any(k not in ck for k in CHECKPOINT_KEYS):
+        raise CheckpointError(path, f"checkpoint {path} has format {ck.get('format')!r}; this "
+                                    f"ngra resumes format {FORMAT_VERSION}. Start over in "
+                                    "another --checkpoint folder.")
     saved = ck["config"] if isinstance(ck["config"], dict) else {}
     diff = [f"{k}={saved.get(k)!r} there, {resolved[k]!r} here" for k in _RESUME_FIELDS
             if saved.get(k) != resolved[k]]
@@ -132,9 +120,9 @@ def resume_from_checkpoint(directory: str | Path, resolved: dict[str, Any],
         raise CheckpointError(path, f"checkpoint {path} is at epoch {ck['epoch']}, past the "
                                     f"{resolved['epochs']} epochs asked for; ask for more.")
     try:
-        model.load_state_dict(ck["model"])
+        model.load_state_dict(ck["last"])
         opt.load_state_dict(ck["optimizer"])
-        _set_rng_state(ck["rng"])
+        set_rng_state(ck["rng"])
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
         raise CheckpointError(path, f"checkpoint {path} does not fit this model "
                                     f"({str(err).splitlines()[0]}).") from None
@@ -142,13 +130,15 @@ def resume_from_checkpoint(directory: str | Path, resolved: dict[str, Any],
         # a group without weight decay by the model's definition (GCN's later layers) keeps 0
         groups = [g for g in opt.param_groups if key == "lr" or g.get("decay", True)]
         before = {group[key] for group in groups}
-        if before != {resolved[key]}:
+        if resolved.get(key) is not None and before != {resolved[key]}:
             log.warning("resuming with %s=%g (the checkpoint's run used %s)", key, resolved[key],
                         ", ".join(f"{v:g}" for v in sorted(before)))
-        for group in groups:
-            group[key] = resolved[key]
+            for group in groups:
+                group[key] = resolved[key]
     log.info("resumed from %s at epoch %d", path, ck["epoch"])
-    return ck
+    best = dict(ck["best"])
+    best["state"] = ck["model"] if best.get("epoch", -1) > 0 else None
+    return {**ck, "best": best}
 
 
 def check_finite(epoch: int, resolved: dict[str, Any], model: torch.nn.Module,
@@ -185,66 +175,6 @@ def check_finite(epoch: int, resolved: dict[str, Any], model: torch.nn.Module,
         f"of the dataset's features. {kept}").rstrip())
 
 
-def reorder_dataset(ds: Any, method: str, seed: int = 0) -> Any:
-    """The dataset with vertices relabeled for locality (see :mod:`ngra.partition.reorder`).
-
-    Features, labels and masks are permuted with the graph; edge data given in the
-    original edge order (edge types) still lines up.
-    """
-    from dataclasses import replace
-
-    from ngra.partition import permute_graph, permute_rows, reorder
-
-    r = reorder(ds.graph, method, seed=seed)
-    return replace(ds, graph=permute_graph(ds.graph, r), x=permute_rows(ds.x, r),
-                   y=permute_rows(ds.y, r), train_mask=permute_rows(ds.train_mask, r),
-                   val_mask=permute_rows(ds.val_mask, r), test_mask=permute_rows(ds.test_mask, r))
-
-
-_SCAN_BLOCK = 1 << 22  # elements per row block read by normalize_features
-
-
-def normalize_features(ds: Any) -> Any:
-    """The dataset with each feature row divided by its sum (rows summing to 0 kept), as
-    the GCN and GAT papers preprocess bag-of-words features; unchanged (with a log line)
-    when some feature is negative, where a row sum is no scale. Features mapped from
-    disk (``storage="disk"``) are kept as they are (with a warning): normalized, they
-    would be a copy in memory. Read a block of rows at a time (no full-size temporary;
-    a mapped block's pages dropped once read)."""
-    from dataclasses import replace
-
-    x = ds.x
-    rows = max(1, _SCAN_BLOCK // max(1, x[:1].numel()))
-    for lo in range(0, x.shape[0], rows):
-        negative = x[lo:lo + rows].numel() and bool(x[lo:lo + rows].amin() < 0)
-        release_mapped(x, lo, lo + rows)
-        if negative:
-            log.info("features have negative entries: not row-normalized")
-            return ds
-    if is_mapped(x):
-        log.warning("features mapped from disk (storage='disk') are not row-normalized: "
-                    "that would copy them into memory; pass --no-normalize-features "
-                    "to say so, or normalize them in the dataset")
-        return ds
-    out = torch.empty_like(x)
-    for lo in range(0, x.shape[0], rows):
-        s = x[lo:lo + rows].sum(1, keepdim=True)
-        torch.div(x[lo:lo + rows], torch.where(s > 0, s, torch.ones_like(s)),
-                  out=out[lo:lo + rows])
-    return replace(ds, x=out)
-
-
-def prepare_dataset(cfg: TrainConfig, ds: Any) -> Any:
-    """The dataset as ``cfg``'s run trains on it: relabeled (``cfg.reorder``) and its
-    features row-normalized where the run asks (``normalize_features``, by default the
-    model's)."""
-    if cfg.reorder != "none":
-        ds = reorder_dataset(ds, cfg.reorder, seed=cfg.seed)
-    if cfg.resolved()["normalize_features"]:
-        ds = normalize_features(ds)
-    return ds
-
-
 @torch.no_grad()
 def grid_report(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any) -> str:
     """The tile grid each layer call chose under the active memory budget, its predicted
@@ -253,7 +183,7 @@ def grid_report(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: 
 
     model.eval()
     with Recorder() as rec:
-        model(graph, x, edge_data)
+        call_model(model, graph, x, edge_data)
     lines = ["chunked streaming (memory budget):"]
     staging = rec.notes.get("staging", [])
     for i, choice in enumerate(rec.notes.get("grid", [])):
@@ -276,9 +206,10 @@ def _evaluate(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: An
     """:func:`evaluate`'s accuracies and the loss on ``masks["val"]`` (NaN without one),
     from one eval forward."""
     model.eval()
-    logits = model(graph, x, edge_data)
+    logits = call_model(model, graph, x, edge_data)
     pred = logits.argmax(-1)
-    acc = {k: float((pred[m] == y[m]).float().mean()) if m.any() else float("nan")
+    # exact fractions (correct / count), as the ranks of a partitioned run compute them
+    acc = {k: int((pred[m] == y[m]).sum()) / int(m.sum()) if m.any() else float("nan")
            for k, m in masks.items()}
     val = masks.get("val")
     loss = (float(F.cross_entropy(logits[val], y[val])) if val is not None and val.any()
@@ -309,7 +240,7 @@ class EarlyStop:
 class Session:
     """What the training loop runs on: one process's whole dataset and model.
 
-    :class:`ngra.distributed.trainer.RankSession` is one rank's share of a partitioned
+    :class:`ngra.training.ranks.RankSession` is one rank's share of a partitioned
     run: its loss and accuracies are reduced over the ranks, and only rank 0 writes.
 
     Attributes:
@@ -432,14 +363,17 @@ def transfer_summary(moved: list[TransferCounts], times: list[float],
 
 
 def fit_runs(cfg: TrainConfig, make_session: Callable[[int], Session],
-             echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+             echo: Callable[[str], None] | None = None, *,
+             meta: dict[str, Any] | None = None) -> tuple[dict[str, Any], torch.nn.Module]:
     """Train ``cfg.runs`` seeds, ``seed .. seed + runs - 1``: torch, numpy and Python seeded
     with each, then ``make_session(seed)`` builds that run's model and session and
-    :func:`fit` trains it. Returns (and writes to ``cfg.out``) the one run's summary, or,
-    with several, every run's (``"results"``) with the mean and sample standard deviation
-    of their test and validation accuracies, epochs and best epochs (``test_acc_mean``,
-    ``test_acc_std``, ...). Each of several runs checkpoints in ``DIR/seed-<seed>/``."""
-    results, s = [], None
+    :func:`fit` trains it. Returns the summary (
+    :mod:`ngra.training.summary`: with several runs, every run's under ``results`` and the
+    mean and sample standard deviation of their accuracies, epochs and best epochs) and
+    the model with the selected weights of the run with the best validation accuracy.
+    Each of several runs checkpoints in ``DIR/seed-<seed>/``; ``meta`` goes into every
+    checkpoint (what rebuilds the model)."""
+    results, s, best_model, best_val = [], None, None, -math.inf
     for i in range(cfg.runs):
         seed = cfg.seed + i
         several = cfg.runs > 1
@@ -448,29 +382,37 @@ def fit_runs(cfg: TrainConfig, make_session: Callable[[int], Session],
         _seed_all(seed)
         s = make_session(seed)
         results.append(fit(cfg, s, echo if i == 0 else None, seed=seed, checkpoint=folder,
-                           run=(i, cfg.runs) if several else None))
-    summary = results[0] if cfg.runs == 1 else _summarize_runs(cfg, results)
-    if cfg.out and s is not None and s.is_main:
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+                           run=(i, cfg.runs) if several else None, meta=meta))
+        if best_model is None or results[-1]["val_acc"] > best_val:
+            best_model, best_val = s.model, results[-1]["val_acc"]
+    summary = (finish_summary(results[0]) if cfg.runs == 1
+               else summarize_runs(cfg.model_name, cfg.dataset_name, results, cfg.extra))
+    return summary, best_model
 
 
 def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
         seed: int | None = None, checkpoint: str | None = None,
-        run: tuple[int, int] | None = None) -> dict[str, Any]:
+        run: tuple[int, int] | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The training loop over ``s``: epochs, model selection, early stop, checkpoints (in
-    ``checkpoint``, default ``cfg.checkpoint``), the summary. ``seed``: the run's (default
-    ``cfg.seed``); ``run``: ``(index, count)`` of a run among several (:func:`fit_runs`),
-    which resumes only if its folder holds a checkpoint (a run not yet begun starts anew)."""
+    ``checkpoint``, default ``cfg.checkpoint``, with ``meta``), the summary. ``seed``: the
+    run's (default ``cfg.seed``); ``run``: ``(index, count)`` of a run among several
+    (:func:`fit_runs`), which resumes only if its folder holds a checkpoint (a run not yet
+    begun starts anew). The model ends holding the selected weights (best validation
+    accuracy)."""
     resolved = cfg.resolved()
     seed = cfg.seed if seed is None else seed
     checkpoint = cfg.checkpoint if checkpoint is None else checkpoint
     model = s.model
     graphed = _graphed(cfg, s)
-    # capturable: Adam keeps its step count on the device, so its step needs no host read
-    opt = torch.optim.Adam(param_groups(cfg.model, model, resolved["weight_decay"]),
-                           lr=resolved["lr"], capturable=graphed is not None)
+    if cfg.optimizer is not None:
+        opt = cfg.optimizer(model)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"optimizer(model) must return a torch.optim.Optimizer; got "
+                            f"{type(opt).__name__}.")
+    else:
+        # capturable: Adam keeps its step count on the device, so its step needs no host read
+        opt = torch.optim.Adam(cfg.source.param_groups(model, resolved["weight_decay"]),
+                               lr=resolved["lr"], capturable=graphed is not None)
     plans = None
     if cfg.explain and (run is None or run[0] == 0):
         plans = s.explain()
@@ -489,7 +431,7 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
             "No checkpoint was saved before it." if checkpoint else
             "No checkpoint is kept (no --checkpoint folder was given).")
 
-    label = f"train {cfg.model}/{cfg.dataset}" + ("" if run is None else
+    label = f"train {cfg.model_name}/{cfg.dataset_name}" + ("" if run is None else
                                                   f" seed {seed} ({run[0] + 1}/{run[1]})")
     bar = tqdm(range(start, cfg.epochs), desc=label,
                disable=not (cfg.progress and s.is_main) or stopped, initial=start,
@@ -506,7 +448,7 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
         else:
             opt.zero_grad()
             with s.context():
-                out = s.net(s.graph, s.x, s.edge_data)
+                out = call_model(s.net, s.graph, s.x, s.edge_data)
                 loss, loss_value = s.loss(out)
                 # the outputs are checked now and let go: an N x classes array not held
                 # through backward (R-MAT 2^23, 8 classes: 268 MB off the peak)
@@ -531,21 +473,26 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
                            or stopped):
             path = Path(checkpoint)
             if s.is_main:  # ranks hold the same state: one writes it
-                path = save_checkpoint({"config": resolved, "epoch": epoch + 1,
-                                        "model": model.state_dict(),
-                                        "optimizer": opt.state_dict(), "best": best,
-                                        "times": times, "history": history,
-                                        "rng": _rng_state(), "stopped": stopped,
-                                        "patience": patience.state}, checkpoint)
+                last = model.state_dict()
+                path = save_checkpoint({
+                    "format": FORMAT_VERSION, "config": resolved, "meta": meta or {},
+                    "epoch": epoch + 1,
+                    "model": best["state"] if best["state"] is not None else last,
+                    "last": last, "optimizer": opt.state_dict(),
+                    "best": {k: v for k, v in best.items() if k != "state"},
+                    "times": times, "history": history, "rng": rng_state(),
+                    "stopped": stopped, "patience": patience.state}, checkpoint)
             kept = (f"The last checkpoint, {path} (epoch {epoch + 1}; best val_acc "
                     f"{best['val']:.4f} at epoch {best['epoch']}), is kept.")
     if stopped:
         log.info("early stop after epoch %d: validation loss and accuracy did not improve "
                  "for %d epochs", len(history), cfg.patience)
 
+    if best["state"] is not None:  # the model leaves holding the selected weights
+        model.load_state_dict(best["state"])
     summary = {
-        "model": cfg.model,
-        "dataset": cfg.dataset,
+        "model": cfg.model_name,
+        "dataset": cfg.dataset_name,
         "seed": seed,
         "test_acc": best["test"],
         "val_acc": best["val"],
@@ -585,7 +532,9 @@ def _graphed(cfg: TrainConfig, s: Session) -> Callable[..., GraphedStep] | None:
     ``cuda_graphs="on"`` raises where a graph cannot be."""
     if cfg.cuda_graphs == "off":
         return None
-    why = _static_refusal(s) if not isinstance(s, Session) else s.capture_refusal()
+    why = (_static_refusal(s) if not isinstance(s, Session) else
+           "a user-given optimizer (it may read the host)" if cfg.optimizer is not None
+           else s.capture_refusal())
     if why is not None:
         if cfg.cuda_graphs == "on":
             raise ValueError(f"--cuda-graphs on: this run's training step cannot be "
@@ -614,7 +563,7 @@ def _device_step(s: Session, opt: torch.optim.Optimizer) -> Callable[[], torch.T
     def step() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         with s.context():
-            out = s.net(s.graph, s.x, s.edge_data)
+            out = call_model(s.net, s.graph, s.x, s.edge_data)
             loss = s.train_loss(out)
             out_ok = torch.isfinite(out.detach()).all()
             del out
@@ -643,28 +592,3 @@ def _read_device_step(result: torch.Tensor, epoch: int, resolved: dict[str, Any]
 def _has_checkpoint(directory: str | None) -> bool:
     return directory is not None and any(
         (Path(directory) / name).exists() for name in (CHECKPOINT_NAME, PREVIOUS_NAME))
-
-
-#: Summary fields every run of several shares (the first run's are kept).
-_SHARED = ("config", "config_sources", "num_nodes", "num_edges", "device", "placement",
-           "reciprocity", "dataset_summary", "world_size", "exchange", "partition", "link")
-
-
-def _summarize_runs(cfg: TrainConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The summary of several seeds' runs: every run, and mean / sample std of the
-    accuracies, epochs and best epochs."""
-    first = results[0]
-    summary: dict[str, Any] = {"model": cfg.model, "dataset": cfg.dataset, "runs": len(results),
-                               "seeds": [r["seed"] for r in results]}
-    for key in ("test_acc", "val_acc", "epochs", "best_epoch"):
-        vals = [float(r[key]) for r in results]
-        summary[f"{key}_mean"] = statistics.fmean(vals)
-        summary[f"{key}_std"] = statistics.stdev(vals)
-    summary["epoch_time_s"] = statistics.median(r["epoch_time_s"] for r in results)
-    summary["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
-    summary.update({k: first[k] for k in _SHARED if k in first})
-    summary.update(cfg.extra)
-    if "explain" in first:
-        summary["explain"] = first.pop("explain")
-    summary["results"] = results
-    return summary

@@ -16,7 +16,7 @@
 ``torchrun --nproc_per_node K -m ngra train ...`` starts the ranks itself; rank 0 then
 does steps 1-2 while the others wait.
 
-On a rank, :class:`RankSession` gives ``ngra.fit.fit`` the rank's share: the model in
+On a rank, :class:`RankSession` gives ``ngra.training.loop.fit`` the rank's share: the model in
 buckets of gradients all-reduced while backward runs (:mod:`ngra.distributed.gradsync`),
 the training loss as each rank's sum over its rows divided by the global count (so the
 summed gradients are one process's), accuracies from correct counts summed over the ranks,
@@ -25,7 +25,7 @@ and every forward inside :func:`ngra.kernels.dropout_rows` with the rows' origin
 its masks from each local edge's id in the whole graph, ``DistGraph.edge_ids``, likewise).
 The validation loss for early stop is reduced with the accuracies, so every rank stops at
 the same epoch; ``--runs`` trains each seed in turn on the same ranks
-(:func:`ngra.fit.fit_runs`). Only rank 0 writes files and shows progress. The summary
+(:func:`ngra.training.loop.fit_runs`). Only rank 0 writes files and shows progress. The summary
 adds ``world_size``, each layer's exchange, bytes sent a training step per rank (counted
 at the sends), the partition's figures and each rank's peak memory and step time.
 
@@ -56,67 +56,86 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ngra.datasets.base import data_root, writable
+from ngra.datasets.cache import cache_root
+from ngra.distributed.books import partition_for
 from ngra.distributed.dense import DenseLayout, rank_groups, split_linears
 from ngra.distributed.gradsync import GradientSync
-from ngra.distributed.launch import init_process_group, launch
-from ngra.memstat import mapped_from, peak_rss_bytes, release_large_frees
+from ngra.distributed.launch import in_worker, init_process_group, launch
+from ngra.distributed.link import link_model
+from ngra.distributed.shards import build_shards, load_shard, shards_current
+from ngra.kernels import dropout_rows
+from ngra.memstat import (io_read_bytes, mapped_from, peak_rss_bytes, release_large_frees,
+                          rss_bytes)
+from ngra.runtime.budget import memory_budget
+from ngra.runtime.explain import explain
+from ngra.training.config import TrainConfig
+from ngra.training.data import as_dataset, fingerprint, prepare_dataset
+from ngra.training.loop import fit_runs, grid_report
+from ngra.training.model_source import call_model
 
-__all__ = ["RankSession", "partition_for", "prepare_shards", "run_rank", "train_distributed"]
+__all__ = ["RankSession", "prepare_shards", "run_rank", "train_distributed"]
 
 log = logging.getLogger(__name__)
-
-#: The METIS seed of on-the-fly books (independent of --seed, so one book serves all runs).
-BOOK_SEED = 0
 
 #: A rank maps allocations of this size and more (see the module docstring).
 RANK_LARGE_FREE_BYTES = 8 << 20
 
 
-def train_distributed(cfg: Any, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """``ngra train`` over ``cfg.nprocs`` ranks (or, inside ``torchrun``, as one of them)."""
-    from ngra.distributed.launch import in_worker
-
+def train_distributed(cfg: TrainConfig, load: Callable[[], tuple[Any, dict[str, Any]]],
+                      echo: Callable[[str], None] | None = None
+                      ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
+    """``cfg`` over ``cfg.nprocs`` ranks (or, inside ``torchrun``, as one of them):
+    ``load()`` gives the prepared dataset and the checkpoint metadata (called once, by the
+    launching process or torchrun's rank 0). Returns rank 0's ``(summary, selected
+    weights, metadata)`` (the weights and metadata ``None`` on other torchrun ranks)."""
     if in_worker():
-        return _torchrun_rank(cfg, echo)
-    folder = prepare_shards(cfg)
+        return _torchrun_rank(cfg, load, echo)
+    ds, meta = load()
+    folder = prepare_shards(cfg, ds)
+    del ds
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.nprocs)
-    results = launch(_rank_main, cfg.nprocs, cfg, str(folder), timeout_s=cfg.dist_timeout,
-                     threads=threads, device=_device(cfg))
-    summary = results[0]
-    if echo is not None and cfg.explain and "explain" in summary:
+    results = launch(_rank_main, cfg.nprocs, cfg, str(folder), meta,
+                     timeout_s=cfg.dist_timeout, threads=threads, device=_device(cfg))
+    summary, state = results[0]
+    if echo is not None and cfg.explain and summary.get("explain"):
         echo(summary["explain"])
-    return summary
+    return summary, state, meta
 
 
-def _device(cfg: Any) -> str:
-    return "cuda" if str(getattr(cfg, "device", "cpu")).startswith("cuda") else "cpu"
+def _device(cfg: TrainConfig) -> str:
+    return "cuda" if str(cfg.device).startswith("cuda") else "cpu"
 
 
-def _rank_main(cfg: Any, folder: str) -> dict[str, Any] | None:
-    summary = run_rank(cfg, Path(folder))
-    return summary if dist.get_rank() == 0 else None
+def _rank_main(cfg: TrainConfig, folder: str, meta: dict[str, Any]) -> Any:
+    summary, model = run_rank(cfg, Path(folder), meta)
+    if dist.get_rank() != 0:
+        return None
+    return summary, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
-def _torchrun_rank(cfg: Any, echo: Callable[[str], None] | None) -> dict[str, Any]:
+def _torchrun_rank(cfg: TrainConfig, load: Callable[[], tuple[Any, dict[str, Any]]],
+                   echo: Callable[[str], None] | None) -> tuple[dict[str, Any], Any, Any]:
     init_process_group(timeout_s=cfg.dist_timeout, device=_device(cfg))
     rank, k = dist.get_rank(), dist.get_world_size()
     if cfg.nprocs not in (1, k):
         raise ValueError(f"--nprocs {cfg.nprocs} disagrees with torchrun's {k} processes; "
                          "leave --nprocs out under torchrun.")
     cfg.nprocs = k
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     box: list[Any] = [None]
     if rank == 0:
         try:
-            box[0] = str(prepare_shards(cfg))
+            ds, meta = load()
+            box[0] = (str(prepare_shards(cfg, ds)), meta)
+            del ds
         except Exception as exc:  # every rank must hear of it, not wait for a timeout
             box[0] = exc
     dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], Exception):
         raise box[0]
+    folder, meta = box[0]
     try:
-        summary = run_rank(cfg, Path(box[0]))
+        summary, model = run_rank(cfg, Path(folder), meta)
     except BaseException as exc:
         # name this rank and leave at once: a teardown can block on peers in a collective
         sys.stderr.write(f"ngra train: rank {rank} of {k}: error: {type(exc).__name__}: "
@@ -124,79 +143,43 @@ def _torchrun_rank(cfg: Any, echo: Callable[[str], None] | None) -> dict[str, An
         sys.stderr.flush()
         os._exit(1)
     dist.destroy_process_group()
-    if rank == 0 and echo is not None and cfg.explain and "explain" in summary:
+    if rank == 0 and echo is not None and cfg.explain and summary.get("explain"):
         echo(summary["explain"])
-    return summary
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()} if rank == 0 else None
+    return summary, state, meta if rank == 0 else None
 
 
-# ---------------------------------------------------------------- partition and shards
-def partition_for(cfg: Any, ds: Any, parts: int | None = None) -> tuple[Any, Path]:
-    """``(book, folder)`` for this run: ``--partition DIR`` checked against the dataset, or
-    the cached book of the dataset, ``parts`` (default ``--nprocs``; a plan's data degree)
-    and ``--partition-method`` (rebuilt when missing, damaged or stale)."""
-    from ngra.datasets.cache import cache_key, cache_root
-    from ngra.datasets.base import data_root
-    from ngra.partition import BookError, build_book, check_book, load_book, save_book
-
-    spec = ds.info.get("spec", cfg.dataset)
-    parts = cfg.nprocs if parts is None else parts
-    if cfg.partition:
-        folder = Path(cfg.partition)
-        book = load_book(folder)
-        check_book(book, ds.graph, spec, where=f"the partition book in {folder}")
-        if book.num_parts != parts:
-            what = ("--nprocs is" if parts == cfg.nprocs
-                    else f"the plan splits the rows of {cfg.nprocs} processes")
-            raise ValueError(f"the partition book in {folder} has {book.num_parts} parts; "
-                             f"{what} {parts}. Make one with `ngra partition "
-                             f"--dataset {cfg.dataset} --parts {parts}`.")
-        return book, folder
-    name = (f"{cache_key(spec)}-{cfg.reorder}-{cfg.partition_method}-k{parts}"
-            f"-s{BOOK_SEED}")
-    folder = cache_root(data_root(cfg.data_root)) / "partitions" / name
-    try:
-        book = load_book(folder)
-        check_book(book, ds.graph, spec)
-        return book, folder
-    except FileNotFoundError:
-        pass
-    except BookError as exc:
-        log.info("rebuilding the cached partition book: %s", exc)
-    book = build_book(ds.graph, parts, cfg.partition_method, BOOK_SEED, spec=spec)
-    save_book(book, folder)
-    log.info("partition book cached in %s:\n%s", folder, book.describe())
-    return book, folder
-
-
-def prepare_shards(cfg: Any) -> Path:
-    """Load and check the dataset, take the partition book, and make sure every rank's
-    shard for ``cfg.model`` is written; returns the shards' folder."""
-    from ngra.datasets import check_trainable, load
-    from ngra.datasets.base import writable
-    from ngra.distributed.shards import build_shards, prep_key, shards_current
-    from ngra.fit import prepare_dataset
-
-    ds = load(cfg.dataset, root=cfg.data_root)
-    check_trainable(ds, cfg.dataset)
+# ---------------------------------------------------------------- shards
+def prepare_shards(cfg: TrainConfig, ds: Any = None) -> Path:
+    """Check that ``cfg.nprocs`` ranks can share the prepared dataset ``ds`` (default:
+    ``cfg.dataset`` loaded and prepared as a run does), take the partition book, and
+    make sure every rank's shard for ``cfg``'s model is written; returns the shards'
+    folder."""
+    if ds is None:
+        ds = prepare_dataset(as_dataset(cfg.dataset, root=cfg.data_root), reorder=cfg.reorder,
+                             seed=cfg.seed, normalize=cfg.resolved()["normalize_features"])
     if cfg.nprocs > ds.graph.num_nodes:
-        raise ValueError(f"--nprocs {cfg.nprocs} is more processes than {cfg.dataset} has "
-                         f"vertices ({ds.graph.num_nodes}); use at most {ds.graph.num_nodes}.")
-    ds = prepare_dataset(cfg, ds)
+        raise ValueError(f"--nprocs {cfg.nprocs} is more processes than {cfg.dataset_name} "
+                         f"has vertices ({ds.graph.num_nodes}); use at most "
+                         f"{ds.graph.num_nodes}.")
+    source = cfg.source
     # shards of row-normalized features apart from raw ones (each rebuilt only when stale)
-    key = prep_key(cfg.model) + ("+rownorm" if cfg.resolved()["normalize_features"] else "")
+    key = source.prep_key() + ("+rownorm" if cfg.resolved()["normalize_features"] else "")
     parts = DenseLayout.of(cfg).data  # the plan's row partitions (default: --nprocs)
-    book, folder = partition_for(cfg, ds, parts)
+    spec = ds.info.get("spec") or f"memory:{fingerprint(ds)}"
+    book, folder = partition_for(
+        ds, parts, spec=spec, book_dir=cfg.partition, method=cfg.partition_method,
+        reorder=cfg.reorder, data_root=cfg.data_root,
+        asked=None if parts == cfg.nprocs
+        else f"the plan splits the rows of {cfg.nprocs} processes")
     shards = folder / "shards" / key
     if not writable(folder):
-        from ngra.datasets.cache import cache_root
-        from ngra.datasets.base import data_root
-
         shards = (cache_root(data_root(cfg.data_root)) / "partitions" / "shards"
                   / f"{book.fingerprint[:16]}-{parts}-{key}")
-    if not shards_current(shards, ds, cfg.model, book):
+    if not shards_current(shards, ds, source, book):
         if shards.exists():
             shutil.rmtree(shards)
-        build_shards(ds, cfg.model, book, shards, progress=cfg.progress)
+        build_shards(ds, source, book, shards, progress=cfg.progress)
     return shards
 
 
@@ -219,11 +202,10 @@ class RankSession:
         self.sync = GradientSync(model.parameters(), group=group, traffic=shard.graph.traffic)
         self.sync.broadcast_parameters()
         self.steps: list[dict[str, int]] = []
+        self.resident = rss_bytes()  # the shard loaded: this rank's data in memory
+        self.read_start = io_read_bytes()
 
     def context(self) -> Any:
-        from ngra.kernels import dropout_rows
-        from ngra.runtime.budget import memory_budget
-
         stack = contextlib.ExitStack()
         stack.enter_context(dropout_rows(self.shard.row_ids))
         if self.budget:
@@ -251,7 +233,7 @@ class RankSession:
         same figures, hence the same early-stop decision, on every rank)."""
         self.model.eval()
         with self.context():
-            logits = self.model(self.graph, self.x, self.edge_data)
+            logits = call_model(self.model, self.graph, self.x, self.edge_data)
         pred = logits.argmax(-1)
         names = list(self.masks)
         val = self.masks["val"]
@@ -265,9 +247,6 @@ class RankSession:
         return acc, sums[-1] / self.sizes["val"] if self.sizes["val"] else float("nan")
 
     def explain(self) -> str:
-        from ngra.runtime.explain import explain
-        from ngra.fit import grid_report
-
         with self.context():
             plans = explain(self.model, self.graph, self.x, self.edge_data)
             if self.budget:
@@ -284,6 +263,8 @@ class RankSession:
         step = self.steps[-1] if self.steps else {}
         mine = {"bytes": {**step, "total": sum(step.values())},
                 "peak_rss_mb": peak_rss_bytes() / 2**20,
+                "resident_mb": self.resident / 2**20,
+                "disk_read_mb": (io_read_bytes() - self.read_start) / 2**20,
                 "peak_device_mb": (torch.cuda.max_memory_allocated() / 2**20
                                    if self.x.is_cuda else None),
                 "epoch_time_s": statistics.median(times) if times else float("nan"),
@@ -302,6 +283,9 @@ class RankSession:
             "partition_stats": self.shard.meta["stats"],  # the cost model's inputs
             "peak_rss_mb_per_rank": [e["peak_rss_mb"] for e in everyone],
             "peak_rss_mb": max(e["peak_rss_mb"] for e in everyone),
+            "resident_mb": max(e["resident_mb"] for e in everyone),  # the largest rank's
+            "disk_read_mb": sum(e["disk_read_mb"] for e in everyone),
+            "placement": f"{self.x.device}: {self.world} processes, the graph partitioned",
             **({"peak_device_mb_per_rank": [e["peak_device_mb"] for e in everyone]}
                if self.x.is_cuda else {}),
             "epoch_time_s_per_rank": [e["epoch_time_s"] for e in everyone],
@@ -312,13 +296,10 @@ class RankSession:
         }
 
 
-def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
-    """Train on this rank's shard (the default group initialized); returns the summary."""
-    from ngra.distributed.link import link_model
-    from ngra.distributed.shards import load_shard
-    from ngra.models import build_model
-    from ngra.fit import fit_runs
-
+def run_rank(cfg: TrainConfig, folder: Path,
+             meta: dict[str, Any] | None = None) -> tuple[dict[str, Any], torch.nn.Module]:
+    """Train on this rank's shard (the default group initialized); returns the summary and
+    the model (holding the selected weights). ``meta`` goes into checkpoints."""
     rank = dist.get_rank()
     release_large_frees(RANK_LARGE_FREE_BYTES)  # a peak bounded over epochs
     device = _device(cfg)
@@ -330,15 +311,14 @@ def run_rank(cfg: Any, folder: Path) -> dict[str, Any]:
     if device == "cuda":  # NCCL: this rank's GPU (launch set it from LOCAL_RANK)
         shard = shard.to(torch.device("cuda", torch.cuda.current_device()))
     resolved = cfg.resolved()
-    meta = shard.meta
+    sizes = shard.meta
 
     def session(seed: int) -> RankSession:  # one run's model, seeded by fit_runs
-        model = build_model(cfg.model, meta["num_features"], meta["num_classes"],
-                            hidden=resolved["hidden"], heads=resolved["heads"],
-                            num_layers=cfg.num_layers, num_edge_types=meta["num_edge_types"],
-                            dropout=resolved["dropout"],
-                            attention_dropout=resolved["attention_dropout"])
+        model = cfg.source.build(sizes["num_features"], sizes["num_classes"], hyper=resolved,
+                                 num_layers=resolved["num_layers"] if cfg.source.zoo
+                                 else cfg.num_layers,
+                                 num_edge_types=sizes["num_edge_types"])
         model = split_linears(model.to(shard.x.device), layout, groups.tp)
         return RankSession(model, shard, cfg.memory_budget, groups.gradients, layout)
 
-    return fit_runs(cfg, session)
+    return fit_runs(cfg, session, meta=meta)

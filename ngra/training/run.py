@@ -1,18 +1,14 @@
-"""Full-graph node-classification training: ``train(TrainConfig(...))``, ``ngra train``.
+"""One training run from a :class:`~ngra.training.config.TrainConfig`: what ``ngra train``
+and :func:`ngra.fit` both call.
 
-``train`` loads the dataset, builds the zoo model, trains full-graph for ``epochs``
-epochs (tqdm progress) with :func:`ngra.fit.fit`, keeps the weights with the best
-validation accuracy, and returns (and optionally writes as JSON) a summary with
-``test_acc``, ``val_acc``, ``epochs``, ``epoch_time_s`` (median), ``peak_rss_mb`` and the
-resolved ``config``. Several seeds (``runs``), early stop (``patience``), checkpoints,
-resuming and the divergence check: see :mod:`ngra.fit`.
-Nothing runs on meaningless input: before training the configuration
-(:func:`check_config`, :func:`check_run_files`) and the dataset
-(:func:`ngra.datasets.check_trainable`, :func:`check_predictions_vary`) are checked.
-
-With ``nprocs > 1`` (or inside ranks started by ``torchrun``) the run is spread over
-processes holding a partitioned graph (:mod:`ngra.distributed.trainer`), the same loop
-on every rank.
+:func:`run` resolves the model (:class:`~ngra.training.model_source.ModelSource`) and the
+data (:func:`~ngra.training.data.as_dataset`), checks both before training (the
+configuration, the files it will write, the data's trainability, a user model's output
+shape, and for several processes that the model runs on a part of the graph), then trains
+on one process (a :class:`~ngra.training.loop.Session` per seed, placed on the device by
+:mod:`ngra.runtime.placement`) or on ``nprocs`` ranks (:mod:`ngra.training.ranks`), and
+returns an :class:`Outcome`: the JSON summary (:mod:`ngra.training.summary`'s schema) and
+the trained model with its selected weights.
 """
 
 from __future__ import annotations
@@ -20,129 +16,249 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch import nn
 
+from ngra.distributed.launch import in_worker
 from ngra.errors import DatasetError
-from ngra.fit import (EarlyStop, Session, check_finite, evaluate, fit_runs, grid_report,
-                      normalize_features, prepare_dataset, reorder_dataset,
-                      resume_from_checkpoint)
 from ngra.memstat import rss_bytes
-from ngra.models import HYPER_PARAMETERS, MODELS, build_model, hyper_parameters, prepare
 from ngra.partition import parse_bytes
+from ngra.planner.zoo import training_plan
 from ngra.runtime.placement import (Placement, move_to, plan_placement, resident_bytes,
                                     resolve_device)
+from ngra.training.config import TrainConfig, check_config, check_run_files, describe_run
+from ngra.training.data import as_dataset, fingerprint, prepare_dataset
+from ngra.training.loop import Session, fit_runs
+from ngra.training.model_source import ModelSource, call_model
+from ngra.training.ranks import train_distributed
 
-__all__ = ["TrainConfig", "EarlyStop", "train", "check_config", "check_finite",
-           "check_predictions_vary", "check_run_files", "describe_run", "evaluate",
-           "grid_report", "normalize_features", "reorder_dataset", "resume_from_checkpoint"]
+__all__ = ["Outcome", "check_model_output", "check_partitionable", "check_predictions_vary",
+           "run", "train"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class TrainConfig:
-    """One training run. Every CLI flag of ``ngra train`` maps to one field.
+class Outcome:
+    """What a run leaves: its JSON ``summary`` and its ``model`` holding the selected
+    weights (of the run with the best validation accuracy among several seeds)."""
 
-    ``None`` hyper-parameters take the model's defaults (``ngra.models.MODELS``, sources in
-    :func:`ngra.models.defaults_table`); a value for a setting the model has not (``heads``
-    for GCN) or out of range (``hidden=0``) is refused by :meth:`resolved`.
-    ``normalize_features=None`` takes the model's (``ModelSpec.normalize_features``).
-    ``runs``: seeds ``seed .. seed + runs - 1``; ``patience``: early stop (``None``: off).
-    """
-
-    model: str = "gcn"
-    dataset: str = "sbm"
-    epochs: int = 200
-    seed: int = 0
-    hidden: int | None = None
-    heads: int | None = None
-    num_layers: int = 2
-    lr: float | None = None
-    weight_decay: float | None = None
-    dropout: float | None = None
-    attention_dropout: float | None = None
-    normalize_features: bool | None = None
-    runs: int = 1
-    patience: int | None = None
-    data_root: str | None = None
-    out: str | None = None
-    checkpoint: str | None = None
-    checkpoint_every: int = 10
-    resume: bool = False
-    threads: int | None = None
-    progress: bool = True
-    explain: bool = False
-    memory_budget: str | None = None
-    reorder: str = "none"
-    device: str = "cpu"
-    cuda_graphs: str = "auto"
-    nprocs: int = 1
-    exchange: str = "auto"
-    partition: str | None = None
-    partition_method: str = "metis"
-    dist_timeout: float = 300.0
-    storage: str = "memory"
-    plan: str | None = None
-    #: entries the run adds to its JSON summary (the dense layers' plan); not configuration
-    extra: dict = field(default_factory=dict)
-
-    def hyper_parameters(self) -> dict[str, Any]:
-        """``{name: Hyper(value, source) or None}`` (see :func:`ngra.models.hyper_parameters`)."""
-        return hyper_parameters(self.model, **{k: getattr(self, k) for k in HYPER_PARAMETERS})
-
-    def resolved(self) -> dict[str, Any]:
-        """Every field, hyper-parameters filled in from the model's defaults."""
-        d = asdict(self)
-        del d["extra"]
-        d.update({k: h and h.value for k, h in self.hyper_parameters().items()})
-        spec = MODELS[self.model]
-        d["weight_decay_on"] = "first layer" if spec.decay_first_layer_only else "every layer"
-        if self.normalize_features is None:
-            d["normalize_features"] = spec.normalize_features
-        return d
+    summary: dict[str, Any]
+    model: nn.Module | None
+    meta: dict[str, Any]
 
 
-def describe_run(cfg: TrainConfig) -> str:
-    """The hyper-parameters a run uses and where each comes from (printed at its start)."""
-    hp = {k: h for k, h in cfg.hyper_parameters().items() if h is not None}
-    given = [k for k, h in hp.items() if h.source == "given"]
-    sources = sorted({h.source for h in hp.values() if h.source != "given"})
-    values = " ".join(f"{k}={h.value:g}" for k, h in hp.items())
-    lines = [f"ngra train {cfg.model} on {cfg.dataset}: {values} num_layers={cfg.num_layers} "
-             f"epochs={cfg.epochs} seed={cfg.seed}"]
-    if given:
-        lines.append(f"  given: {', '.join(given)}")
-    lines += [f"  model default: {', '.join(k for k, h in hp.items() if h.source == src)} "
-              f"from {src}" for src in sources]
-    return "\n".join(lines)
+def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train per ``cfg``; the JSON summary (also written to ``cfg.out``)."""
+    return run(cfg, echo).summary
 
 
-def check_run_files(cfg: TrainConfig) -> None:
-    """Fail before training, not after it, on checkpoint and output settings that cannot work."""
-    if cfg.checkpoint_every < 1:
-        raise ValueError(f"--checkpoint-every must be >= 1 (epochs); got {cfg.checkpoint_every}.")
-    if cfg.threads is not None and cfg.threads < 1:
-        raise ValueError(f"--threads must be >= 1; got {cfg.threads}.")
-    if cfg.resume and not cfg.checkpoint:
-        raise ValueError("--resume needs --checkpoint DIR (the folder the run saved to).")
-    if cfg.checkpoint and Path(cfg.checkpoint).exists() and not Path(cfg.checkpoint).is_dir():
-        raise ValueError(f"--checkpoint {cfg.checkpoint} is a file; it must name a folder.")
-    if cfg.out and Path(cfg.out).is_dir():
-        raise ValueError(f"--out {cfg.out} is a folder; it must name the JSON file to write.")
-    for folder in (Path(cfg.out).parent if cfg.out else None, cfg.checkpoint):
-        if folder is None:
-            continue
-        Path(folder).mkdir(parents=True, exist_ok=True)  # raises a clear OSError if it cannot
-        if not os.access(folder, os.W_OK):
-            raise PermissionError(f"cannot write to {folder} (--out / --checkpoint).")
+def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
+    """Train per ``cfg`` (module docstring). ``echo`` gets the run's header and, with
+    ``cfg.explain``, the compiled plans (default: logged at INFO). The summary is also
+    written to ``cfg.out``."""
+    say = echo or log.info
+    check_config(cfg)
+    check_run_files(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    main = os.environ.get("RANK", "0") == "0"  # not another torchrun rank
+    several = cfg.nprocs > 1 or in_worker()
+    if cfg.plan is not None and in_worker():
+        raise ValueError("--plan is not supported under torchrun; start the processes "
+                         "with ngra train --nprocs K --plan ...")
+    loaded: dict[str, Any] = {}
+    given, label = cfg, cfg.dataset_name
+
+    def load() -> tuple[Any, dict[str, Any]]:
+        """The prepared dataset and the checkpoint metadata (once, by one process)."""
+        budget = parse_bytes(given.memory_budget) if given.memory_budget else None
+        ds = as_dataset(given.dataset, root=given.data_root, storage=given.storage,
+                        budget=budget)
+        synthesized = list(ds.info.get("synthesized", []))
+        log.info("ngra train config: %s", json.dumps(given.resolved(), sort_keys=True,
+                                                     default=str))
+        say(describe_run(given, synthesized))
+        ds = prepare_dataset(ds, reorder=given.reorder, seed=given.seed,
+                             normalize=given.resolved()["normalize_features"])
+        if several and not given.source.zoo:
+            check_partitionable(given, ds)
+        loaded["about"] = {"reciprocity": ds.reciprocity, "dataset_summary": ds.summary(),
+                           "synthesized": synthesized}
+        return ds, _meta(given, ds, label)
+
+    if not several:
+        ds, meta = load()
+        outcome = _train_here(cfg, ds, echo, meta, loaded["about"])
+    else:
+        cfg = replace(cfg, dataset=label)  # ranks get its name, not data held in memory
+        if cfg.plan is not None:
+            cfg = replace(cfg, extra={**cfg.extra, "plan": training_plan(cfg)})
+            say(f"dense layers: plan {cfg.extra['plan']['used']['label']} (--plan {cfg.plan})")
+        summary, state, meta = train_distributed(cfg, load, echo)
+        model = None
+        if main:
+            summary.update(loaded.get("about", {}), device=str(cfg.device), storage="memory")
+            for r in summary["results"] or []:
+                r.update(loaded.get("about", {}), device=str(cfg.device), storage="memory")
+            if state is not None and (cfg.source.kind != "factory" or cfg.source.importable
+                                      or callable(cfg.source.factory)):
+                model = _build(cfg, _Sizes(meta))
+                model.load_state_dict(state)
+        outcome = Outcome(summary, model, meta or {})
+    if cfg.out and main:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(outcome.summary, indent=2) + "\n")
+    return outcome
+
+
+def _meta(cfg: TrainConfig, ds: Any, label: str) -> dict[str, Any]:
+    """What a checkpoint keeps to rebuild the model and say what it was trained on."""
+    r = cfg.resolved()
+    return {"model": cfg.source.record(),
+            "factory_kwargs": ModelSource.factory_kwargs(
+                {k: r[k] for k in ("hidden", "heads", "dropout", "attention_dropout")},
+                None if r["num_layers"] is None or cfg.source.zoo else r["num_layers"]),
+            "hyper": {k: r[k] for k in ("hidden", "heads", "dropout", "attention_dropout",
+                                        "lr", "weight_decay", "num_layers")},
+            "num_features": ds.num_features, "num_classes": ds.num_classes,
+            "num_edge_types": ds.num_edge_types,
+            "normalize_features": bool(r["normalize_features"]),
+            "task": cfg.task,
+            "dataset": {"name": label, "fingerprint": fingerprint(ds),
+                        "num_nodes": ds.num_nodes, "num_edges": ds.num_edges}}
+
+
+def _build(cfg: TrainConfig, ds: Any) -> nn.Module:
+    r = cfg.resolved()
+    return cfg.source.build(ds.num_features, ds.num_classes, hyper=r,
+                            num_layers=cfg.num_layers if not cfg.source.zoo else r["num_layers"],
+                            num_edge_types=ds.num_edge_types)
+
+
+def _train_here(cfg: TrainConfig, ds: Any, echo: Callable[[str], None] | None,
+                meta: dict[str, Any], about: dict[str, Any]) -> Outcome:
+    device = resolve_device(cfg.device)
+    source = cfg.source
+    graph, edge_data = source.prepare(ds.graph, ds.edge_type, ds.num_edge_types)
+    num_nodes, num_edges = ds.graph.num_nodes, ds.graph.num_edges
+    if graph is not ds.graph:  # the model's graph replaces the dataset's: one copy alive
+        ds = replace(ds, graph=graph, edge_type=None, num_edge_types=1)
+    masks = {"train": ds.train_mask, "val": ds.val_mask, "test": ds.test_mask}
+    about["resident_mb"] = rss_bytes() / 2**20  # data in memory (or mapped) and prepared
+    about["storage"] = ds.info.get("storage", "memory")
+
+    def session(seed: int) -> Session:  # one run's model, seeded by fit_runs
+        model = _build(cfg, _Sizes(meta))
+        if not source.zoo:
+            check_model_output(model, graph, ds.x, edge_data, ds.num_classes, source.name)
+        placement = _placement(device, cfg, graph, ds.x, model,
+                               [ds.y, edge_data, *masks.values()])
+        log.info("placement: %s", placement.describe())
+        g, x, y, e, m = graph, ds.x, ds.y, edge_data, masks
+        if device.type == "cuda" and placement.resident:
+            g, x, y, e, model = move_to(device, g, x, y, e, model)
+            m = dict(zip(m, move_to(device, *m.values())))
+        elif device.type == "cuda":  # streaming: the parameters live on the device
+            (model,) = move_to(device, model)
+        check_predictions_vary(model, g, x, e, cfg.model_name, cfg.dataset_name)
+        return Session(model, g, x, e, y, m, cfg.memory_budget, num_nodes, num_edges,
+                       device, placement, about)
+
+    summary, best = fit_runs(cfg, session, echo, meta=meta)
+    return Outcome(summary, best, meta)
+
+
+@dataclass
+class _Sizes:
+    """The sizes :func:`_build` reads, from a run's metadata."""
+
+    meta: dict[str, Any]
+
+    @property
+    def num_features(self) -> int:
+        return self.meta["num_features"]
+
+    @property
+    def num_classes(self) -> int:
+        return self.meta["num_classes"]
+
+    @property
+    def num_edge_types(self) -> int:
+        return self.meta["num_edge_types"]
 
 
 @torch.no_grad()
-def check_predictions_vary(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
+def check_model_output(model: nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
+                       num_classes: int, name: str) -> None:
+    """Fail before training when ``model`` does not give ``[N, num_classes]`` scores."""
+    was = model.training
+    model.eval()
+    try:
+        out = call_model(model, graph, x, edge_data)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"model {name} fails on the data before training: {exc}") from exc
+    finally:
+        model.train(was)
+    want = [graph.num_nodes, num_classes]
+    if not isinstance(out, torch.Tensor) or list(out.shape) != want or not out.is_floating_point():
+        got = (f"a {type(out).__name__}" if not isinstance(out, torch.Tensor)
+               else f"{out.dtype} {list(out.shape)}")
+        raise ValueError(f"model {name} must return class scores [num_nodes, num_classes] = "
+                         f"{want} (float) for node classification; it returned {got}.")
+
+
+def check_partitionable(cfg: TrainConfig, ds: Any) -> None:
+    """Fail before several processes start when a user's model cannot train on a part of
+    the graph: a parameter or buffer with one row per vertex of the whole graph, or a
+    forward that fails (or returns other rows) on an induced subgraph of other size, as
+    it would on a rank (e.g. one that adds a tensor held outside the model)."""
+    model = _build(cfg, ds)
+    n = ds.num_nodes
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if n > max(ds.num_features, ds.num_classes) and n in t.shape:
+            raise ValueError(f"model {cfg.model_name} cannot train on {cfg.nprocs} processes: "
+                             f"its {name} {list(t.shape)} holds a row per vertex of the whole "
+                             f"graph ({n}), and each process holds only its part. Train it on "
+                             "one process (nprocs=1).")
+    m = max(1, min(n - 1, 1024))
+    sub, x = _induced_prefix(ds, m)
+    graph, graph_edge = cfg.source.prepare(sub, None, 1)
+    try:
+        with torch.no_grad():
+            model.eval()
+            out = call_model(model, graph, x, graph_edge)
+    except Exception as exc:  # the user's forward may fail in any way
+        raise ValueError(f"model {cfg.model_name} cannot train on {cfg.nprocs} processes: on "
+                         f"a part of the graph ({m} of its {n} vertices, as a process holds) "
+                         f"its forward fails: {type(exc).__name__}: {exc}. A model for several "
+                         "processes must compute from the graph and rows it is given (no "
+                         "tensor sized by the whole graph). Train it on one process.") from None
+    if not isinstance(out, torch.Tensor) or out.shape[0] != m:
+        raise ValueError(f"model {cfg.model_name} cannot train on {cfg.nprocs} processes: on a "
+                         f"part of the graph with {m} vertices it returns "
+                         f"{getattr(out, 'shape', type(out).__name__)}, not {m} rows.")
+
+
+def _induced_prefix(ds: Any, m: int) -> tuple[Any, torch.Tensor]:
+    """The subgraph induced by vertices ``[0, m)`` and their features."""
+    from ngra.graph import Graph
+
+    g = ds.graph
+    ip = g.indptr[:m + 1].to(torch.int64)
+    src = g.indices[:int(ip[-1])].to(torch.int64)
+    dst = torch.repeat_interleave(torch.arange(m), ip[1:] - ip[:-1])
+    keep = src < m
+    return (Graph.from_edge_index(torch.stack([src[keep], dst[keep]]), num_nodes=m),
+            ds.x[:m].clone())
+
+
+@torch.no_grad()
+def check_predictions_vary(model: nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
                            model_name: str, dataset: str) -> None:
     """On a graph with no edges, fail if the model predicts the same for every vertex.
 
@@ -152,7 +268,7 @@ def check_predictions_vary(model: torch.nn.Module, graph: Any, x: torch.Tensor, 
     if graph.num_edges or graph.num_nodes < 2:
         return
     model.eval()
-    out = model(graph, x, edge_data)
+    out = call_model(model, graph, x, edge_data)
     if bool((out == out[:1]).all()):
         raise DatasetError(
             f"{dataset} has no edges, and {model_name} reads a vertex only through its "
@@ -162,10 +278,8 @@ def check_predictions_vary(model: torch.nn.Module, graph: Any, x: torch.Tensor, 
 
 
 def _placement(device: torch.device, cfg: TrainConfig, graph: Any, x: torch.Tensor,
-               model: torch.nn.Module, extra: list[Any]) -> Placement:
+               model: nn.Module, extra: list[Any]) -> Placement:
     """Where this run trains (see :mod:`ngra.runtime.placement`)."""
-    from ngra.partition import parse_bytes
-
     budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
     more = sum(t.numel() * t.element_size() for t in _tensors(extra))
     return plan_placement(device, resident_bytes(graph, x, model, more), budget=budget)
@@ -179,128 +293,3 @@ def _tensors(items: list[Any]) -> list[torch.Tensor]:
         elif isinstance(it, dict):
             out += [v for v in it.values() if isinstance(v, torch.Tensor)]
     return out
-
-
-def train(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Train per ``cfg``; returns the JSON summary (also written to ``cfg.out``).
-
-    With ``cfg.runs = K > 1`` the model trains K times, with seeds ``seed .. seed + K - 1``
-    on the same data (:func:`ngra.fit.fit_runs`).
-
-    With ``cfg.explain`` the compiled plan of every layer is put in the summary
-    (``"explain"``) and handed to ``echo`` (default: logged at INFO) before training.
-    With ``cfg.nprocs > 1`` the run is spread over that many processes
-    (:func:`ngra.distributed.trainer.train_distributed`).
-    """
-    from ngra.datasets import check_trainable, load
-
-    from ngra.distributed.launch import in_worker
-
-    check_config(cfg)
-    check_run_files(cfg)
-    resolved = cfg.resolved()
-    if os.environ.get("RANK", "0") == "0":  # once, not on every torchrun rank
-        log.info("ngra train config: %s", json.dumps(resolved, sort_keys=True))
-        (echo or log.info)(describe_run(cfg))
-    if cfg.plan is not None:
-        from ngra.planner.zoo import training_plan
-
-        if in_worker():
-            raise ValueError("--plan is not supported under torchrun; start the processes "
-                             "with ngra train --nprocs K --plan ...")
-        cfg = replace(cfg, extra={**cfg.extra, "plan": training_plan(cfg)})
-        (echo or log.info)(f"dense layers: plan {cfg.extra['plan']['used']['label']} "
-                           f"(--plan {cfg.plan})")
-    if cfg.nprocs > 1 or in_worker():
-        from ngra.distributed.trainer import train_distributed
-
-        return train_distributed(cfg, echo)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-
-    budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
-    ds = load(cfg.dataset, root=cfg.data_root, storage=cfg.storage, budget=budget)
-    check_trainable(ds, cfg.dataset)
-    ds = prepare_dataset(cfg, ds)
-    about = {"reciprocity": ds.reciprocity, "dataset_summary": ds.summary()}  # the data's graph
-    graph, edge_data = prepare(cfg.model, ds.graph, ds.edge_type, ds.num_edge_types)
-    num_nodes, num_edges, num_edge_types = ds.graph.num_nodes, ds.graph.num_edges, ds.num_edge_types
-    if graph is not ds.graph:  # the model's graph replaces the dataset's: one copy alive
-        ds = replace(ds, graph=graph, edge_type=None, num_edge_types=1)
-    masks = {"train": ds.train_mask, "val": ds.val_mask, "test": ds.test_mask}
-    about["resident_mb"] = rss_bytes() / 2**20  # data in memory (or mapped) and prepared
-    about["storage"] = ds.info.get("storage", "memory")
-
-    def session(seed: int) -> Session:  # one run's model, seeded by fit_runs
-        model = build_model(cfg.model, ds.x.shape[1], ds.num_classes, hidden=resolved["hidden"],
-                            heads=resolved["heads"], num_layers=cfg.num_layers,
-                            num_edge_types=num_edge_types, dropout=resolved["dropout"],
-                            attention_dropout=resolved["attention_dropout"])
-        placement = _placement(device, cfg, graph, ds.x, model,
-                               [ds.y, edge_data, *masks.values()])
-        log.info("placement: %s", placement.describe())
-        g, x, y, e, m = graph, ds.x, ds.y, edge_data, masks
-        if device.type == "cuda" and placement.resident:
-            g, x, y, e, model = move_to(device, g, x, y, e, model)
-            m = dict(zip(m, move_to(device, *m.values())))
-        elif device.type == "cuda":  # streaming: the parameters live on the device
-            (model,) = move_to(device, model)
-        check_predictions_vary(model, g, x, e, cfg.model, cfg.dataset)
-        return Session(model, g, x, e, y, m, cfg.memory_budget, num_nodes, num_edges,
-                       device, placement, about)
-
-    return fit_runs(cfg, session, echo)
-
-
-def check_config(cfg: TrainConfig) -> None:
-    """Refuse a configuration that cannot run, before any data is loaded."""
-    from ngra.datasets.store import STORAGES
-    from ngra.distributed.cost import STRATEGIES
-    from ngra.partition import BOOK_METHODS
-    from ngra.runtime.cuda_graph import MODES as CUDA_GRAPH_MODES
-
-    if cfg.model not in MODELS:
-        raise ValueError(f"unknown model {cfg.model!r}; choose one of {sorted(MODELS)}.")
-    for name in ("epochs", "runs", "patience"):
-        v = getattr(cfg, name)
-        if name == "patience" and v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"--{name} must be an integer >= 1; got {v!r}."
-                             + (" Leave it out to train every epoch up to --epochs."
-                                if name == "patience" else ""))
-    if isinstance(cfg.nprocs, bool) or not isinstance(cfg.nprocs, int) or cfg.nprocs < 1:
-        raise ValueError(f"--nprocs must be an int >= 1 (processes to train on); "
-                         f"got {cfg.nprocs!r}.")
-    if cfg.exchange not in STRATEGIES:
-        raise ValueError(f"--exchange must be one of {STRATEGIES}; got {cfg.exchange!r}.")
-    if cfg.partition_method not in BOOK_METHODS:
-        raise ValueError(f"--partition-method must be one of {BOOK_METHODS}; "
-                         f"got {cfg.partition_method!r}.")
-    if cfg.plan is not None and cfg.nprocs < 2:
-        raise ValueError(f"--plan {cfg.plan} chooses how --nprocs K processes split the dense "
-                         "layers; give --nprocs 2 or more.")
-    if cfg.plan not in (None, "auto") and not Path(cfg.plan).is_file():
-        raise ValueError(f"--plan {cfg.plan}: expected auto or a plans file (ngra plan --out "
-                         "FILE); no such file.")
-    if not cfg.dist_timeout > 0:
-        raise ValueError(f"--dist-timeout must be > 0 seconds; got {cfg.dist_timeout}.")
-    if cfg.cuda_graphs not in CUDA_GRAPH_MODES:
-        raise ValueError(f"--cuda-graphs must be one of {CUDA_GRAPH_MODES}; "
-                         f"got {cfg.cuda_graphs!r}.")
-    if cfg.cuda_graphs == "on":
-        why = ("it runs on the CPU" if not str(cfg.device).startswith("cuda") else
-               "--memory-budget tiles the graph on a grid chosen at run time"
-               if cfg.memory_budget else
-               "--nprocs all-reduces gradients between backward and the optimizer step"
-               if cfg.nprocs > 1 else None)
-        if why is not None:
-            raise ValueError(f"--cuda-graphs on captures a device-resident training step in "
-                             f"a CUDA graph, and this run cannot have one: {why}. Use "
-                             "--cuda-graphs auto (or off).")
-    if cfg.storage not in STORAGES:
-        raise ValueError(f"--storage must be one of {STORAGES}; got {cfg.storage!r}.")
-    if cfg.storage != "memory" and cfg.nprocs > 1:
-        raise ValueError(f"--storage {cfg.storage} trains one process from the dataset cache; "
-                         "with --nprocs each rank reads its own shard into memory. Drop one.")

@@ -67,13 +67,13 @@ def train_configs(jobs: list) -> list:
     import contextlib
     from pathlib import Path
 
-    from ngra.distributed.trainer import run_rank
+    from ngra.training.ranks import run_rank
     from ngra.runtime.budget import grid_shape
 
     out = []
     for cfg, folder, *shape in jobs:
         with grid_shape(*shape[0]) if shape else contextlib.nullcontext():
-            summary = run_rank(cfg, Path(folder))
+            summary, _ = run_rank(cfg, Path(folder))
         out.append(summary)
     return out if dist.get_rank() == 0 else None
 
@@ -162,7 +162,7 @@ def train_and_inspect(jobs: list) -> list:
     from pathlib import Path
 
     from ngra.distributed import dense
-    from ngra.distributed.trainer import run_rank
+    from ngra.training.ranks import run_rank
 
     seen: dict[str, tuple[int, ...]] = {}
     real = dense.split_linears
@@ -175,14 +175,14 @@ def train_and_inspect(jobs: list) -> list:
         return out
 
     dense.split_linears = spy
-    import ngra.distributed.trainer as trainer
+    import ngra.training.ranks as trainer
 
     trainer.split_linears = spy
     out = []
     try:
         for cfg, folder in jobs:
             seen.clear()
-            summary = run_rank(cfg, Path(folder))
+            summary, _ = run_rank(cfg, Path(folder))
             out.append((summary, dict(seen)))
     finally:
         dense.split_linears = trainer.split_linears = real

@@ -17,8 +17,9 @@ import torch
 import dist_ranks
 from ngra.distributed import launch
 from ngra.distributed.dense import DenseLayout
-from ngra.distributed.trainer import prepare_shards
-from ngra.train import TrainConfig, train
+from ngra.training.ranks import prepare_shards
+from ngra.training import TrainConfig
+from ngra.training.run import train
 
 SPEC = "sbm:nodes=400"
 EPOCHS = 4

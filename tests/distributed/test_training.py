@@ -19,8 +19,9 @@ import torch
 
 import dist_ranks
 from ngra.distributed import DistributedError, launch
-from ngra.distributed.trainer import prepare_shards
-from ngra.train import TrainConfig, train
+from ngra.training.ranks import prepare_shards
+from ngra.training import TrainConfig
+from ngra.training.run import train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 

@@ -17,7 +17,8 @@ import sys
 import torch
 
 from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
-from ngra.train import TrainConfig, train
+from ngra.training import TrainConfig
+from ngra.training.run import train
 
 
 def main() -> None:

@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Units whose folder does not exist (yet) are skipped.
 LAYERS = (
     "ngra.errors",  # the exception types everything raises; imports nothing of ngra
-    "ngra.checkpoint",  # checkpoint files (torch and ngra.errors only)
     "ngra._compat",
     "ngra.memstat",
     "ngra.calibration",  # where measured machine figures are cached (stdlib only)
@@ -45,10 +44,9 @@ LAYERS = (
     "ngra.saga",
     "ngra",  # the package's __init__: the public names (Graph, SagaLayer, explain, ...)
     "ngra.models",
-    "ngra.fit",  # the training loop over a Session (one process's, or one rank's)
     "ngra.distributed",  # ranks: partitioned graphs (the runtime's Partitioned), their loop
     "ngra.planner",  # uses the link model; the compiler hands it dense stages
-    "ngra.train",
+    "ngra.training",  # a run: config, model source, data, loop, ranks, checkpoints, predict
     "ngra.characterize",
     "ngra.cli",
     "ngra.__main__",

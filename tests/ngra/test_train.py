@@ -10,7 +10,8 @@ import torch
 
 from ngra.cli import main
 from ngra.models import MODELS
-from ngra.train import TrainConfig, train
+from ngra.training import TrainConfig
+from ngra.training.run import train
 
 
 @pytest.mark.parametrize(
@@ -180,7 +181,7 @@ def test_patience_stops_on_a_plateau():
 
 
 def test_patience_rule():
-    from ngra.train import EarlyStop
+    from ngra.training.loop import EarlyStop
 
     p = EarlyStop(2)
     # first, lower loss alone (improves), a tie of both (does not), worse -> stop
@@ -232,7 +233,7 @@ def test_normalize_features_divides_non_negative_rows_by_their_sum(tmp_path):
     from dataclasses import replace
 
     from ngra.datasets import load
-    from ngra.train import normalize_features
+    from ngra.training.data import normalize_features
 
     ds = load("sbm:nodes=60,blocks=2,feat=5")
     assert normalize_features(ds) is ds  # N(0, 1) features: a row sum is no scale

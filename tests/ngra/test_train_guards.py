@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import ngra
-from ngra.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME, load_checkpoint, save_checkpoint
+from ngra.training.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME, load_checkpoint, save_checkpoint
 from ngra.cli import EXIT_BAD_INPUT, EXIT_DIVERGED, main
-from ngra.train import TrainConfig, check_finite, train
+from ngra.training import TrainConfig
+from ngra.training.loop import check_finite
+from ngra.training.run import train
 
 SBM = "sbm:nodes=200,blocks=2,feat=8"
 

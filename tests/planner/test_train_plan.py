@@ -11,7 +11,7 @@ from ngra.cli import main
 from ngra.distributed.link import calibration_path, save_link
 from ngra.planner import load_plans
 from ngra.planner.zoo import runs_in_trainer, training_plan
-from ngra.train import TrainConfig
+from ngra.training import TrainConfig
 
 from planner_cases import make_link
 

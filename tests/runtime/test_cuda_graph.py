@@ -178,7 +178,8 @@ def test_capture_refusal_names_the_reason():
 def test_train_config_and_summary():
     """``--cuda-graphs``: validated before any data is loaded; the summary says why a CPU
     run's step is not captured, or that capture is off."""
-    from ngra.train import TrainConfig, check_config, train
+    from ngra.training.config import TrainConfig, check_config
+    from ngra.training.run import train
 
     with pytest.raises(ValueError, match="--cuda-graphs must be one of"):
         check_config(TrainConfig(cuda_graphs="yes"))
@@ -199,7 +200,8 @@ def test_captured_training_matches_eager_on_cuda():
     """On a GPU: GAT trained with its step replayed from a CUDA graph (``on``: a refusal
     fails the test with its reason) has the eager run's losses, epoch by epoch (no
     dropout: the same arithmetic); with the zoo's dropouts it captures and trains."""
-    from ngra.train import TrainConfig, train
+    from ngra.training import TrainConfig
+    from ngra.training.run import train
 
     def run(mode: str, **kw):
         return train(TrainConfig(model="gat", dataset="sbm:nodes=500", epochs=6,

@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 from ngra import kernels
 from ngra.characterize.workloads import build_ngra, prepare_workload
 from ngra.datasets import load
-from ngra.fit import Session, _device_step
+from ngra.training.loop import Session, _device_step
 
 REPO = Path(__file__).resolve().parents[2]
 OURS = (str(REPO / "ngra") + "/", str(REPO / "kernels") + "/")

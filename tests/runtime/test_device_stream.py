@@ -267,8 +267,8 @@ def test_training_summary_reports_bytes_and_the_transfer_bound(tmp_path, monkeyp
     """ngra's training loop, streamed (the stand-in): the JSON summary gives each epoch's
     bytes each way (those of the schedule's analytic count), the transfer bound and the
     epoch over it."""
-    from ngra.fit import Session, fit
-    from ngra.train import TrainConfig
+    from ngra.training.loop import Session, fit
+    from ngra.training import TrainConfig
 
     monkeypatch.setenv("NGRA_CALIBRATION", str(tmp_path))
     graph, _ = prepare("gcn", _case("random", 9))

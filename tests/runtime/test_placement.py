@@ -93,7 +93,8 @@ def test_cli_device_cuda_without_cuda(command, capsys):
 
 
 def test_train_on_cpu_reports_its_placement(tmp_path):
-    from ngra.train import TrainConfig, train
+    from ngra.training import TrainConfig
+    from ngra.training.run import train
 
     s = train(TrainConfig(model="gcn", dataset="sbm:nodes=200", epochs=2, progress=False,
                           device="cpu"))
@@ -113,7 +114,8 @@ def test_graph_to_moves_arrays_and_reverse_csr():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_resident_training_on_cuda_keeps_everything_on_the_device():
-    from ngra.train import TrainConfig, train
+    from ngra.training import TrainConfig
+    from ngra.training.run import train
 
     s = train(TrainConfig(model="gat", dataset="sbm:nodes=500", epochs=3, progress=False,
                           device="cuda"))
