@@ -77,7 +77,8 @@ class SagaLayer(nn.Module):
             those Linears and no dropped copy of ``x`` is kept (default: 0).
 
     Returns:
-        ``apply_vertex``'s result, ``[N, ...]``.
+        ``apply_vertex``'s result, ``[N, ...]`` (or a dict of such tensors): one row per
+        vertex, else a ``ValueError`` names the layer and the shape that arrived.
     """
 
     gather: str = "sum"

@@ -9,6 +9,7 @@ result per destination.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,7 +22,7 @@ from ngra.graph import EdgeFactors
 if TYPE_CHECKING:  # types only: the runtime builds tiles and runs plans, it is not imported
     from ngra.runtime.tiles import TileView
 
-__all__ = ["GenericPlan"]
+__all__ = ["GenericPlan", "check_vertex_output"]
 
 
 class GenericPlan:
@@ -55,7 +56,9 @@ class GenericPlan:
             return s.outputs(self.accumulator.partial(tile.indptr, msg, drop))
 
     def post(self, x: Any, acc: Any, graph: Any = None) -> Any:
-        return self.layer.apply_vertex(x, acc)
+        out = self.layer.apply_vertex(x, acc)
+        check_vertex_output(type(self.layer).__name__, out, acc)
+        return out
 
     def describe(self) -> list[str]:
         return [
@@ -99,4 +102,27 @@ def _check_messages(layer: Any, msg: Any, num_edges: int) -> None:
             raise ValueError(
                 f"{name}.apply_edge must return one row per edge ([{num_edges}, ...]); "
                 f"got shape {list(m.shape)}."
+            )
+
+
+def check_vertex_output(name: str, out: Any, acc: Any) -> None:
+    """Raise a ``ValueError`` unless ``apply_vertex``'s result ``out`` is a tensor, or a dict
+    of tensors, with one row per vertex: as many rows as the accumulator ``acc`` it was
+    given (the call's destination vertices: all of them, or a streamed column's). Shapes
+    only, no device sync: a wrong row count would otherwise broadcast silently or crash
+    far downstream."""
+    first = next(iter(acc.values()), None) if isinstance(acc, Mapping) else acc
+    rows = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else None
+    n = "N" if rows is None else rows
+    want = (f"{name}.apply_vertex must return one row per vertex ([{n}, ...], as many rows "
+            "as acc), a tensor or a dict of such tensors")
+    parts = out.items() if isinstance(out, Mapping) else ((None, out),)
+    for k, t in parts:
+        field = "" if k is None else f"field {k!r} "
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{want}; got {field}{type(t).__name__}.")
+        if t.dim() == 0 or (rows is not None and t.shape[0] != rows):
+            raise ValueError(
+                f"{want}; got {field}shape {list(t.shape)}. Dim 0 is the vertices: keep it "
+                "whole (reduce, slice or transpose only the feature dims)."
             )

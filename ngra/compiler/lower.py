@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from ngra import kernels
 from ngra.compiler.gather import make_accumulator
-from ngra.compiler.generic import GenericPlan
+from ngra.compiler.generic import GenericPlan, check_vertex_output
 from ngra.compiler.interp import Resolver, apply_sink, evaluate, run_stage
 from ngra.compiler.ir import Node, Op, Program, format_key, format_node, iter_refs
 from ngra.compiler.passes import PassNote
@@ -386,15 +386,17 @@ class CompiledPlan:
         linears, owned = self._vertex_linears or (None, False)
         self._vertex_linears = None
         if not self.program.vertex_rewritten and not linears:
-            return self.resolver.layer.apply_vertex(x, acc)
+            out = self.resolver.layer.apply_vertex(x, acc)
+        else:
+            def inputs(n: Node) -> Any:
+                k = n.attrs["key"]
+                if n.op == Op.ACC:
+                    return acc if k is None else acc[k]
+                return x if k is None else x[k]
 
-        def inputs(n: Node) -> Any:
-            k = n.attrs["key"]
-            if n.op == Op.ACC:
-                return acc if k is None else acc[k]
-            return x if k is None else x[k]
-
-        return run_stage(self.program.vertex, inputs, self.resolver, linears, owned=owned)
+            out = run_stage(self.program.vertex, inputs, self.resolver, linears, owned=owned)
+        check_vertex_output(self.layer_name, out, acc)
+        return out
 
     def _root(self, key: Any) -> int:
         out = self.program.edge.outputs

@@ -144,6 +144,8 @@ def trace_vertex(program: Program, layer: nn.Module, x: Any) -> None:
     conv = _Converter(program, stage, tracer, {"vertex": Op.VERTEX, "acc": Op.ACC},
                       {"vertex": structure_of(x), "acc": acc_keys})
     stage.outputs = conv.run(graph)
+    # anything else runs as written, where the plan's post names it (check_vertex_output)
+    _check_tensors(stage.outputs, f"{type(layer).__name__}.apply_vertex")
     _note_as_written(program, stage, "apply_vertex")
     stage.prune()
     program.vertex = stage
@@ -173,6 +175,10 @@ def _check_messages(program: Program) -> None:
         if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(o, Ref) for o in out)):
             raise TraceFailure(f"{name} must return (score, value) with gather='softmax'")
         return
+    _check_tensors(out, name)
+
+
+def _check_tensors(out: Any, name: str) -> None:
     if isinstance(out, Ref):
         return
     if isinstance(out, dict) and out and all(isinstance(o, Ref) for o in out.values()):

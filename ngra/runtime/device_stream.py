@@ -125,7 +125,7 @@ class _Degrees:
 
 def _post_reads_x(plan: Any) -> bool:
     program = getattr(plan, "program", None)
-    if program is None:  # a generic plan runs apply_vertex(x, acc) as written
+    if program is None or program.vertex is None:  # apply_vertex(x, acc) runs as written
         return True
     return any(n.op == Op.VERTEX for n in program.vertex.nodes.values())
 
@@ -595,7 +595,11 @@ def _probe_rows(plan: Any, graph: Graph, x: Any, edata: Any, device: torch.devic
         acc = rule.finalize(state, deg)
         stats = rule.final_stats(state, acc)
         xd = unflatten(spec, [t.detach() for t in flatten(one)[0]])
-        out = plan.post(xd if _post_reads_x(plan) else None, acc, _Degrees(deg))
+        try:
+            out = plan.post(xd if _post_reads_x(plan) else None, acc, _Degrees(deg))
+        except ValueError as err:  # a wrong result's rows: say why a 1 is expected
+            raise ValueError(f"{err} (This ran on one vertex: device streaming runs a layer's "
+                             "stages on one vertex first, to size its copies.)") from err
         if activation is not None:
             out = activation(out)
     fused = all(kind != "interp" for kind in getattr(plan, "edge_kinds", ("interp",)))
