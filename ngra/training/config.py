@@ -93,6 +93,12 @@ class TrainConfig:
         d = self.dataset
         if isinstance(d, str):
             return d
+        if isinstance(d, dict):
+            return str(d.get("name", "tensors"))
+        if hasattr(d, "ndata"):
+            return "dgl"
+        if hasattr(d, "edge_index") and not hasattr(d, "info"):
+            return "pyg"
         info = getattr(d, "info", None)
         return (info or {}).get("spec") or getattr(d, "name", None) or type(d).__name__
 

@@ -142,8 +142,11 @@ def load_model(directory: str | Path, model: Any = None) -> Predictor:
     elif source.kind == "module":
         net = source.module
     else:
-        net = source.factory(meta["num_features"], meta["num_classes"],
-                             **meta.get("factory_kwargs", {}))
+        kwargs = meta.get("factory_kwargs", {}) if record.get("kind") == "factory" else {}
+        net = source.factory(meta["num_features"], meta["num_classes"], **kwargs)
+        if not isinstance(net, nn.Module):
+            raise TypeError(f"model factory {source.name} returned a {type(net).__name__}, "
+                            "not an nn.Module.")
     try:
         net.load_state_dict(ck["model"])
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
