@@ -1,22 +1,30 @@
-"""``x @ W.T + b`` from a sparse copy of ``x`` when ``x`` is a mostly-zero input.
+"""``x @ W.T + b`` over the non-zeros of ``x`` when ``x`` is a mostly-zero input.
 
 Bag-of-words node features are mostly zeros (Planetoid: 1.27% of Cora's 2,708 x 1,433
 entries are non-zero, 0.85% of CiteSeer's 3,327 x 3,703), and a GNN's first layer
 multiplies them by a weight: as a dense GEMM, almost every multiply-add is by zero
-(CiteSeer, 64 outputs: 1.6 GFLOP, 8.5 ms on 2 threads). :func:`linear` multiplies a
-CSR copy of ``x`` instead (``torch.sparse.mm``; CiteSeer 1.3 ms), when ``x``:
+(CiteSeer, 64 outputs: 1.6 GFLOP, 8.5 ms on 2 threads). :func:`linear` sums over the
+non-zeros only when ``x``:
 
 * needs no gradient (an input, not an activation), lives on the CPU, is 2-D, contiguous
   and floating point like the weight, and holds at least :data:`MIN_BYTES`;
-* has at most :data:`MAX_DENSITY` of its entries non-zero (counted once, after a
-  strided sample has not already shown it dense).
+* looks mostly zero: a strided sample of about 4,096 entries has at most twice
+  :data:`MAX_DENSITY` of them non-zero.
 
-The CSR copy and the CSR of ``x.T`` (for the weight gradient, ``x.T @ grad``) are made
-at a tensor's second use (the first runs dense: a tensor used once is never copied) and
-reused while the tensor lives and is not modified (its version counter is checked on
-every call); a dense tensor is remembered as dense, so the count is not taken again.
-Results equal the dense product up to float rounding (the sums run over non-zeros only,
-in another order).
+One fixed order, whatever the call history or thread count: each output row is summed
+alone, over its non-zeros in increasing column order, from zero, then the bias is added
+(:mod:`ngra.kernels.ref.sparse_input` spells it out). So evaluating a model twice on the
+same input gives the same bits. The first call for a tensor scans it dense, skipping
+zeros (``scan_linear``: a tensor used once, a dropout's fresh output, is never copied);
+from its second call, when the whole tensor has at most :data:`MAX_DENSITY` of its
+entries non-zero, a CSR copy of ``x`` is multiplied instead (``csr_linear``, the same
+sums in the same order, reading the non-zeros only; CiteSeer 1.3 ms). The copy and the
+CSR of ``x.T`` (for the weight gradient, ``x.T @ grad``) are reused while the tensor lives
+and is not modified (its version counter is checked on every call); a tensor found dense
+is remembered as dense, so it is not sampled again. Results equal the dense product up to
+float rounding (the sums skip the zeros). The weight gradient is outside the guarantee:
+torch's ``sparse.mm`` from the CSR of ``x.T`` on reuse, a dense ``grad.T @ x`` at a first
+call.
 """
 
 from __future__ import annotations
@@ -29,17 +37,22 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from ngra.kernels.registry import lookup
+
 __all__ = ["MAX_DENSITY", "MIN_BYTES", "linear", "sparse_form"]
 
-#: Largest fraction of non-zero entries for which the sparse product is used.
+#: Largest fraction of non-zero entries for which a CSR copy is made.
 MAX_DENSITY = 0.05
-#: Smallest input (bytes) worth a sparse copy: below it the dense GEMM is microseconds.
+#: Smallest input (bytes) worth summing over its non-zeros: below it the GEMM is microseconds.
 MIN_BYTES = 1 << 20
 
 _lock = threading.Lock()
-# id(x) -> (weakref to x, (version, shape, strides), (csr, csr_t) or None or _FIRST)
+# id(x) -> (weakref to x, (version, shape, strides), form): one of the markers below, or
+# the (csr, csr_t) pair
 _forms: dict[int, tuple] = {}
-_FIRST = object()  # seen once: dense this time
+_DENSE = object()  # the sample showed it dense: F.linear
+_FIRST = object()  # mostly zero, seen once: scanned this time
+_SCAN = object()  # mostly zero by the sample, above MAX_DENSITY in all: scanned every time
 _SAMPLE = 4096
 
 
@@ -50,12 +63,9 @@ def _candidate(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.numel() * x.element_size() >= MIN_BYTES)
 
 
-def sparse_form(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(csr, csr_t)``: CSR copies of ``x`` and ``x.T`` when at most :data:`MAX_DENSITY`
-    of ``x`` is non-zero, else ``None``; remembered for ``x`` as it is now. The first call
-    for a tensor only remembers it and returns ``None``: a tensor used once (a dropout's
-    fresh output) never pays for the count and the copies, one used again (the input
-    features, every epoch) pays once."""
+def _form(x: torch.Tensor) -> object:
+    """What :func:`linear` does with ``x`` as it is now: ``_DENSE``, ``_FIRST`` or
+    ``_SCAN`` (scan it), or the ``(csr, csr_t)`` pair to multiply; remembered for ``x``."""
     key, stamp = id(x), (x._version, tuple(x.shape), x.stride())
     with _lock:
         hit = _forms.get(key)
@@ -63,11 +73,11 @@ def sparse_form(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         if seen and hit[2] is not _FIRST:
             return hit[2]
     if not seen:
-        form = _FIRST
-    elif _mostly_zero(x):
+        form = _FIRST if _sample_mostly_zero(x) else _DENSE
+    elif int(torch.count_nonzero(x)) <= MAX_DENSITY * x.numel():
         form = _csr_pair(x)
     else:
-        form = None
+        form = _SCAN
 
     def forget(ref: weakref.ref, key: int = key) -> None:
         with _lock:
@@ -76,19 +86,26 @@ def sparse_form(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
     with _lock:
         _forms[key] = (weakref.ref(x, forget), stamp, form)
-    return None if form is _FIRST else form
+    return form
 
 
-def _mostly_zero(x: torch.Tensor) -> bool:
-    """At most :data:`MAX_DENSITY` of ``x`` non-zero. A strided sample of about
-    :data:`_SAMPLE` entries rejects dense tensors first: an activation read twice in one
-    forward (SAGE's two Linears) is a new tensor every call, and counting all of it each
-    time cost 15 ms per forward on ego-Twitter."""
+def sparse_form(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(csr, csr_t)``: CSR copies of ``x`` and ``x.T`` when :func:`linear` multiplies
+    them for ``x`` as it is now, else ``None``. The first call for a tensor only remembers
+    it and returns ``None``: a tensor used once never pays for the count and the copies,
+    one used again (the input features, every epoch) pays once."""
+    form = _form(x)
+    return form if isinstance(form, tuple) else None
+
+
+def _sample_mostly_zero(x: torch.Tensor) -> bool:
+    """A strided sample of about :data:`_SAMPLE` entries of ``x`` has at most twice
+    :data:`MAX_DENSITY` of them non-zero. Dense tensors stop here: an activation read
+    twice in one forward (SAGE's two Linears) is a new tensor every call, and counting all
+    of it each time cost 15 ms per forward on ego-Twitter."""
     flat = x.reshape(-1)
     sample = flat[:: max(1, flat.numel() // _SAMPLE)]
-    if int(torch.count_nonzero(sample)) > 2 * MAX_DENSITY * sample.numel():
-        return False
-    return int(torch.count_nonzero(x)) <= MAX_DENSITY * x.numel()
+    return int(torch.count_nonzero(sample)) <= 2 * MAX_DENSITY * sample.numel()
 
 
 def _csr_pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,23 +129,33 @@ def _csr_pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, through a sparse copy of ``x`` where that pays (see
-    the module docstring); ``F.linear`` itself otherwise."""
-    if isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and _candidate(x, weight):
-        form = sparse_form(x)
-        if form is not None and weight.dim() == 2 and weight.shape[1] == x.shape[1]:
-            return _SparseLinear.apply(weight, bias, *form)
+    """``F.linear(x, weight, bias)``, summed over the non-zeros of ``x`` in one fixed order
+    where that pays (see the module docstring); ``F.linear`` itself otherwise."""
+    if (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and weight.dim() == 2 and weight.shape[1] == x.shape[-1] and _candidate(x, weight)):
+        form = _form(x)
+        if isinstance(form, tuple):
+            return _NonZeroLinear.apply(weight, bias, x, *form)
+        if form is not _DENSE:
+            return _NonZeroLinear.apply(weight, bias, x, None, None)
     return F.linear(x, weight, bias)
 
 
-class _SparseLinear(torch.autograd.Function):
-    """``csr @ weight.T + bias``; gradients for the weight (``(csr_t @ g).T``) and bias."""
+class _NonZeroLinear(torch.autograd.Function):
+    """``x @ weight.T + bias`` over the non-zeros of ``x``: from ``csr`` when given, else
+    by a scan of ``x``; gradients for the weight and the bias."""
 
     @staticmethod
-    def forward(ctx, weight, bias, csr, csr_t):
-        ctx.csr_t = csr_t
+    def forward(ctx, weight, bias, x, csr, csr_t):
+        wt = weight.detach().t().contiguous()
+        if csr is None:
+            out = lookup("scan_linear", x.device)(x, wt)
+            ctx.save_for_backward(x)
+        else:
+            out = lookup("csr_linear", x.device)(csr.crow_indices(), csr.col_indices(),
+                                                 csr.values(), wt)
+            ctx.csr_t = csr_t
         ctx.has_bias = bias is not None
-        out = torch.sparse.mm(csr, weight.t())
         return out if bias is None else out.add_(bias)
 
     @staticmethod
@@ -136,7 +163,10 @@ class _SparseLinear(torch.autograd.Function):
     def backward(ctx, g):
         gw = gb = None
         if ctx.needs_input_grad[0]:
-            gw = torch.sparse.mm(ctx.csr_t, g.contiguous()).t()
+            if ctx.saved_tensors:
+                gw = g.t().mm(ctx.saved_tensors[0])
+            else:
+                gw = torch.sparse.mm(ctx.csr_t, g.contiguous()).t()
         if ctx.has_bias and ctx.needs_input_grad[1]:
             gb = g.sum(0)
-        return gw, gb, None, None
+        return gw, gb, None, None, None

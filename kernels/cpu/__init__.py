@@ -19,5 +19,6 @@ from ngra.kernels.cpu import (  # noqa: E402, F401
     gspmm,
     segment_reduce,
     softmax_aggregate,
+    sparse_input,
     transpose,
 )

@@ -11,5 +11,6 @@ from ngra.kernels.ref import (  # noqa: F401
     gspmm,
     segment_reduce,
     softmax_aggregate,
+    sparse_input,
     transpose,
 )

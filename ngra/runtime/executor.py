@@ -10,6 +10,14 @@ A softmax layer's ``attention_dropout`` (training mode) becomes one
 :class:`~ngra.kernels.EdgeDropout` per call: two seeds drawn once, after the input
 dropout's, and the edge counters of :func:`default_edge_counter`; every tile hashes its masks
 from them, so the grid does not change the masks.
+
+Evaluation on the CPU is deterministic: the same layer on the same input gives the same
+bits at every call, on any thread count, whole-graph or on the same budget's grid. Every
+forward kernel gives each output row one writer that sums it in a fixed order (the CPU
+kernels' row ranges, :mod:`ngra.kernels.cpu._util`), and a Linear over mostly-zero
+inputs sums their non-zeros in one order whether it scans them or reads a CSR copy
+(:mod:`ngra.kernels.sparse_input`). Training's backward may sum per-thread buffers in
+the order the threads took their rows.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""kernels/sparse_input.py: a Linear over mostly-zero inputs through a CSR copy equals
-F.linear, forward and backward, and the copy is made only where it is reused."""
+"""kernels/sparse_input.py: a Linear over mostly-zero inputs equals F.linear, forward and
+backward; its forward sums in one fixed order (the same bits at a first call, which scans
+the dense tensor, at later calls through a CSR copy, on any thread count, cpu == ref), and
+the copy is made only where it is reused."""
 
 import gc
 
@@ -7,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ngra.kernels import sparse_input
+from ngra.kernels import sparse_input, use_backend
 from ngra.kernels.sparse_input import MAX_DENSITY, MIN_BYTES, linear, sparse_form
 
 
@@ -35,17 +37,20 @@ def test_sparse_linear_equals_f_linear_forward_and_backward(dtype, with_bias):
     F.linear(x, w, b).backward(g)
     want = [F.linear(x, w, b).detach(), w.grad.clone()]
     want += [b.grad.clone()] if b is not None else []
-    for call in range(2):  # the first call runs dense and remembers x; the second is sparse
+    outs = []
+    for _ in range(2):  # the first call scans x and remembers it; the second reads a CSR copy
         w.grad = None
         if b is not None:
             b.grad = None
         out = linear(x, w, b)
-        assert (type(out.grad_fn).__name__ == "_SparseLinearBackward") == (call == 1)
+        assert type(out.grad_fn).__name__ == "_NonZeroLinearBackward"
         out.backward(g)
+        outs.append(out.detach())
         got = [out.detach(), w.grad] + ([b.grad] if b is not None else [])
         tol = 1e-5 if dtype == torch.float32 else 1e-12
         for a, e in zip(got, want):
             torch.testing.assert_close(a, e, rtol=tol, atol=tol)
+    assert torch.equal(outs[0], outs[1])
     assert sparse_form(x) is not None
 
 
@@ -112,3 +117,43 @@ def test_a_dense_tensor_read_twice_is_judged_by_a_sample(monkeypatch):
     linear(x, w, b)
     linear(x, w, b)  # mostly zero: the sample passes, then the whole is counted once
     assert sizes == [sizes[0], x.numel()]
+
+
+def _order_reference(x, w, b):
+    """The fixed order in plain Python: each row from zero, its non-zeros by column."""
+    out = torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype)
+    for r in range(x.shape[0]):
+        for c in x[r].nonzero().flatten().tolist():
+            out[r] = out[r] + x[r, c] * w[:, c]
+    return out + b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_call_gives_the_same_bits_in_the_documented_order(dtype):
+    x = _sparse_x(rows=3000, density=0.02, seed=11, dtype=dtype)
+    x[0, x[0] != 0] = -0.0  # a row of negative zeros: skipped, as x.nonzero() skips them
+    x[1, 3] = float("nan")  # a NaN is a non-zero
+    w, b = _weights(x.shape[1], dtype=dtype)
+    outs = []
+    for threads in (1, 2, 1, 2):  # a scan, then the CSR copy; the thread count changes nothing
+        torch.set_num_threads(threads)
+        with torch.no_grad():
+            outs.append(linear(x, w, b))
+    assert sparse_form(x) is not None
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0]) or torch.equal(out.nan_to_num(), outs[0].nan_to_num())
+    assert outs[0][1].isnan().all() and torch.equal(outs[0][0], b.detach())
+    rows = slice(0, 40)  # the Python loop is slow: the first rows
+    want = _order_reference(x[rows], w.detach(), b.detach())
+    assert torch.equal(outs[0][rows].nan_to_num(), want.nan_to_num())
+
+
+def test_ref_backend_sums_in_the_same_order():
+    x = _sparse_x(seed=13)
+    w, b = _weights(x.shape[1])
+    with torch.no_grad():
+        cpu = [linear(x, w, b) for _ in range(2)]
+        with use_backend("ref"):
+            x_ref = x.clone()  # a new tensor: its first call scans again
+            ref = [linear(x_ref, w, b) for _ in range(2)]
+    assert all(torch.equal(cpu[0], t) for t in cpu[1:] + ref)
