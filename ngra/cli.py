@@ -132,13 +132,16 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
 def _add_explain(sub: argparse._SubParsersAction) -> None:
     from ngra.models import MODELS
 
-    p = sub.add_parser("explain", help="show how the compiler lowers a zoo model's layers",
+    p = sub.add_parser("explain", help="show how the compiler lowers a model's layers",
                        description="Print each layer's compiled plan: passes, hoisted terms, "
                                    "reorder decision, kernels, and why a pattern did not fuse.")
-    p.add_argument("--model", default="gcn", choices=sorted(MODELS))
+    p.add_argument("--model", default="gcn", metavar="NAME|MODULE:CALLABLE",
+                   help=f"a zoo model ({', '.join(sorted(MODELS))}) or your own factory, as "
+                        "for `ngra train` (default: gcn)")
     p.add_argument("--dataset", default="sbm", help="dataset spec, as for `ngra train`")
     _add_hyper(p, "hidden", "heads")
-    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--num-layers", type=int, default=None,
+                   help="SAGA layers of a zoo model (default: 2)")
     p.add_argument("--data-root", default=None, help="dataset folder")
     p.add_argument("--generic", action="store_true",
                    help="explain with compilation disabled (the generic executor)")
@@ -299,29 +302,32 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def explain_model(model: str, dataset: str, *, hidden: int | None = None,
-                  heads: int | None = None, num_layers: int = 2,
+                  heads: int | None = None, num_layers: int | None = None,
                   data_root: str | None = None, device: str = "cpu",
                   memory_budget: str | None = None) -> str:
-    """``ngra explain --model M --dataset D``: :func:`ngra.explain` of zoo model ``M``
-    built for dataset ``D`` (the library explains any layer; names are resolved here), on
-    ``device``: the same plan shape, dispatched to that device's kernels. On a CUDA
-    device the run is placed as ``ngra train`` places it (within ``memory_budget``): a
-    run that does not fit shows each layer's streaming schedule and the bytes it moves."""
+    """``ngra explain --model M --dataset D``: :func:`ngra.explain` of model ``M`` (a zoo
+    name or a factory's ``module:callable``) built for dataset ``D`` and its graph
+    prepared as training prepares it, on ``device``: the same plan shape, dispatched to
+    that device's kernels. On a CUDA device the run is placed as ``ngra train`` places it
+    (within ``memory_budget``): a run that does not fit shows each layer's streaming
+    schedule and the bytes it moves."""
     import contextlib
 
     from ngra import explain
     from ngra.datasets import load
-    from ngra.models import MODELS, build_model, prepare
     from ngra.partition import parse_bytes
     from ngra.runtime.placement import (move_to, placed, plan_placement, resident_bytes,
                                         resolve_device)
+    from ngra.training import TrainConfig
 
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}.")
+    cfg = TrainConfig(model=model, dataset=dataset, hidden=hidden, heads=heads,
+                      num_layers=num_layers)
+    source, resolved = cfg.source, cfg.resolved()
     ds = load(dataset, root=data_root)
-    graph, edge_data = prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)
-    net = build_model(model, ds.x.shape[1], ds.num_classes, hidden=hidden, heads=heads,
-                      num_layers=num_layers, num_edge_types=ds.num_edge_types)
+    graph, edge_data = source.prepare(ds.graph, ds.edge_type, ds.num_edge_types)
+    net = source.build(ds.x.shape[1], ds.num_classes, hyper=resolved,
+                       num_layers=resolved["num_layers"] if source.zoo else num_layers,
+                       num_edge_types=ds.num_edge_types)
     dev = resolve_device(device)
     x, ctx, where = ds.x, contextlib.nullcontext(), ""
     if dev.type == "cuda":
@@ -333,8 +339,9 @@ def explain_model(model: str, dataset: str, *, hidden: int | None = None,
         else:
             ctx = placed(place)
     (net,) = move_to(dev, net)
-    head = (f"ngra explain: {model} on {dataset} ({graph.num_nodes} nodes, {graph.num_edges} "
-            f"edges, {ds.x.shape[1]} features, {ds.num_classes} classes) on {dev}{where}")
+    head = (f"ngra explain: {source.name} on {dataset} ({graph.num_nodes} nodes, "
+            f"{graph.num_edges} edges, {ds.x.shape[1]} features, {ds.num_classes} classes) "
+            f"on {dev}{where}")
     with ctx:
         return head + "\n\n" + explain(net, graph, x, edge_data)
 

@@ -138,7 +138,7 @@ def training_plan(cfg: Any, *, can_measure: bool = True) -> dict[str, Any]:
     k = cfg.nprocs
     resolved = cfg.resolved()
     chain = zoo_chain(cfg.model, cfg.dataset, k, hidden=resolved["hidden"],
-                      heads=resolved["heads"], num_layers=cfg.num_layers,
+                      heads=resolved["heads"], num_layers=resolved["num_layers"],
                       data_root=cfg.data_root, partition=cfg.partition,
                       method=cfg.partition_method, reorder=cfg.reorder, seed=cfg.seed)
     memory = parse_bytes(cfg.memory_budget) if cfg.memory_budget else default_memory(k)

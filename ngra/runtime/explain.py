@@ -166,7 +166,7 @@ def _capture(model: nn.Module, graph: Any, x: Any, edge_data: Any) -> list:
     try:
         model.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(graph, x, edge_data)
+            model(graph, x) if edge_data is None else model(graph, x, edge_data)
     finally:
         model.train(was_training)
         for h in handles:
