@@ -30,6 +30,27 @@ dropout, as in the GAT paper and PyG's ``GATConv(dropout=p)``) by setting
     class GAT(ngra.SagaLayer):
         gather = "softmax"
         attention_dropout = 0.6              # or self.attention_dropout = p in __init__
+
+How a call ``layer(graph, x, edge_data, dropout=p)`` runs: the executor
+(:mod:`ngra.runtime.executor`) validates the inputs and puts edge data in CSC order; the
+compiler (:mod:`ngra.compiler`) traces ``apply_edge``/``apply_vertex`` once per input
+signature and runs its passes (one a file, assembled in :mod:`ngra.compiler.pipeline`):
+it splits a linear over ``cat([...])`` into per-block linears, hoists source-only and
+destination-only work to the vertex side, sinks a linear that ends ApplyEdge past a
+sum/mean gather, reorders a leading linear of ApplyVertex when that shrinks the
+propagated width (also over GIN's self term), contracts vertex-side ``(x * w).sum(-1)``
+with a row-independent ``w`` (GAT's scores) into ``rowdot``, and matches the edge stage
+to a fused kernel, else runs the UDFs as written (the generic plan). A softmax whose
+scores are rowdots of its own value (GAT) runs as ``attention_aggregate``, which keeps
+nothing ``N x H x D`` between forward and backward. Attention dropout hashes its masks
+from two seeds drawn per call and each edge's id in the whole graph, so every kernel,
+tile and rank draws the same masks. The executor then runs the plan's vertex-side
+``pre`` stage (the input dropout inside the Linears that read ``x``, where those are its
+only reads), walks the grid column by column (each tile's source rows staged, its edge
+stage merged into the column's accumulator) and runs ``post`` (ApplyVertex). The whole
+graph is the 1 x 1 grid; under :func:`ngra.memory_budget` the smallest grid whose
+measured per-tile working set fits is chosen (:mod:`ngra.runtime.budget`), and backward
+differentiates one tile at a time, so edge memory is O(tile).
 """
 
 from __future__ import annotations

@@ -65,15 +65,15 @@ class DenseLayout:
     configs: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, cfg: Any) -> DenseLayout:
-        """The layout of run ``cfg``: its plan's (``cfg.extra["plan"]["used"]``), else
-        ``--nprocs`` data-parallel ranks."""
-        used = ((getattr(cfg, "extra", None) or {}).get("plan") or {}).get("used")
+    def of(cls, nprocs: int, plan: dict[str, Any] | None = None) -> DenseLayout:
+        """The layout of a run of ``nprocs`` processes with the plan record ``plan`` (the
+        summary's ``plan``: its ``used`` plan), else ``nprocs`` data-parallel ranks."""
+        used = (plan or {}).get("used")
         if not used:
-            return cls(cfg.nprocs)
-        if used["data"] * used["tensor"] != cfg.nprocs or used["pipeline"] != 1:
+            return cls(nprocs)
+        if used["data"] * used["tensor"] != nprocs or used["pipeline"] != 1:
             raise ValueError(f"plan {used['label']!r} is for {used['devices']} devices without "
-                             f"a pipeline; this run has --nprocs {cfg.nprocs}.")
+                             f"a pipeline; this run has --nprocs {nprocs}.")
         return cls(int(used["data"]), int(used["tensor"]), dict(used.get("configs") or {}))
 
     @property

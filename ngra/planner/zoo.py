@@ -121,36 +121,40 @@ def runs_in_trainer(plan: Plan) -> bool:
             and not any(s.recompute for s in plan.stages))
 
 
-def training_plan(cfg: Any, *, can_measure: bool = True) -> dict[str, Any]:
-    """The plan a ``ngra train`` run ``cfg`` (``cfg.plan``: ``"auto"`` or a plans file)
-    uses for its dense layers, as the summary's ``plan`` record: ``used`` (what runs),
-    ``planner_top`` (the planner's pick for ``auto``), ``note`` when they differ.
+def training_plan(plan: str, model: str, dataset: str, nprocs: int, *,
+                  hidden: int | None = None, heads: int | None = None, num_layers: int = 2,
+                  data_root: str | None = None, partition: str | None = None,
+                  method: str = "metis", reorder: str = "none", seed: int = 0,
+                  memory_budget: str | None = None, can_measure: bool = True
+                  ) -> dict[str, Any]:
+    """The plan a ``ngra train --nprocs nprocs --plan plan`` run (``plan``: ``"auto"`` or a
+    plans file) of zoo ``model`` on ``dataset`` uses for its dense layers, as the summary's
+    ``plan`` record: ``used`` (what runs), ``planner_top`` (the planner's pick for
+    ``auto``), ``note`` when they differ. The other arguments are the run's settings.
 
     Raises:
         ValueError: a plans file holding no plan for this model and process count, or one
             the graph trainer does not run (module docstring).
-        NoFeasiblePlan: nothing fits the memory (``--memory-budget`` per process, else this
+        NoFeasiblePlan: nothing fits the memory (``memory_budget`` per process, else this
             machine's RAM shared by the processes).
     """
     from ngra.partition import parse_bytes
     from ngra.planner.search import choose_plan, search
 
-    k = cfg.nprocs
-    resolved = cfg.resolved()
-    chain = zoo_chain(cfg.model, cfg.dataset, k, hidden=resolved["hidden"],
-                      heads=resolved["heads"], num_layers=resolved["num_layers"],
-                      data_root=cfg.data_root, partition=cfg.partition,
-                      method=cfg.partition_method, reorder=cfg.reorder, seed=cfg.seed)
-    memory = parse_bytes(cfg.memory_budget) if cfg.memory_budget else default_memory(k)
+    k = nprocs
+    chain = zoo_chain(model, dataset, k, hidden=hidden, heads=heads, num_layers=num_layers,
+                      data_root=data_root, partition=partition, method=method,
+                      reorder=reorder, seed=seed)
+    memory = parse_bytes(memory_budget) if memory_budget else default_memory(k)
     devices = Devices(k, memory, device_link(k, measure=can_measure))
-    chosen = choose_plan(cfg.plan, chain, devices)
-    record: dict[str, Any] = {"source": cfg.plan}
+    chosen = choose_plan(plan, chain, devices)
+    record: dict[str, Any] = {"source": plan}
     if runs_in_trainer(chosen):
         record["used"] = chosen.record()
         return record
-    if cfg.plan != "auto":
+    if plan != "auto":
         raise ValueError(
-            f"--plan {cfg.plan}: its plan for {chain.name!r} is {chosen.label!r}; ngra train "
+            f"--plan {plan}: its plan for {chain.name!r} is {chosen.label!r}; ngra train "
             "runs plans of data- and tensor-parallel dense layers (pp1, m1, no "
             "recomputation) over the partition. Pipeline, micro-batch and recomputation "
             "plans run through ngra.planner.Runner; give another plan or --plan auto.")

@@ -165,7 +165,7 @@ def prepare_shards(cfg: TrainConfig, ds: Any = None) -> Path:
     source = cfg.source
     # shards of row-normalized features apart from raw ones (each rebuilt only when stale)
     key = source.prep_key() + ("+rownorm" if cfg.resolved()["normalize_features"] else "")
-    parts = DenseLayout.of(cfg).data  # the plan's row partitions (default: --nprocs)
+    parts = DenseLayout.of(cfg.nprocs, cfg.extra.get("plan")).data  # the plan's row partitions (default: --nprocs)
     spec = ds.info.get("spec") or f"memory:{fingerprint(ds)}"
     book, folder = partition_for(
         ds, parts, spec=spec, book_dir=cfg.partition, method=cfg.partition_method,
@@ -303,7 +303,7 @@ def run_rank(cfg: TrainConfig, folder: Path,
     rank = dist.get_rank()
     release_large_frees(RANK_LARGE_FREE_BYTES)  # a peak bounded over epochs
     device = _device(cfg)
-    layout = DenseLayout.of(cfg)
+    layout = DenseLayout.of(cfg.nprocs, cfg.extra.get("plan"))
     groups = rank_groups(layout, device)  # the exchange's own group, apart from gradients'
     link = link_model(device=device)  # forced strategies still report both predictions
     shard = load_shard(folder, layout.replica(rank), layout.data, group=groups.exchange,

@@ -37,7 +37,7 @@ from ngra.training.model_source import ModelSource, call_model
 from ngra.training.ranks import train_distributed
 
 __all__ = ["Outcome", "check_model_output", "check_partitionable", "check_predictions_vary",
-           "run", "train"]
+           "plan_for", "run", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
     else:
         cfg = replace(cfg, dataset=label)  # ranks get its name, not data held in memory
         if cfg.plan is not None:
-            cfg = replace(cfg, extra={**cfg.extra, "plan": training_plan(cfg)})
+            cfg = replace(cfg, extra={**cfg.extra, "plan": plan_for(cfg)})
             say(f"dense layers: plan {cfg.extra['plan']['used']['label']} (--plan {cfg.plan})")
         summary, state, meta = train_distributed(cfg, load, echo)
         model = None
@@ -114,6 +114,19 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(outcome.summary, indent=2) + "\n")
     return outcome
+
+
+def plan_for(cfg: TrainConfig, can_measure: bool = True) -> dict[str, Any]:
+    """The dense layers' plan record of run ``cfg`` (``--plan``), from the planner."""
+    if not cfg.source.zoo:
+        raise ValueError(f"--plan prices a zoo model's dense layers; {cfg.model_name} is "
+                         "your own (plan it with `ngra plan --module ...`).")
+    r = cfg.resolved()
+    return training_plan(cfg.plan, cfg.model_name, cfg.dataset_name, cfg.nprocs,
+                         hidden=r["hidden"], heads=r["heads"], num_layers=r["num_layers"],
+                         data_root=cfg.data_root, partition=cfg.partition,
+                         method=cfg.partition_method, reorder=cfg.reorder, seed=cfg.seed,
+                         memory_budget=cfg.memory_budget, can_measure=can_measure)
 
 
 def _meta(cfg: TrainConfig, ds: Any, label: str) -> dict[str, Any]:

@@ -46,13 +46,13 @@ SPLIT = {"layers.0.w": "col_gather", "layers.1.w": "col_gather"}
 
 def test_layout_of_a_run():
     cfg = _cfg("/nowhere", "gcn", 4, _record(2, 2, SPLIT))
-    lay = DenseLayout.of(cfg)
+    lay = DenseLayout.of(cfg.nprocs, cfg.extra.get("plan"))
     assert (lay.data, lay.tensor, lay.configs) == (2, 2, SPLIT)
     assert [lay.replica(r) for r in range(4)] == [0, 0, 1, 1]
     assert [lay.position(r) for r in range(4)] == [0, 1, 0, 1]
-    assert DenseLayout.of(_cfg("/nowhere", "gcn", 3)) == DenseLayout(3)
+    assert DenseLayout.of(3) == DenseLayout(3)
     with pytest.raises(ValueError, match="this run has --nprocs 2"):
-        DenseLayout.of(_cfg("/nowhere", "gcn", 2, _record(2, 2)))
+        DenseLayout.of(2, {"used": _record(2, 2)})
 
 
 @pytest.mark.distributed

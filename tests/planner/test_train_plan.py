@@ -10,7 +10,8 @@ import pytest
 from ngra.cli import main
 from ngra.distributed.link import calibration_path, save_link
 from ngra.planner import load_plans
-from ngra.planner.zoo import runs_in_trainer, training_plan
+from ngra.planner.zoo import runs_in_trainer
+from ngra.training.run import plan_for
 from ngra.training import TrainConfig
 
 from planner_cases import make_link
@@ -36,7 +37,7 @@ def _plans_file(cfg, tmp_path, capsys):
 
 
 def test_auto_takes_the_top_plan_the_trainer_runs(cfg, tmp_path, capsys):
-    record = training_plan(cfg)
+    record = plan_for(cfg)
     assert record["source"] == "auto"
     used = record["used"]
     assert (used["pipeline"], used["micro_batches"], used["recompute"]) == (1, 1, [False])
@@ -59,14 +60,14 @@ def test_a_plans_file_gives_its_plan_or_a_clear_error(cfg, tmp_path, capsys):
     assert dp and tp
     for first in (dp, tp):  # data- and tensor-parallel plans run as the file gives them
         path.write_text(json.dumps({"plans": first + dp + tp}))
-        record = training_plan(dataclasses.replace(cfg, plan=str(path)))
+        record = plan_for(dataclasses.replace(cfg, plan=str(path)))
         assert record["used"]["label"] == first[0]["label"]
     recomputed = json.loads(json.dumps(dp[0]))
     recomputed["stages"][0]["recompute"] = True
     path.write_text(json.dumps({"plans": [recomputed]}))
     with pytest.raises(ValueError, match="Pipeline, micro-batch and recomputation plans run "
                                          "through ngra.planner.Runner"):
-        training_plan(dataclasses.replace(cfg, plan=str(path)))
+        plan_for(dataclasses.replace(cfg, plan=str(path)))
 
 
 @pytest.mark.slow  # two ranks train (about 20 s on a busy 2-core machine)
@@ -97,5 +98,5 @@ def test_bad_plan_flags(cfg, capsys, argv, message):
 
 
 def test_a_reordered_run_reads_the_book_of_the_reordered_graph(cfg, tmp_path):
-    training_plan(dataclasses.replace(cfg, reorder="degree"))
+    plan_for(dataclasses.replace(cfg, reorder="degree"))
     assert list((tmp_path / "cache").rglob("*-degree-metis-k2-*/book.json"))  # the run's key
