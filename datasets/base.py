@@ -27,6 +27,7 @@ import torch
 from ngra.errors import DamagedFileError, DatasetError, DatasetNotFoundError, SpecError
 from ngra.graph import Graph
 from ngra.memstat import release_mapped
+from ngra.settings import SETTINGS, get
 
 from .direction import add_missing_reverses, reciprocity
 
@@ -46,7 +47,7 @@ __all__ = [
 #: Environment variable naming the data root (the CLI's ``--data-root`` wins over it).
 DATA_ENV = "NGRA_DATA"
 #: Data root used when neither an explicit root nor ``NGRA_DATA`` is given.
-DEFAULT_DATA_ROOT = Path("~/.ngra/data")
+DEFAULT_DATA_ROOT = Path(str(SETTINGS[DATA_ENV].default))
 
 
 class MissingFileError(DatasetNotFoundError, DatasetError):
@@ -62,7 +63,7 @@ def data_root(root: str | os.PathLike[str] | None = None) -> Path:
     The folder need not exist (loaders that download create it).
     """
     if root is None or str(root) == "":
-        root = os.environ.get(DATA_ENV) or DEFAULT_DATA_ROOT
+        root = get(DATA_ENV)
     return Path(root).expanduser().resolve()
 
 

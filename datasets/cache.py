@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from ngra.graph import Graph
 from ngra.memstat import register_mapped, release_mapped
+from ngra.settings import get
 
 from .base import NodeDataset, writable
 
@@ -92,7 +93,7 @@ def cache_root(data_root: Path) -> Path:
     of raw data) is never written to, even by root: the cache then goes to
     ``~/.ngra/cache``.
     """
-    env = os.environ.get(CACHE_ENV)
+    env = get(CACHE_ENV)
     if env:
         return Path(env).expanduser().resolve()
     preferred = Path(data_root) / "cache"

@@ -125,7 +125,7 @@ def fused_edge_bwd(data_root: str | None) -> None:
     routes = ("two walks", "one walk", "partials")
     _rounds({f"{r}{'' if need_c else ', no c'}": step(r, need_c)
              for need_c in (True, False) for r in routes}, "two walks", rounds=15)
-    fe.DST_PARTIALS, cpu_fe.ONE_PASS_BACKWARD = "auto", True
+    fe.DST_PARTIALS, cpu_fe.ONE_PASS_BACKWARD = None, True
 
 
 def gat_memory(data_root: str | None) -> None:

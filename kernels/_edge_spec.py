@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ngra.kernels.fused_edge import EdgeExpr, derivative
+from ngra.settings import get
 
 __all__ = ["KernelSpec", "LEAF_ARRAY", "cache_dir", "load_module"]
 
@@ -111,8 +112,8 @@ def cache_dir(target: str) -> Path:
     """Where generated kernel modules of ``target`` (``"numba"``, ``"triton"``) live."""
     with _LOCK:
         if target not in _CACHE_DIRS:
-            root = os.environ.get("NGRA_CACHE")
-            base = Path(root) if root else Path.home() / ".cache" / "ngra"
+            root = get("NGRA_CACHE")
+            base = Path(root).expanduser() if root else Path.home() / ".cache" / "ngra"
             path = base / target
             try:
                 path.mkdir(parents=True, exist_ok=True)

@@ -62,8 +62,8 @@ enough graph; on sparse graphs the two walks need no buffer), never on gpu (whos
 chunked backward gets dst gradients from the same pass as the others), always on ref
 (the specification). It applies to full-width dst terms that need a gradient while
 grad mode is on, not in a :func:`~ngra.kernels.backward_only` recompute (its forward is
-skipped). :data:`DST_PARTIALS` overrides the backend's choice (tests compare both
-routes).
+skipped). ``NGRA_DST_PARTIALS`` (read at each call) or :data:`DST_PARTIALS` overrides the
+backend's choice (tests compare both routes).
 
 **Shared rows.** A dst term may be one row ``[1, F]`` that every destination reads (a
 parameter vector: the compiler passes a bias or a weight that multiplies edge data so).
@@ -80,7 +80,6 @@ import contextlib
 import hashlib
 import itertools
 import math
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -92,6 +91,7 @@ from torch.autograd.function import once_differentiable
 from ngra.kernels._checks import check_choice, check_csc, check_feat, check_range, check_rev
 from ngra.kernels.registry import forward_skipped, lookup, thread_setting
 from ngra.kernels.transpose import reverse_of
+from ngra.settings import get
 
 __all__ = [
     "EdgeExpr",
@@ -105,6 +105,7 @@ __all__ = [
     "REDUCERS",
     "OPS",
     "DST_PARTIALS",
+    "dst_partials",
     "partials_judged_on",
 ]
 
@@ -120,11 +121,10 @@ OPS: dict[str, int] = {
 }
 _PARAM_OPS = ("const", "leaky_relu", "leaky_relu_grad")  # ops that carry a float ``value``
 #: Sum full-width dst terms' partial derivatives in the forward (see "Dst partials" above):
-#: ``"auto"`` where the backend says they pay, ``"always"``, or ``"never"``; the
-#: ``NGRA_DST_PARTIALS`` environment variable sets it at import (benchmarks, A/B runs).
-DST_PARTIALS = os.environ.get("NGRA_DST_PARTIALS", "auto")
-if DST_PARTIALS not in ("auto", "always", "never"):
-    raise ValueError(f"NGRA_DST_PARTIALS must be auto, always or never; got {DST_PARTIALS!r}.")
+#: ``"auto"`` where the backend says they pay, ``"always"``, or ``"never"``. ``None`` (the
+#: default): the ``NGRA_DST_PARTIALS`` environment variable, read at each call
+#: (benchmarks, A/B runs); tests and experiments set this to compare routes.
+DST_PARTIALS: str | None = None
 _MAX_NODES = 4096  # a generated kernel beyond this is a bug in the caller, not a workload
 
 
@@ -718,19 +718,31 @@ def partials_judged_on(indptr: torch.Tensor) -> Iterator[None]:
         yield
 
 
+def dst_partials() -> str:
+    """The dst partials mode in force: :data:`DST_PARTIALS` if set, else
+    ``NGRA_DST_PARTIALS`` (``"auto"`` when unset)."""
+    if DST_PARTIALS is None:
+        return str(get("NGRA_DST_PARTIALS"))
+    if DST_PARTIALS not in ("auto", "always", "never"):
+        raise ValueError("ngra.kernels.fused_edge.DST_PARTIALS must be 'auto', 'always', 'never' "
+                         f"or None; got {DST_PARTIALS!r}.")
+    return DST_PARTIALS
+
+
 def _partials(call: FusedEdgeCall, dst: list[torch.Tensor], indptr: torch.Tensor,
               shared: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The dst terms whose summed partial derivatives the forward computes: full-width,
     read by the expression, wanting a gradient, not a shared row, under sum/mean, where
     the backend says they pay (see "Dst partials")."""
-    if (DST_PARTIALS == "never" or call.reduce not in ("sum", "mean")
+    mode = dst_partials()
+    if (mode == "never" or call.reduce not in ("sum", "mean")
             or forward_skipped(call.reduce)):
         return ()
     read = {i for kind, i in leaves(call.expr) if kind == "dst"}
     parts = tuple(i for i, t in enumerate(dst) if i in read and i not in shared
                   and t.requires_grad and t.shape[1] == call.width > 1)
     judged = getattr(_judge, "indptr", None)
-    if (parts and DST_PARTIALS == "auto"
+    if (parts and mode == "auto"
             and not lookup("fused_edge_partials_pay", indptr.device)(
                 indptr if judged is None else judged, call)):
         return ()

@@ -6,7 +6,8 @@ whose dependencies are missing is skipped with a log line, never an import error
 Callers ask :func:`lookup` for ``(op, device)`` and never branch on backends.
 
 The choice for a device is ``"auto"`` unless overridden with :func:`use_backend`
-(a context manager) or the ``NGRA_KERNEL_BACKEND`` environment variable.
+(a context manager) or the ``NGRA_KERNEL_BACKEND`` environment variable (read at each call,
+:mod:`ngra.settings`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+from ngra.settings import get
 
 __all__ = ["BACKENDS", "available", "backend_for", "backward_only", "current_backend",
            "forward_skipped", "lookup", "register", "use_backend"]
@@ -59,10 +61,7 @@ def _load(backend: str) -> bool:
 
 
 def _requested() -> str:
-    req = getattr(_state, "backend", None) or os.environ.get("NGRA_KERNEL_BACKEND", "auto")
-    if req not in BACKENDS + ("auto",):
-        raise ValueError(f"NGRA_KERNEL_BACKEND must be one of {BACKENDS + ('auto',)}; got {req!r}.")
-    return req
+    return getattr(_state, "backend", None) or str(get("NGRA_KERNEL_BACKEND"))
 
 
 def current_backend() -> str:

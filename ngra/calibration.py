@@ -8,9 +8,10 @@ JSON file each, named for the host and what was measured.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
+
+from ngra.settings import get
 
 __all__ = ["CALIBRATION_ENV", "calibration_file"]
 
@@ -19,7 +20,7 @@ CALIBRATION_ENV = "NGRA_CALIBRATION"
 
 def calibration_file(kind: str, *parts: str) -> Path:
     """``<root>/<kind>-<host>-<parts...>.json``, each part reduced to file-name characters."""
-    root = Path(os.environ.get(CALIBRATION_ENV) or "~/.ngra/calibration").expanduser()
+    root = Path(get(CALIBRATION_ENV)).expanduser()
     name = "-".join([socket.gethostname(), *parts])
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     return root / f"{kind}-{safe}.json"

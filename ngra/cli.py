@@ -362,12 +362,16 @@ def _cmd_info(args: argparse.Namespace) -> int:
     import torch
 
     import ngra
-    from ngra import kernels
+    from ngra import kernels, settings
 
     info = {"ngra": ngra.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
             "cuda": torch.cuda.is_available(),
-            "gspmm_backends": kernels.available("gspmm")}
-    print(json.dumps(info, indent=2))
+            "gspmm_backends": kernels.available("gspmm"),
+            # every NGRA_* variable, resolved now, and the scoped (with-block) settings
+            "settings": [{"name": r.name, "value": r.value, "source": r.source, "doc": r.doc}
+                         for r in settings.resolved()],
+            "scoped": settings.SCOPED}
+    print(json.dumps(info, indent=2, default=str))
     return 0
 
 

@@ -10,7 +10,9 @@ Sapphire Rapids machines (2 threads), ``NGRA_AVX512={1,0} experiments/train_benc
 :func:`configure` must run before numba compiles anything in the process (the CPU
 target reads its feature string once); ``ngra.kernels.cpu`` calls it first thing. It
 changes nothing when the host lacks AVX-512F, when the user set ``NUMBA_CPU_NAME`` or
-``NUMBA_CPU_FEATURES`` themselves, or when ``NGRA_AVX512=0``. numba's on-disk cache is
+``NUMBA_CPU_FEATURES`` themselves, or when ``NGRA_AVX512=0`` (:mod:`ngra.settings`). Where
+it acts it sets ``NUMBA_CPU_FEATURES`` in the process's environment too (worker processes
+then generate the same code) and says so in one INFO log line. numba's on-disk cache is
 keyed on the feature string, so code cached under one setting is never reused under
 another.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+
+from ngra.settings import get
 
 __all__ = ["configure"]
 
@@ -34,7 +38,7 @@ def configure() -> str | None:
     Returns:
         The feature string now in force, or ``None`` where nothing was changed.
     """
-    if os.environ.get("NGRA_AVX512", "1") == "0":
+    if not get("NGRA_AVX512"):
         return None
     if "NUMBA_CPU_FEATURES" in os.environ or "NUMBA_CPU_NAME" in os.environ:
         return None
@@ -53,4 +57,7 @@ def configure() -> str | None:
     # worker processes (torch.multiprocessing) then generate the same code.
     os.environ["NUMBA_CPU_FEATURES"] = features
     config.CPU_FEATURES = features
+    log.info("NGRA_AVX512: set NUMBA_CPU_FEATURES to the host's features with -%s, so numba "
+             "generates 512-bit vector code (NGRA_AVX512=0 leaves numba's target alone)",
+             PREFER_256)
     return features

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Units whose folder does not exist (yet) are skipped.
 LAYERS = (
     "ngra.errors",  # the exception types everything raises; imports nothing of ngra
+    "ngra.settings",  # the NGRA_* environment variables, read at use (stdlib only)
     "ngra._compat",
     "ngra.memstat",
     "ngra.calibration",  # where measured machine figures are cached (stdlib only)
