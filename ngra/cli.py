@@ -11,10 +11,27 @@ flag of a subcommand prints that subcommand's usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
 from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import ngra
+from ngra import compiler, explain, kernels, settings
+from ngra.characterize import cli as characterize_cli
+from ngra.datasets import describe, load
+from ngra.errors import DistributedError, TrainingDivergedError
+from ngra.models import MODELS, Defaults, defaults_table
+from ngra.partition import build_book, parse_bytes, reorder_dataset, save_book
+from ngra.planner import cli as planner_cli
+from ngra.runtime.placement import move_to, placed, plan_placement, resident_bytes, resolve_device
+from ngra.training import TrainConfig, load_model
+from ngra.training.run import train
 
 __all__ = ["main", "build_parser", "explain_model", "EXIT_BAD_INPUT", "EXIT_DIVERGED",
            "EXIT_RANK_FAILED"]
@@ -31,9 +48,6 @@ _BAD_INPUT_TYPES = {"ValueError", "TypeError", "DatasetError", "SpecError", "Dam
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from ngra.datasets import describe
-    from ngra.models import MODELS, defaults_table
-
     p = sub.add_parser("train", help="full-graph node classification training",
                        description="Train a zoo model or your own (--model module:callable) "
                                    "full-graph and write a JSON summary.",
@@ -130,8 +144,6 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_explain(sub: argparse._SubParsersAction) -> None:
-    from ngra.models import MODELS
-
     p = sub.add_parser("explain", help="show how the compiler lowers a model's layers",
                        description="Print each layer's compiled plan: passes, hoisted terms, "
                                    "reorder decision, kernels, and why a pattern did not fuse.")
@@ -154,26 +166,20 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
 def _add_hyper(p: argparse.ArgumentParser, *names: str) -> None:
     """One flag per zoo hyper-parameter (``--weight-decay`` for ``weight_decay``), its help
     from the defaults table's field."""
-    from dataclasses import fields as dc_fields
 
-    from ngra.models import Defaults
 
-    meta = {f.name: f.metadata for f in dc_fields(Defaults)}
+    meta = {f.name: f.metadata for f in fields(Defaults)}
     for name in names:
         p.add_argument(f"--{name.replace('_', '-')}", type=meta[name]["type"], default=None,
                        help=f"{meta[name]['help']} (default: per model, see below)")
 
 
 def _add_characterize(sub: argparse._SubParsersAction) -> None:
-    from ngra.characterize.cli import add_parser
-
-    add_parser(sub)
+    characterize_cli.add_parser(sub)
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:
-    from ngra.planner.cli import add_parser
-
-    add_parser(sub)
+    planner_cli.add_parser(sub)
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
@@ -217,9 +223,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from ngra.training import TrainConfig
-    from ngra.training.run import train
-
     names = {f.name for f in fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
     summary = train(cfg, echo=print)
@@ -241,12 +244,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    import numpy as np
-
-    from ngra.training import load_model
-
     out = Path(args.out)
     if out.suffix not in (".npy", ".csv"):
         raise ValueError(f"--out {args.out}: expected a .npy or .csv file name.")
@@ -271,10 +268,6 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    from ngra.datasets import load
-    from ngra.partition import build_book, save_book
-    from ngra.partition import reorder_dataset
-
     if args.parts < 1:
         raise ValueError(f"--parts must be >= 1; got {args.parts}.")
     ds = load(args.dataset, root=args.data_root)
@@ -289,10 +282,6 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    import contextlib
-
-    from ngra import compiler
-
     ctx = compiler.disabled() if args.generic else contextlib.nullcontext()
     with ctx:
         print(explain_model(args.model, args.dataset, hidden=args.hidden, heads=args.heads,
@@ -311,14 +300,7 @@ def explain_model(model: str, dataset: str, *, hidden: int | None = None,
     that device's kernels. On a CUDA device the run is placed as ``ngra train`` places it
     (within ``memory_budget``): a run that does not fit shows each layer's streaming
     schedule and the bytes it moves."""
-    import contextlib
 
-    from ngra import explain
-    from ngra.datasets import load
-    from ngra.partition import parse_bytes
-    from ngra.runtime.placement import (move_to, placed, plan_placement, resident_bytes,
-                                        resolve_device)
-    from ngra.training import TrainConfig
 
     cfg = TrainConfig(model=model, dataset=dataset, hidden=hidden, heads=heads,
                       num_layers=num_layers)
@@ -347,23 +329,14 @@ def explain_model(model: str, dataset: str, *, hidden: int | None = None,
 
 
 def _cmd_characterize(args: argparse.Namespace) -> int:
-    from ngra.characterize.cli import run
-
-    return run(args)
+    return characterize_cli.run(args)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from ngra.planner.cli import run
-
-    return run(args)
+    return planner_cli.run(args)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    import torch
-
-    import ngra
-    from ngra import kernels, settings
-
     info = {"ngra": ngra.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
             "cuda": torch.cuda.is_available(),
             "gspmm_backends": kernels.available("gspmm"),
@@ -385,7 +358,6 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     handlers = {"train": _cmd_train, "predict": _cmd_predict, "partition": _cmd_partition, "explain": _cmd_explain,
                 "info": _cmd_info, "characterize": _cmd_characterize, "plan": _cmd_plan}
-    from ngra.errors import DistributedError, TrainingDivergedError
 
     try:
         return handlers[args.command](args)
