@@ -16,8 +16,12 @@ improvement for that many epochs; ``epochs`` is then the ceiling). On ranks the 
 is taken from the validation loss and accuracy reduced over every rank, so all ranks stop
 at the same epoch.
 
-Checkpoints are written every ``checkpoint_every`` epochs through :mod:`ngra.training.checkpoint`
-(atomic, the previous one kept, verified on read); ``resume=True`` restores model,
+The model leaves :func:`fit` holding the selected weights (the epoch with the best
+validation accuracy); a checkpoint keeps them as ``model`` and the last epoch's as
+``last``. Accuracies are exact fractions (correct / count), as the ranks compute them.
+Checkpoints are written every ``checkpoint_every`` epochs through
+:mod:`ngra.training.checkpoint` (atomic, the previous one kept, verified on read, weights
+only); ``resume=True`` restores the last weights,
 optimizer, best state, the early-stop state and every RNG, so a resumed run is
 bit-identical to an uninterrupted one. Each step is checked for a non-finite loss,
 output, gradient or weight (:func:`check_finite`), which stops the run with a
@@ -37,7 +41,6 @@ the diverged update; checkpoints do not).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import random
@@ -51,18 +54,19 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ngra.training.checkpoint import (CHECKPOINT_NAME, FORMAT_VERSION, PREVIOUS_NAME,
-                                      load_latest_checkpoint,
-                                      rng_state, save_checkpoint, set_rng_state)
 from ngra.errors import CheckpointError, TrainingDivergedError
-from ngra.memstat import (io_read_bytes, is_mapped, peak_rss_bytes, release_large_frees,
-                          release_mapped)
+from ngra.memstat import io_read_bytes, peak_rss_bytes, release_large_frees
 from ngra.models import HYPER_PARAMETERS
+from ngra.probes import Recorder
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.cuda_graph import GraphedStep, capture_refusal
+from ngra.runtime.explain import explain
 from ngra.runtime.placement import Placement, placed
-from ngra.runtime.transfer import TransferCounts, transfer_counts
+from ngra.runtime.transfer import TransferCounts, copy_bandwidth, transfer_counts
 from ngra.spill import saved_on_disk
+from ngra.training.checkpoint import (CHECKPOINT_NAME, FORMAT_VERSION, PREVIOUS_NAME,
+                                      load_latest_checkpoint, rng_state, save_checkpoint,
+                                      set_rng_state)
 from ngra.training.config import TrainConfig
 from ngra.training.model_source import call_model
 from ngra.training.summary import finish_summary, summarize_runs
@@ -179,8 +183,6 @@ def check_finite(epoch: int, resolved: dict[str, Any], model: torch.nn.Module,
 def grid_report(model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any) -> str:
     """The tile grid each layer call chose under the active memory budget, its predicted
     peak, and how its tiles are staged (gathered vs spanned source rows)."""
-    from ngra.probes import Recorder
-
     model.eval()
     with Recorder() as rec:
         call_model(model, graph, x, edge_data)
@@ -307,8 +309,6 @@ class Session:
             return _evaluate(self.model, self.graph, self.x, self.edge_data, self.y, self.masks)
 
     def explain(self) -> str:
-        from ngra.runtime.explain import explain
-
         streamed = self.placement is not None and not self.placement.resident
         with self.context():
             plans = explain(self.model, self.graph, self.x, self.edge_data)
@@ -349,8 +349,6 @@ def transfer_summary(moved: list[TransferCounts], times: list[float],
     """JSON fields of a run streamed through ``device``: the median training step's bytes
     each way, the transfer bound (those bytes at the device's pinned copy bandwidth,
     :func:`ngra.runtime.transfer.copy_bandwidth`) and the median step over it."""
-    from ngra.runtime.transfer import copy_bandwidth
-
     epoch = TransferCounts.median(moved)
     bw = copy_bandwidth(device)
     bound = bw.seconds(epoch)

@@ -25,6 +25,7 @@ from torch import nn
 
 from ngra.distributed.launch import in_worker
 from ngra.errors import DatasetError
+from ngra.graph import Graph
 from ngra.memstat import rss_bytes
 from ngra.partition import parse_bytes
 from ngra.planner.zoo import training_plan
@@ -259,8 +260,6 @@ def check_partitionable(cfg: TrainConfig, ds: Any) -> None:
 
 def _induced_prefix(ds: Any, m: int) -> tuple[Any, torch.Tensor]:
     """The subgraph induced by vertices ``[0, m)`` and their features."""
-    from ngra.graph import Graph
-
     g = ds.graph
     ip = g.indptr[:m + 1].to(torch.int64)
     src = g.indices[:int(ip[-1])].to(torch.int64)
