@@ -118,6 +118,13 @@ _SETTINGS = (
         Path, "a folder path",
         ("ngra.calibration",)),
     Setting(
+        "NGRA_STRICT_PASSES", False,
+        "A compiler pass that raises fails the layer call instead of sending the layer to "
+        "the generic plan (as inside ngra.compiler.strict(); the test suite's default). "
+        "Unset: the error is logged and the layer runs generic, with the same results.",
+        _flag, "1 or 0 (also true/false, yes/no, on/off)",
+        ("ngra.compiler.pipeline",)),
+    Setting(
         "NGRA_TEST_SEED", None,
         "Tests only: the random seed of the kernel tests' gen fixture (unset: a fresh seed "
         "per test, printed so a failure can be replayed).",

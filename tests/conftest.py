@@ -47,3 +47,12 @@ def shared_data() -> Path:
 def _threads():
     torch.set_num_threads(2)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _strict_passes():
+    """A compiler pass that raises fails the test instead of falling back silently."""
+    from ngra import compiler  # not at the top: TRITON_INTERPRET must be set first
+
+    with compiler.strict():
+        yield

@@ -56,6 +56,7 @@ from ngra.characterize.stages import (
     sum_by_stage,
 )
 from ngra.characterize.workloads import Workload, build_ngra
+from ngra.compiler.plan import Plan
 from ngra.kernels import sparse_input
 from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
 
@@ -229,7 +230,7 @@ def _ngra_iteration(step: _Step) -> tuple[float, float, dict, dict, list[bool]]:
     return t2 - t0, t1 - t0, fwd, bwd, fused
 
 
-def plan_info(plan: Any) -> dict[str, Any]:
+def plan_info(plan: Plan) -> dict[str, Any]:
     """What an ngra plan's stages hold.
 
     ``kind``: ``generic`` or the compiled plan's kind. ``fused``: the edge stage
@@ -239,10 +240,9 @@ def plan_info(plan: Any) -> dict[str, Any]:
     propagation (reorder: GCN's, SAGE's ``lin``), else ApplyEdge (hoisted
     per-vertex edge terms: GAT's ``W h``, GG-NN's ``A_t h``).
     """
-    kind = getattr(plan, "kind", "generic")
-    edge_kinds = tuple(getattr(plan, "edge_kinds", ()) or ())
+    kind, edge_kinds = plan.kind, plan.edge_kinds
     fused = kind != "generic" and not any(k in ("interp", "generic") for k in edge_kinds)
-    fired = {n.name for n in getattr(plan, "notes", []) or [] if getattr(n, "fired", False)}
+    fired = {n.name for n in plan.notes if n.fired}
     pre = "ApplyVertex" if "reorder" in fired and "hoist" not in fired else "ApplyEdge"
     return {"kind": kind, "fused": fused, "pre": pre, "edge_kinds": edge_kinds}
 

@@ -20,9 +20,12 @@ from typing import Any
 import torch
 
 from ngra.graph import EdgeFactors
-from ngra.compiler.lower import CompiledPlan, FallbackPlan, lower
+from ngra.compiler.compiled import CompiledPlan
+from ngra.compiler.generic import FallbackPlan
+from ngra.compiler.lower import lower
 from ngra.compiler.passes import PassNote
 from ngra.compiler.pipeline import compile_program
+from ngra.compiler.plan import Plan
 
 __all__ = ["compile_layer", "disabled", "is_enabled", "set_enabled", "clear_cache", "signature"]
 
@@ -79,11 +82,13 @@ class _Fallback:
         self.reason, self.notes = reason, notes
 
 
-def compile_layer(layer: Any, graph: Any, x: Any, edata: Any) -> Any:
+def compile_layer(layer: Any, graph: Any, x: Any, edata: Any) -> Plan:
     """The plan for ``layer`` on inputs like ``x`` / ``edata`` (edge data in CSC order).
 
-    Returns a :class:`~ngra.compiler.lower.CompiledPlan`, or a
-    :class:`~ngra.compiler.lower.FallbackPlan` (the generic executor) with the reason.
+    Returns a :class:`~ngra.compiler.compiled.CompiledPlan`, or a
+    :class:`~ngra.compiler.generic.FallbackPlan` (the generic executor) with the reason.
+    A cached plan is shared by every call with this signature, from any thread: plans
+    keep no per-call state (:mod:`ngra.compiler.plan`).
     """
     if not _enabled:
         return FallbackPlan(layer, "compilation disabled (ngra.compiler.disabled())")

@@ -9,40 +9,44 @@ result per destination.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from ngra import probes
+from ngra.compiler.describe import generic_lines
 from ngra.compiler.gather import make_accumulator
+from ngra.compiler.passes import PassNote
+from ngra.compiler.plan import Plan, Pre
+from ngra.compiler.tile import TileView
 from ngra.edge import Edge
 from ngra.graph import EdgeFactors
 
-if TYPE_CHECKING:  # types only: the runtime builds tiles and runs plans, it is not imported
-    from ngra.runtime.tiles import TileView
 
-__all__ = ["GenericPlan", "check_vertex_output"]
+__all__ = ["FallbackPlan", "GenericPlan", "check_vertex_output"]
 
 
-class GenericPlan:
+class GenericPlan(Plan):
     """Edge stage = ``apply_edge`` on materialized per-edge rows."""
 
     kind = "generic"
+    edge_kinds = ("generic",)
 
     def __init__(self, layer: Any, reason: str = "generic executor requested") -> None:
         self.layer = layer
         self.accumulator = make_accumulator(layer.gather)
         self.reason = reason
 
-    def fuses_input_dropout(self, x: Any) -> bool:
-        """Never: the UDFs read the dropped ``x`` itself."""
-        return False
+    def pre(self, x: Any, dropout: float = 0.0) -> Pre:
+        """``x`` itself: the UDFs read the (already dropped) vertex data."""
+        if dropout:
+            raise ValueError(f"{self.layer_name}: the generic plan does not fuse an input "
+                             "dropout; apply the dropout to x before pre.")
+        return Pre(x)
 
-    def pre(self, x: Any) -> Any:
-        return x
-
-    def edge(self, tile: TileView, src: Any, dst: Any, edata: Any, drop: Any = None) -> Any:
+    def edge(self, tile: TileView, src: Any, dst: Any, edata: Any, drop: Any = None,
+             carry: Any = None) -> Any:
         """The tile's partial state from its staged source / destination rows and edge data
         (``drop``: a softmax gather's attention dropout on the tile's edges, or ``None``)."""
         edge_view = _ProbedEdge if probes.active() else Edge
@@ -55,19 +59,21 @@ class GenericPlan:
         with probes.stage("gather") as s:
             return s.outputs(self.accumulator.partial(tile.indptr, msg, drop))
 
-    def post(self, x: Any, acc: Any, graph: Any = None) -> Any:
+    def post(self, x: Any, acc: Any, graph: Any = None, carry: Any = None) -> Any:
         out = self.layer.apply_vertex(x, acc)
-        check_vertex_output(type(self.layer).__name__, out, acc)
+        check_vertex_output(self.layer_name, out, acc)
         return out
 
     def describe(self) -> list[str]:
-        return [
-            f"plan: generic UDF executor ({self.reason})",
-            "  scatter: gather edge.src/edge.dst rows per edge ([E, F] materialized)",
-            f"  apply_edge: {type(self.layer).__name__}.apply_edge on each tile's edges",
-            f"  gather: {self.accumulator.name} via segment_reduce",
-            f"  apply_vertex: {type(self.layer).__name__}.apply_vertex",
-        ]
+        return generic_lines(self, self.notes)
+
+
+class FallbackPlan(GenericPlan):
+    """The generic UDF executor, with the compiler's notes on why nothing was fused."""
+
+    def __init__(self, layer: Any, reason: str, notes: Sequence[PassNote] | None = None) -> None:
+        super().__init__(layer, reason)
+        self.notes = list(notes or [])
 
 
 class _ProbedEdge(Edge):

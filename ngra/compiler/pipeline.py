@@ -3,12 +3,19 @@
 
 The IR is verified after tracing and after every pass. Each pass is one file in
 :mod:`ngra.compiler.passes`; this is the only place that orders them.
+
+A pass that raises is a compiler bug: the layer runs on the generic plan (same results),
+with the error logged and named in ``ngra.explain``. Inside :func:`strict` (the test
+suite's default) the error propagates instead, so a broken pass cannot hide behind the
+fallback; so does ``NGRA_STRICT_PASSES=1`` (:mod:`ngra.settings`). A pass that does not
+apply declines with a note; it never raises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +25,13 @@ from ngra.compiler.ir import Op, Program, verify
 from ngra.compiler.passes import PassNote, contract, fuse, hoist, reorder, sink, split
 from ngra.compiler.passes.fuse import InterpMatch
 from ngra.compiler.trace import TraceFailure, trace_program, trace_vertex
+from ngra.settings import get
 
-__all__ = ["PASSES", "Compiled", "compile_program"]
+__all__ = ["PASSES", "Compiled", "compile_program", "is_strict", "strict"]
 
 log = logging.getLogger(__name__)
+
+_strict = False
 
 PASSES: tuple[tuple[str, Callable[[Program], PassNote]], ...] = (
     ("split", split.run),
@@ -31,6 +41,30 @@ PASSES: tuple[tuple[str, Callable[[Program], PassNote]], ...] = (
     ("contract", contract.run),
     ("fuse", fuse.run),
 )
+
+
+def is_strict() -> bool:
+    """Whether a failing pass raises (inside :func:`strict`, or with
+    ``NGRA_STRICT_PASSES=1``) instead of falling back."""
+    return _strict or bool(get("NGRA_STRICT_PASSES"))
+
+
+@contextlib.contextmanager
+def strict(flag: bool = True) -> Iterator[None]:
+    """Inside the block, a pass that raises fails the compilation (the exception
+    propagates) instead of sending the layer to the generic plan. Process-wide.
+
+    Example::
+
+        with ngra.compiler.strict():
+            out = layer(graph, x)  # a compiler bug raises here
+    """
+    global _strict
+    prev, _strict = _strict, bool(flag)
+    try:
+        yield
+    finally:
+        _strict = prev
 
 
 @dataclass
@@ -77,6 +111,8 @@ def compile_program(layer: Any, x: Any, edata: Any) -> Compiled:
             annotate(program, samples, resolver)
             verify(program, annotated=True)
         except Exception as exc:  # noqa: BLE001 - a pass bug must never change results
+            if is_strict():
+                raise
             log.error("compiler pass %s failed on %s: %s: %s", pass_name, name,
                       type(exc).__name__, exc)
             return Compiled(None, notes, f"internal compiler error in pass {pass_name}: "

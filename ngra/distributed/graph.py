@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ngra.compiler.ir import format_key
+from ngra.compiler.plan import Plan
 from ngra.distributed.cost import ExchangeChoice, PartitionStats, choose_exchange
 from ngra.distributed.halo import HaloPlan, Traffic, exchange_rows
 from ngra.distributed.link import LinkModel
@@ -126,13 +127,13 @@ class DistGraph(Partitioned):
                                     self.group, self.traffic).to(device)
         return self._ring
 
-    def choice(self, plan: Any, terms: Any) -> ExchangeChoice:
+    def choice(self, plan: Plan, terms: Any) -> ExchangeChoice:
         """The exchange of ``plan``'s layer for terms like ``terms`` (cached per layer)."""
-        layer = getattr(plan, "layer", plan)
+        layer = plan.layer
         key = (id(layer), _row_bytes(plan, terms))
         hit = self._choices.get(key)
         if hit is None or hit[0]() is not layer:
-            attention = getattr(plan, "runs_attention_aggregate", lambda: False)()
+            attention = plan.runs_attention_aggregate()
             choice = choose_exchange(self.stats, key[1], self.link, self.exchange, attention)
             self._choices[key] = (weakref.ref(layer), choice)
             if key not in self._order:
@@ -152,7 +153,7 @@ class DistGraph(Partitioned):
         return out
 
     # ------------------------------------------------------------ propagation
-    def propagate(self, plan: Any, terms: Any, edata: Any, drop: Any = None) -> Any:
+    def propagate(self, plan: Plan, terms: Any, edata: Any, drop: Any = None) -> Any:
         choice = self.choice(plan, terms)
         if choice.strategy == "ring":
             if isinstance(edata, EdgeFactors):  # the ring's tiles take edge data by position
@@ -162,7 +163,7 @@ class DistGraph(Partitioned):
             return ring_propagate(self.ring, plan, terms, edata, self.in_degrees(), drop)
         return self._halo_propagate(plan, terms, edata, drop)
 
-    def _halo_propagate(self, plan: Any, terms: Any, edata: Any, drop: Any) -> Any:
+    def _halo_propagate(self, plan: Plan, terms: Any, edata: Any, drop: Any) -> Any:
         from ngra.runtime.executor import choose_runtime_grid
         from ngra.runtime.stream import walk
 
@@ -185,7 +186,7 @@ class DistGraph(Partitioned):
         return _owned(walk(plan, self.local, grid, local_terms, edata, drop, walk_csc),
                       self.num_nodes)
 
-    def explain_lines(self, plan: Any, terms: Any) -> list[str]:
+    def explain_lines(self, plan: Plan, terms: Any) -> list[str]:
         choice = self.choice(plan, terms)
         leaves, spec = flatten(terms)
         src, _ = read_slots(plan, spec, len(leaves))
@@ -205,7 +206,7 @@ class DistGraph(Partitioned):
                 f"{how}", f"  choice: {choice.describe()}"]
 
 
-def _row_bytes(plan: Any, terms: Any) -> int:
+def _row_bytes(plan: Plan, terms: Any) -> int:
     leaves, spec = flatten(terms)
     src, _ = read_slots(plan, spec, len(leaves))
     return int(sum(_width(leaves[i]) * leaves[i].element_size() for i in src))

@@ -30,12 +30,13 @@ import torch
 import torch.distributed as dist
 
 from ngra import kernels
+from ngra.compiler.plan import Plan
+from ngra.compiler.tile import TileView
 from ngra.distributed.halo import Traffic
 from ngra.graph import segment_ids
 from ngra.idtype import narrow
 from ngra.runtime.staging import Staged, flatten, plan_parameters, read_slots, unflatten
-from ngra.runtime.stream import _linear, tile_gradients
-from ngra.runtime.tiles import TileView
+from ngra.runtime.stream import tile_gradients
 
 __all__ = ["RingPlan", "build_ring", "ring_propagate"]
 
@@ -203,7 +204,7 @@ class RingPropagation(torch.autograd.Function):
         params = [p for p in plan_parameters(plan) if p.requires_grad][: c.np]
         grads: list[torch.Tensor | None] = [None] * (len(saved) + len(params))
         wants = {i for i in c.src if saved[i].requires_grad}  # chunk slots with a gradient
-        linear = _linear(plan)
+        linear = plan.linear_edge
         rng_now = torch.get_rng_state()
         cur = {i: t_vals[i] for i in c.src}
         g_reqs: list[Any] = []
@@ -271,7 +272,7 @@ class RingPropagation(torch.autograd.Function):
         return (None, *grads)
 
 
-def ring_propagate(ring: RingPlan, plan: Any, terms: Any, edata: Any,
+def ring_propagate(ring: RingPlan, plan: Plan, terms: Any, edata: Any,
                    in_deg: torch.Tensor, drop: Any = None) -> Any:
     """The accumulator ``[D, ...]`` of ``plan`` over this rank's in-edges, streaming the
     source chunks around the ring (differentiable; see the module docstring). ``drop``: a

@@ -183,7 +183,7 @@ def gnn_chain(model: nn.Module, graph: Any, x: torch.Tensor, edge_data: Any = No
         ValueError: a layer runs on the generic executor or its ApplyVertex was not traced.
     """
     from ngra.compiler.driver import compile_layer
-    from ngra.runtime.explain import _capture
+    from ngra.runtime.explain import capture_calls
     from ngra.models.zoo import GNN
     from ngra.runtime.executor import edge_data_csc
 
@@ -210,12 +210,12 @@ def gnn_chain(model: nn.Module, graph: Any, x: torch.Tensor, edge_data: Any = No
 
     if model.head_in is not None:
         cur = activation(linear(model.head_in, "head_in", cur), "head_in.act")
-    calls = _capture(model, graph, x, edge_data)
+    calls = capture_calls(model, graph, x, edge_data)
     for k, (path, layer, (g, xl, e)) in enumerate(calls):
         plan = compile_layer(layer, g, xl, edge_data_csc(g, e, type(layer).__name__))
-        if getattr(plan, "program", None) is None:
+        if plan.program is None:
             raise ValueError(f"layer {path!r} ({type(layer).__name__}) runs on the generic "
-                             f"executor ({getattr(plan, 'reason', '')}); the planner reads "
+                             f"executor ({plan.reason}); the planner reads "
                              "compiled plans only.")
         in_width = layers[cur].out_width if cur >= 0 else width
         cur = _Reader(layers, path, plan).read(cur, in_width, g.num_edges)

@@ -64,15 +64,16 @@ import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ngra.compiler.plan import Plan
+from ngra.compiler.tile import TileView
 from ngra.graph import CSR, DeferredReverse, Graph, segment_ids
 from ngra.idtype import idtype_for
-from ngra.kernels.fused_edge import partials_judged_on
 from ngra.kernels.registry import thread_setting
 from ngra.kernels.transpose import prefer_csc_walk
 from ngra.partition import GridChoice, TileCost, choose_grid, default_bounds, parse_bytes
 from ngra.runtime.staging import GATHER_FRACTION, flatten, plan_parameters, unflatten
 from ngra.runtime.stream import stager_for
-from ngra.runtime.tiles import Grid, TileView, lazy_grid, whole_graph_grid
+from ngra.runtime.tiles import Grid, lazy_grid, whole_graph_grid
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
            "TileCosts", "BudgetGrid", "grid_for", "executor_grid", "row_bytes"]
@@ -235,7 +236,7 @@ class _Sample(NamedTuple):
     tile: TileView
 
 
-def _saved_bytes(plan: Any, graph: Graph, terms: Any, edata: Any,
+def _saved_bytes(plan: Plan, graph: Graph, terms: Any, edata: Any,
                  whole: bool = False) -> _Sample:
     """What the edge stage of ``plan`` keeps and creates on a sample tile (:class:`_Sample`):
     a tile of the first destinations, or with ``whole`` the first vertices' induced
@@ -319,7 +320,7 @@ def _detached(tree: Any) -> Any:
     return unflatten(spec, [t.detach().requires_grad_(t.requires_grad) for t in leaves])
 
 
-def _sample_backward(plan: Any, st: Any, part: Any) -> None:
+def _sample_backward(plan: Plan, st: Any, part: Any) -> None:
     """The sample tile's backward, for what it creates per edge (its gradients are
     returned and dropped: nothing accumulates into the parameters)."""
     outs = [t for t in tree_leaves(part) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -339,7 +340,7 @@ class TileCosts(NamedTuple):
     whole_walk: TileCost
 
 
-def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
+def measure_tile_cost(plan: Plan, graph: Graph, terms: Any, edata: Any,
                       params: list[torch.Tensor]) -> TileCosts:
     """The layer's :class:`TileCosts`, measured on a sample tile (see module docs)."""
     fixed = float(3 * _nbytes(params))
@@ -360,10 +361,10 @@ def measure_tile_cost(plan: Any, graph: Graph, terms: Any, edata: Any,
     return TileCosts(tiles, whole, walk)
 
 
-def _whole_cost(plan: Any, graph: Graph, terms: Any, edata: Any, fixed: float) -> TileCost:
+def _whole_cost(plan: Plan, graph: Graph, terms: Any, edata: Any, fixed: float) -> TileCost:
     """The ``1 x 1`` grid's price, from the first vertices' induced subgraph run whole (its
     fused kernels keep the dst partials that they will keep on the whole graph)."""
-    with partials_judged_on(graph.indptr):
+    with plan.judged_on(graph.indptr):
         s = _saved_bytes(plan, graph, terms, edata, whole=True)
     # staged edge data is a copy on a tile, the graph's own array on the whole graph
     created = max(s.created_edge - row_bytes(edata), 0.0)
@@ -385,7 +386,7 @@ class BudgetGrid(NamedTuple):
     walk_csc: bool
 
 
-def grid_for(plan: Any, graph: Graph, terms: Any, edata: Any, params: list[torch.Tensor],
+def grid_for(plan: Plan, graph: Graph, terms: Any, edata: Any, params: list[torch.Tensor],
              budget: int) -> BudgetGrid:
     """The grid for this layer under ``budget``: the whole graph with its backward's
     transpose, else the whole graph walking the CSC in backward, else the smallest tiling.

@@ -51,7 +51,8 @@ from typing import Any
 import torch
 
 from ngra import kernels
-from ngra.compiler.ir import Op
+from ngra.compiler.plan import Plan
+from ngra.compiler.tile import TileView
 from ngra.graph import EdgeFactors, Graph
 from ngra.kernels._checks import vouch
 from ngra.kernels.dropout import EdgeDropout, seed_device
@@ -65,15 +66,14 @@ from ngra.runtime.device_schedule import (
     streaming_settings,
 )
 from ngra.runtime.staging import Staged, flatten, plan_parameters, read_slots, unflatten
-from ngra.runtime.stream import _linear, tile_gradients
-from ngra.runtime.tiles import TileView
+from ngra.runtime.stream import tile_gradients
 from ngra.runtime.transfer import Link, pinned, pinned_empty
 
 __all__ = ["StreamedLayer", "last_schedule", "run_streamed_layer", "schedule_for",
            "settings_for", "wants_streaming"]
 
 
-def settings_for(plan: Any) -> StreamingSettings | None:
+def settings_for(plan: Plan) -> StreamingSettings | None:
     """The device streaming in force for ``plan``: the active
     :func:`~ngra.runtime.device_schedule.device_streaming` block's, else, for a layer
     whose parameters all live on one CUDA device, streaming through that device within
@@ -81,14 +81,13 @@ def settings_for(plan: Any) -> StreamingSettings | None:
     st = streaming_settings()
     if st is not None:
         return st
-    layer = getattr(plan, "layer", None)
-    devices = {p.device for p in layer.parameters()} if layer is not None else set()
+    devices = {p.device for p in plan.layer.parameters()}
     if len(devices) == 1 and next(iter(devices)).type == "cuda":
         return StreamingSettings(next(iter(devices)), None, None, None)
     return None
 
 
-def wants_streaming(plan: Any, graph: Any, x: Any) -> bool:
+def wants_streaming(plan: Plan, graph: Any, x: Any) -> bool:
     """Whether a layer call of ``plan`` on ``graph`` with input ``x`` streams through a
     device (:func:`settings_for`): the graph is a whole :class:`~ngra.Graph` and ``x``
     lives in host memory."""
@@ -123,32 +122,14 @@ class _Degrees:
         return self._deg
 
 
-def _post_reads_x(plan: Any) -> bool:
-    program = getattr(plan, "program", None)
-    if program is None or program.vertex is None:  # apply_vertex(x, acc) runs as written
-        return True
-    return any(n.op == Op.VERTEX for n in program.vertex.nodes.values())
-
-
-def _reset(plan: Any) -> None:
-    """Drop what a compiled plan's ``pre`` hands its next ``post`` (the Linears of x it
-    made, a deferred value recipe): here ``pre`` and ``post`` run on different chunks."""
-    if hasattr(plan, "_vertex_linears"):
-        plan._vertex_linears = None
-    if hasattr(plan, "_deferred"):
-        plan._deferred = None
-
-
-def _layer_params(plan: Any) -> list[torch.Tensor]:
-    layer = getattr(plan, "layer", None)
-    params = list(layer.parameters()) if layer is not None else []
-    return [p for p in params if p.requires_grad]
+def _layer_params(plan: Plan) -> list[torch.Tensor]:
+    return [p for p in plan.layer.parameters() if p.requires_grad]
 
 
 class _Call:
     """One layer call's schedule, host arrays and device-side state."""
 
-    def __init__(self, plan: Any, graph: Graph, x: Any, edata: Any, dropout: float,
+    def __init__(self, plan: Plan, graph: Graph, x: Any, edata: Any, dropout: float,
                  drop: EdgeDropout | None, activation: Any, schedule: Schedule) -> None:
         self.plan, self.graph, self.s = plan, graph, schedule
         self.device = schedule.device
@@ -168,8 +149,8 @@ class _Call:
                                  "this layer's edge data requires grad. Train it resident "
                                  "(without a memory budget) or on the CPU.")
         self.params = _layer_params(plan)
-        self.reads_x = _post_reads_x(plan)
-        self.linear = _linear(plan)
+        self.reads_x = plan.post_reads_x()
+        self.linear = plan.linear_edge
         self.rng: dict[tuple[int, int], torch.Tensor] = {}
         self.drop_seeds: tuple | None = None
         self._inflight: collections.deque = collections.deque()
@@ -203,8 +184,8 @@ class _Call:
         return raw, unflatten(self.x_spec, dropped)
 
     def pre(self, xd: Any) -> list[torch.Tensor]:
-        terms = self.plan.pre(xd)
-        _reset(self.plan)
+        # pre's carry is dropped: here pre and post run on different chunks
+        terms = self.plan.pre(xd).terms
         leaves, spec = flatten(terms)
         self.t_spec = spec
         return leaves
@@ -559,7 +540,7 @@ def _pre_backward(c: _Call, r: int, raw: list[torch.Tensor], terms: list[torch.T
     c.pace()
 
 
-def _probe_rows(plan: Any, graph: Graph, x: Any, edata: Any, device: torch.device,
+def _probe_rows(plan: Plan, graph: Graph, x: Any, edata: Any, device: torch.device,
                 activation: Any, drop: EdgeDropout | None) -> RowBytes:
     """What a layer call moves per row and edge, and how its backward runs, from its
     stages run on one vertex with one edge on the device."""
@@ -568,8 +549,7 @@ def _probe_rows(plan: Any, graph: Graph, x: Any, edata: Any, device: torch.devic
     one = unflatten(spec, [t[:1].detach().to(device).requires_grad_(t.requires_grad)
                            for t in leaves])
     with torch.enable_grad():  # which terms need gradients
-        terms = plan.pre(one)
-        _reset(plan)
+        terms = plan.pre(one).terms  # its carry is for one call's post: not this probe's
     t_leaves, t_spec = flatten(terms)
     src_slots, dst_slots = read_slots(plan, t_spec, len(t_leaves))
     used = sorted(src_slots | dst_slots)
@@ -596,13 +576,13 @@ def _probe_rows(plan: Any, graph: Graph, x: Any, edata: Any, device: torch.devic
         stats = rule.final_stats(state, acc)
         xd = unflatten(spec, [t.detach() for t in flatten(one)[0]])
         try:
-            out = plan.post(xd if _post_reads_x(plan) else None, acc, _Degrees(deg))
+            out = plan.post(xd if plan.post_reads_x() else None, acc, _Degrees(deg))
         except ValueError as err:  # a wrong result's rows: say why a 1 is expected
             raise ValueError(f"{err} (This ran on one vertex: device streaming runs a layer's "
                              "stages on one vertex first, to size its copies.)") from err
         if activation is not None:
             out = activation(out)
-    fused = all(kind != "interp" for kind in getattr(plan, "edge_kinds", ("interp",)))
+    fused = all(kind != "interp" for kind in plan.edge_kinds)
     params = sum(p.numel() * p.element_size() for p in _layer_params(plan))
     counter = 0
     if drop is not None:
@@ -624,7 +604,7 @@ def _probe_rows(plan: Any, graph: Graph, x: Any, edata: Any, device: torch.devic
         edge_temp=0 if fused else 4 * row_bytes(acc),
         params=4 * params,
         gather=rule.name,
-        post_reads_x=_post_reads_x(plan),
+        post_reads_x=plan.post_reads_x(),
         x_grad=x_grad,
         propagate=edge_params or any(grads[s] for s in used),
         src_grad=sum(grads[s] for s in src_slots),
@@ -642,7 +622,7 @@ def last_schedule(layer: Any) -> Schedule | None:
     return next(reversed(cache.values())) if cache else None
 
 
-def schedule_for(plan: Any, graph: Graph, x: Any, edata: Any, activation: Any = None,
+def schedule_for(plan: Plan, graph: Graph, x: Any, edata: Any, activation: Any = None,
                  drop: EdgeDropout | None = None) -> Schedule:
     """The schedule the active :func:`~ngra.runtime.device_schedule.device_streaming`
     block gives this layer call (cached per layer, graph and input widths)."""
@@ -671,7 +651,7 @@ def schedule_for(plan: Any, graph: Graph, x: Any, edata: Any, activation: Any = 
     return cache[key]
 
 
-def run_streamed_layer(plan: Any, graph: Graph, x: Any, edata: Any, dropout: float,
+def run_streamed_layer(plan: Plan, graph: Graph, x: Any, edata: Any, dropout: float,
                        drop: EdgeDropout | None, activation: Any = None) -> torch.Tensor:
     """``activation(post(gather(edge(pre(dropout(x))))))`` of one layer, streamed through
     the active block's device (see the module docstring); returns the output in host

@@ -31,6 +31,7 @@ import torch
 
 from ngra import kernels, probes
 from ngra.compiler.driver import compile_layer
+from ngra.compiler.plan import Plan
 from ngra.graph import EdgeFactors, Graph
 from ngra.kernels.dropout import EdgeDropout, check_attention_p, check_p
 from ngra.runtime.budget import current_budget, forced_grid, grid_for
@@ -40,8 +41,8 @@ from ngra.runtime.staging import forced_mode, plan_parameters, staging_summary
 from ngra.runtime.stream import walk
 from ngra.runtime.tiles import Grid, whole_graph_grid
 
-__all__ = ["execute", "run_plan", "choose_runtime_grid", "default_edge_counter",
-           "edge_data_csc"]
+__all__ = ["execute", "run_plan", "check_vertex_data", "choose_runtime_grid",
+           "default_edge_counter", "edge_data_csc"]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def execute(layer: Any, graph: Graph, x: Any, edge_data: Any = None, dropout: fl
     """
     check_p(dropout)
     attention = attention_dropout_of(layer)
-    _check_vertex_data(layer, graph, x)
+    check_vertex_data(layer, graph, x)
     edata = edge_data_csc(graph, edge_data, type(layer).__name__)
     try:
         plan = compile_layer(layer, graph, x, edata)
@@ -167,7 +168,7 @@ def _reverse_counters(graph: Graph, counter: torch.Tensor) -> tuple[torch.Tensor
     return perm, rev
 
 
-def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
+def run_plan(plan: Plan, graph: Graph, grid: Grid | None, x: Any, edata: Any,
              dropout: float = 0.0, attention_dropout: float = 0.0,
              edge_counter: torch.Tensor | None = None) -> Any:
     """Run ``plan``: ``pre``, the column walk over ``grid``, then ``post``.
@@ -184,32 +185,34 @@ def run_plan(plan: Any, graph: Graph, grid: Grid | None, x: Any, edata: Any,
     backward) when the edge stage saves per-edge activations; fused kernels,
     which keep only indices, and the 1 x 1 grid run the same walk under plain
     autograd. Stages
-    are timed by :mod:`ngra.probes` when a recorder is active.
+    are timed by :mod:`ngra.probes` when a recorder is active. What ``pre`` hands on to
+    the edge stage and ``post`` (its carry) stays in this call.
     """
     probes.annotate("plan", plan)
     fused = bool(dropout) and plan.fuses_input_dropout(x)
     if dropout and not fused:
         x = _dropout_vertex(x, dropout)
     with probes.stage("pre") as s:
-        terms = s.outputs(plan.pre(s.inputs(x), dropout) if fused else plan.pre(s.inputs(x)))
+        terms, carry = plan.pre(s.inputs(x), dropout if fused else 0.0)
+        terms = s.outputs(terms)
     if isinstance(graph, Partitioned):
         acc = graph.propagate(plan, terms, edata,
                               _attention_drop(plan, graph, attention_dropout, edge_counter))
         del terms
         with probes.stage("post") as s:
-            return s.outputs(plan.post(s.inputs(x), acc, graph))
+            return s.outputs(plan.post(s.inputs(x), acc, graph, carry))
     if grid is None:
         grid, walk_csc = choose_runtime_grid(plan, graph, terms, edata)
     else:
         walk_csc = current_budget() is not None
     drop = _attention_drop(plan, graph, attention_dropout, edge_counter, grid)
-    acc = walk(plan, graph, grid, terms, edata, drop, walk_csc)
+    acc = walk(plan, graph, grid, terms, edata, drop, walk_csc, carry)
     del terms  # what backward needs is saved; the terms' memory is free for post
     with probes.stage("post") as s:
-        return s.outputs(plan.post(s.inputs(x), acc, graph))
+        return s.outputs(plan.post(s.inputs(x), acc, graph, carry))
 
 
-def _attention_drop(plan: Any, graph: Graph | Partitioned, p: float,
+def _attention_drop(plan: Plan, graph: Graph | Partitioned, p: float,
                     edge_counter: torch.Tensor | None, grid: Grid | None = None,
                     device: torch.device | None = None) -> EdgeDropout | None:
     """:func:`run_plan`'s attention dropout (seeds drawn now), or ``None`` at ``p == 0``;
@@ -242,7 +245,7 @@ def _dropout_vertex(x: Any, p: float) -> Any:
     return kernels.dropout(x, p)
 
 
-def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> tuple[Grid, bool]:
+def choose_runtime_grid(plan: Plan, graph: Graph, terms: Any, edata: Any) -> tuple[Grid, bool]:
     """The 1 x 1 grid, or the budget's grid when ``ngra.memory_budget`` is active, and
     whether the layer's backward walks the CSC instead of transposing (a budget too
     tight for the transpose, see :mod:`ngra.runtime.budget`)."""
@@ -257,8 +260,7 @@ def choose_runtime_grid(plan: Any, graph: Graph, terms: Any, edata: Any) -> tupl
     if probes.active() or log.isEnabledFor(logging.DEBUG):  # builds every tile: on demand
         staging = staging_summary(grid, forced_mode())
         probes.annotate("staging", staging)
-        log.debug("%s: %s; %s", type(getattr(plan, "layer", plan)).__name__,
-                  choice.describe(), staging)
+        log.debug("%s: %s; %s", plan.layer_name, choice.describe(), staging)
     return grid, walk_csc
 
 
@@ -286,7 +288,9 @@ def _permute_edges(graph: Graph, t: Any, name: str) -> torch.Tensor:
     return graph.to_csc_order(t)
 
 
-def _check_vertex_data(layer: Any, graph: Any, x: Any) -> None:
+def check_vertex_data(layer: Any, graph: Any, x: Any) -> None:
+    """Raise unless ``graph`` is a graph and ``x`` (a tensor or a dict of tensors) has one
+    row per vertex, with a message naming the layer and the field."""
     who = type(layer).__name__
     if not isinstance(graph, (Graph, Partitioned)):
         raise TypeError(f"{who}: graph must be an ngra.Graph; got {type(graph).__name__}. "

@@ -16,14 +16,15 @@ import torch
 from torch import nn
 
 from ngra.compiler.driver import compile_layer
+from ngra.compiler.plan import Plan
 from ngra.graph import EdgeFactors
 from ngra.runtime.budget import current_budget, forced_grid
 from ngra.runtime.device_stream import schedule_for, wants_streaming
-from ngra.runtime.executor import _check_vertex_data, choose_runtime_grid, edge_data_csc
+from ngra.runtime.executor import check_vertex_data, choose_runtime_grid, edge_data_csc
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, staging_summary
 
-__all__ = ["explain", "explain_lines"]
+__all__ = ["capture_calls", "explain", "explain_lines", "is_saga_layer"]
 
 
 def explain(layer: nn.Module, graph: Any, x: Any = None, edge_data: Any = None) -> str:
@@ -57,7 +58,7 @@ def explain(layer: nn.Module, graph: Any, x: Any = None, edge_data: Any = None) 
             f"explain({type(layer).__name__}, graph, x): a model needs its input x to see "
             "what each of its SAGA layers receives."
         )
-    calls = _capture(layer, graph, x, edge_data)
+    calls = capture_calls(layer, graph, x, edge_data)
     if not calls:
         return f"{type(layer).__name__} has no SAGA layers (ngra.SagaLayer) to explain."
     out = []
@@ -72,7 +73,7 @@ def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) 
     """:func:`explain` of one SAGA layer, as lines."""
     if x is None:
         x = _default_x(layer, graph)
-    _check_vertex_data(layer, graph, x)
+    check_vertex_data(layer, graph, x)
     edata = edge_data_csc(graph, edge_data, type(layer).__name__)
     plan = compile_layer(layer, graph, x, edata)
     head = (f"{type(layer).__name__} (gather={layer.gather}) on {graph!r}; "
@@ -82,7 +83,7 @@ def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) 
         _device_lines(plan, graph, x, edata)
 
 
-def _device_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:
+def _device_lines(plan: Plan, graph: Any, x: Any, edata: Any) -> list[str]:
     """The streaming schedule through a device, inside ``device_streaming`` with host data:
     its tiles, what stays on the device, the predicted peak and the bytes it moves."""
     if not wants_streaming(plan, graph, x):
@@ -90,20 +91,20 @@ def _device_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:
     return schedule_for(plan, graph, x, edata).describe().splitlines()
 
 
-def _exchange_lines(plan: Any, graph: Any, x: Any) -> list[str]:
+def _exchange_lines(plan: Plan, graph: Any, x: Any) -> list[str]:
     """Where a partitioned graph's exchange sits in the plan, and what it moves."""
     if not isinstance(graph, Partitioned):
         return []
     with torch.no_grad():
-        return graph.explain_lines(plan, plan.pre(x))
+        return graph.explain_lines(plan, plan.pre(x).terms)
 
 
-def _attention_lines(layer: Any, plan: Any) -> list[str]:
+def _attention_lines(layer: Any, plan: Plan) -> list[str]:
     """Where a softmax layer's attention dropout runs, when it has one."""
     p = getattr(layer, "attention_dropout", 0.0)
     if not p:
         return []
-    if "softmax_aggregate" in getattr(plan, "edge_kinds", ()):
+    if "softmax_aggregate" in plan.edge_kinds:
         how = ("inside the softmax kernels: each weight's keep flag is hashed from its edge's "
                "original id and drawn again in backward, no [E, H] mask is stored")
     else:
@@ -111,14 +112,14 @@ def _attention_lines(layer: Any, plan: Any) -> list[str]:
     return [f"attention dropout (attention_dropout={p:g}, training mode): {how}"]
 
 
-def _grid_lines(plan: Any, graph: Any, x: Any, edata: Any) -> list[str]:
+def _grid_lines(plan: Plan, graph: Any, x: Any, edata: Any) -> list[str]:
     """The grid and its staging, when a memory budget or a forced grid shape is active."""
     if isinstance(graph, Partitioned):  # its local grid shows in grid_report, from a run
         return []
     if current_budget() is None and forced_grid(graph) is None:
         return []
     with torch.no_grad():
-        grid, _ = choose_runtime_grid(plan, graph, plan.pre(x), edata)
+        grid, _ = choose_runtime_grid(plan, graph, plan.pre(x).terms, edata)
     p, q = grid.shape
     return [f"grid    {p} x {q} ({grid.num_tiles} tiles); {staging_summary(grid, forced_mode())}"]
 
@@ -150,7 +151,10 @@ def is_saga_layer(module: Any) -> bool:
         hasattr(type(module), a) for a in ("gather", "apply_edge", "apply_vertex"))
 
 
-def _capture(model: nn.Module, graph: Any, x: Any, edge_data: Any) -> list:
+def capture_calls(model: nn.Module, graph: Any, x: Any, edge_data: Any) -> list:
+    """``[(name, layer, (graph, x, edge_data)), ...]``: each SAGA layer call of one run of
+    ``model(graph, x[, edge_data])`` (eval mode, no gradients, the RNG state restored),
+    with the arguments it received."""
     calls: list = []
     names = {m: n for n, m in model.named_modules()}
     handles = []

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ngra.compiler.plan import Plan
+
 __all__ = ["Partitioned"]
 
 
@@ -45,12 +47,12 @@ class Partitioned(abc.ABC):
         """``[num_nodes]`` in-degree of each owned vertex (all its in-edges are local)."""
 
     @abc.abstractmethod
-    def propagate(self, plan: Any, terms: Any, edata: Any, drop: Any = None) -> Any:
+    def propagate(self, plan: Plan, terms: Any, edata: Any, drop: Any = None) -> Any:
         """The accumulator ``[num_nodes, ...]`` of ``plan``'s edge stage over the local
         in-edges, given the owned rows of ``pre``'s terms and the edge data (CSC order);
         ``drop``: a softmax gather's attention dropout over the local CSC edges (an
         :class:`~ngra.kernels.EdgeDropout` whose counters are :attr:`edge_ids`), or ``None``."""
 
     @abc.abstractmethod
-    def explain_lines(self, plan: Any, terms: Any) -> list[str]:
+    def explain_lines(self, plan: Plan, terms: Any) -> list[str]:
         """Where the exchange sits in ``plan`` and how many bytes it moves."""

@@ -41,7 +41,9 @@ import torch
 
 from ngra.graph import EdgeFactors
 from ngra.kernels.registry import thread_setting
-from ngra.runtime.tiles import Grid, TileRef, TileView
+from ngra.compiler.plan import Plan
+from ngra.compiler.tile import TileView
+from ngra.runtime.tiles import Grid, TileRef
 
 __all__ = ["GATHER_FRACTION", "Rows", "Staged", "Stager", "choose_mode", "flatten",
            "forced_mode", "local_view", "plan_parameters", "read_slots", "staging_mode",
@@ -84,13 +86,9 @@ def forced_mode() -> str | None:
     return getattr(_state, "mode", None)
 
 
-def plan_parameters(plan: Any) -> list[torch.Parameter]:
-    """Parameters the plan's edge stage may read (the whole layer's, to be safe)."""
-    fn = getattr(plan, "edge_parameters", None)
-    if fn is not None:
-        return list(fn())
-    layer = getattr(plan, "layer", None)
-    return list(layer.parameters()) if layer is not None else []
+def plan_parameters(plan: Plan) -> list[torch.nn.Parameter]:
+    """Parameters the plan's edge stage may read (:meth:`Plan.edge_parameters`)."""
+    return plan.edge_parameters()
 
 
 def choose_mode(num_rows: int, span: int, forced: str | None = None) -> str:
@@ -176,9 +174,9 @@ class Staged:
         self.src = self.dst = self.edata = self.drop = None
         self.leaves: list[tuple[int, torch.Tensor, Rows]] = []
 
-    def run(self, plan: Any) -> Any:
-        """The plan's edge stage on this tile."""
-        return plan.edge(self.view, self.src, self.dst, self.edata, self.drop)
+    def run(self, plan: Plan, carry: Any = None) -> Any:
+        """The plan's edge stage on this tile (``carry``: what ``plan.pre`` handed on)."""
+        return plan.edge(self.view, self.src, self.dst, self.edata, self.drop, carry)
 
 
 class Stager:
@@ -354,12 +352,11 @@ def unflatten(spec: Any, leaves: list[Any], keep: Any = None) -> Any:
     return {k: v for i, (k, v) in enumerate(zip(spec, leaves)) if keep is None or i in keep}
 
 
-def read_slots(plan: Any, spec: Any, n: int) -> tuple[frozenset[int], frozenset[int]]:
+def read_slots(plan: Plan, spec: Any, n: int) -> tuple[frozenset[int], frozenset[int]]:
     """``(source slots, destination slots)``: which of the ``n`` flattened term leaves
     (:func:`flatten`'s ``spec``) ``plan``'s edge stage reads on each side (all, when the
     plan does not say)."""
-    reads = getattr(plan, "edge_reads", None)
-    src_keys, dst_keys = reads() if reads is not None else (None, None)
+    src_keys, dst_keys = plan.edge_reads() or (None, None)
     keys = spec if isinstance(spec, tuple) else None
     return _slots(keys, src_keys, n), _slots(keys, dst_keys, n)
 

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ngra import kernels, probes
+from ngra.compiler.plan import Plan
 from ngra.graph import Graph
 from ngra.kernels.transpose import prefer_csc_walk
 from ngra.memstat import malloc_trim, release_large_frees
@@ -110,36 +111,38 @@ def staged(stager: Stager, tiles: Iterable[Any]) -> Iterator[Staged]:
     return prefetched(partial(stager.stage, t) for t in tiles)
 
 
-def stager_for(plan: Any, terms: Any, edata: Any, **kw: Any) -> Stager:
+def stager_for(plan: Plan, terms: Any, edata: Any, **kw: Any) -> Stager:
     """The :class:`Stager` of one propagation of ``plan``: the side(s) each term is
     read on (``plan.edge_reads()``, when the plan knows) and the forced staging mode."""
-    reads = getattr(plan, "edge_reads", None)
     kw.setdefault("mode", forced_mode())
-    return Stager(terms, edata, reads() if reads is not None else None, **kw)
+    return Stager(terms, edata, plan.edge_reads(), **kw)
 
 
-def walk(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any, drop: Any = None,
-         walk_csc: bool = False) -> Any:
+def walk(plan: Plan, graph: Graph, grid: Grid, terms: Any, edata: Any, drop: Any = None,
+         walk_csc: bool = False, carry: Any = None) -> Any:
     """Propagate over ``grid``: :func:`run_streamed` for several tiles under autograd, else
     :func:`propagate`. ``walk_csc`` runs it under
     :func:`~ngra.kernels.transpose.prefer_csc_walk` (a budget too tight for the backward's
     transpose). A grid of several tiles first makes glibc return freed large blocks to
     the OS at once (:func:`ngra.memstat.release_large_frees`, for the rest of the process):
-    the tiles' temporaries would otherwise stay in its heap arenas."""
+    the tiles' temporaries would otherwise stay in its heap arenas. ``carry`` is what
+    ``plan.pre`` handed on for this call's edge stage (read only by a whole-graph tile,
+    so the recomputing walk of several tiles does without it)."""
     if grid.num_tiles > 1:
         release_large_frees()
     with prefer_csc_walk() if walk_csc else contextlib.nullcontext():
         if grid.num_tiles > 1 and torch.is_grad_enabled():
             return run_streamed(plan, graph, grid, terms, edata, drop)
-        return propagate(plan, graph, grid, terms, edata, drop=drop)
+        return propagate(plan, graph, grid, terms, edata, drop=drop, carry=carry)
 
 
-def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
-              keep_state: bool = False, drop: Any = None) -> Any:
+def propagate(plan: Plan, graph: Graph, grid: Grid, terms: Any, edata: Any,
+              keep_state: bool = False, drop: Any = None, carry: Any = None) -> Any:
     """The column walk: per column, stage and merge tile partials, then finalize.
 
     ``drop`` is a softmax gather's attention dropout over the graph's CSC edges (an
     :class:`~ngra.kernels.EdgeDropout`): the stager hands each tile its edges' share.
+    ``carry``: what ``plan.pre`` handed on to the edge stage.
 
     Returns the accumulator ``[N, ...]`` (and, with ``keep_state``, each
     column's final accumulator state, the RNG state before each tile, so that
@@ -156,7 +159,7 @@ def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
             if keep_state:
                 rng[st.view.key] = torch.get_rng_state()
             with probes.stage("edge") as s:
-                part = s.outputs(st.run(plan))
+                part = s.outputs(st.run(plan, carry))
             with probes.stage("combine") as s:
                 state = s.outputs(acc.combine(state, part))
         with probes.stage("finalize") as s:
@@ -170,7 +173,7 @@ def propagate(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
     return (out, states, rng, stager) if keep_state else out
 
 
-def run_streamed(plan: Any, graph: Graph, grid: Grid, terms: Any, edata: Any,
+def run_streamed(plan: Plan, graph: Graph, grid: Grid, terms: Any, edata: Any,
                  drop: Any = None) -> torch.Tensor:
     """Propagate over a multi-tile ``grid`` with O(tile) edge memory in backward (``drop``:
     as for :func:`propagate`; backward draws the same masks from its seeds)."""
@@ -225,7 +228,7 @@ class StreamedPropagation(torch.autograd.Function):
         final = {lo: (hi, st) for lo, hi, st in ctx.final}
         in_deg = c.graph.in_degrees()
         rng_now = torch.get_rng_state()
-        linear = _linear(c.plan)
+        linear = c.plan.linear_edge
 
         def add_rows(slot: int, rows: Any, g: torch.Tensor) -> None:
             if grads[slot] is None:
@@ -251,13 +254,7 @@ class StreamedPropagation(torch.autograd.Function):
         return (None, *grads)
 
 
-def _linear(plan: Any) -> bool:
-    """A compiled plan feeds its kernels' outputs to a linear accumulator unchanged: a
-    recomputation needs their autograd graph, not their values."""
-    return getattr(plan, "kind", "") == "compiled" and plan.accumulator.linear
-
-
-def tile_gradients(plan: Any, st: Staged, final: Any, grad: torch.Tensor,
+def tile_gradients(plan: Plan, st: Staged, final: Any, grad: torch.Tensor,
                    in_deg: torch.Tensor, params: list[torch.Tensor], linear: bool,
                    rng_state: torch.Tensor | None = None) -> tuple[list, list]:
     """Gradients of one staged tile's share of the accumulator.
@@ -273,8 +270,7 @@ def tile_gradients(plan: Any, st: Staged, final: Any, grad: torch.Tensor,
     Returns:
         ``([(entry, gradient), ...], [gradient or None per parameter])``.
     """
-    direct = getattr(plan, "tile_grads", None)
-    pairs = None if direct is None else direct(st, final, grad)
+    pairs = plan.tile_grads(st, final, grad)
     if pairs is not None:
         entries = {id(e[1]): e for e in st.leaves}
         return [(entries[id(x)], g) for x, g in pairs if id(x) in entries], [None] * len(params)

@@ -116,7 +116,7 @@ def test_paths_are_the_ones_named(cls, generic):
         plan = compile_layer(layer, g, x, edata)
     assert plan.kind == ("generic" if generic else "compiled"), "\n".join(plan.describe())
     with ngra.memory_budget("64KB"):
-        grid, _ = choose_runtime_grid(plan, g, plan.pre(x), edata)
+        grid, _ = choose_runtime_grid(plan, g, plan.pre(x).terms, edata)
     assert grid.num_tiles > 1 or (cls is BadGCN and not generic), grid.shape
 
 

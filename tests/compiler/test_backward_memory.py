@@ -96,18 +96,18 @@ def test_gat_training_step_peak_is_about_two_hidden_tensors():
 def test_a_small_softmax_value_is_saved_a_large_one_made_again(monkeypatch):
     """Below RECOMPUTE_VALUE_BYTES the value is saved (the GEMM again would cost more than
     the bytes are worth); from it on, made again in backward. Same results either way."""
-    import ngra.compiler.lower as lower
+    import ngra.compiler.compiled as compiled
 
     g = _graph(500)
     layer = GATConv(16, 8, heads=4)
     x = torch.randn(500, 16, requires_grad=True)
     value_bytes = 500 * 4 * 8 * 4
     outs = []
-    real = lower.kernels.Recompute
+    real = compiled.kernels.Recompute
     for threshold, remade in ((value_bytes + 1, False), (value_bytes, True)):
-        monkeypatch.setattr(lower, "RECOMPUTE_VALUE_BYTES", threshold)
+        monkeypatch.setattr(compiled, "RECOMPUTE_VALUE_BYTES", threshold)
         recomputes = []
-        monkeypatch.setattr(lower.kernels, "Recompute",
+        monkeypatch.setattr(compiled.kernels, "Recompute",
                             lambda *a, **k: recomputes.append(1) or real(*a, **k))
         out = layer(g, x)
         outs.append([out, *torch.autograd.grad(out.square().sum(), [x, layer.lin.weight])])

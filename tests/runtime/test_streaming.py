@@ -182,7 +182,7 @@ def _costs(name: str, f: int = 8, grad: bool = False):
     x = torch.randn(N, f, requires_grad=grad)
     edata = edge_data_csc(graph, edge_data)
     plan = compile_layer(layer, graph, x, edata)
-    terms, params = plan.pre(x), plan_parameters(plan)
+    terms, params = plan.pre(x).terms, plan_parameters(plan)
     cost = measure_tile_cost(plan, graph, terms, edata, params)
     return graph, edge_data, layer, x, (plan, graph, terms, edata, params), cost
 
