@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-import ngra.compiler.lower as lower
+import ngra.compiler.compiled as compiled
 
 
 @pytest.fixture(autouse=True)
 def recompute_every_value(monkeypatch):
-    monkeypatch.setattr(lower, "RECOMPUTE_VALUE_BYTES", 0)
+    monkeypatch.setattr(compiled, "RECOMPUTE_VALUE_BYTES", 0)
