@@ -13,8 +13,14 @@ labels and split (``edgelist:g.csv,features=x.npy,labels=y.csv,split=s.npz``, se
 :mod:`~ngra.datasets.vertexdata`); interop with PyG and DGL
 (:func:`to_pyg`, :func:`from_pyg`, :func:`to_dgl`, :func:`from_dgl`).
 :func:`check_trainable` says whether training on a dataset can mean anything.
+
+Link prediction: :func:`split_edges` holds out val/test pairs (a :class:`LinkSplit`),
+:func:`load_ogb_link` reads an OGB link-property folder in CSV form, and
+:func:`sample_negatives` draws each epoch's negative pairs (the same set on any number
+of processes).
 """
 
+from .batching import GraphBatch, GraphLoader, collate
 from .base import (
     DATA_ENV,
     DamagedFileError,
@@ -28,12 +34,17 @@ from .base import (
 from .cache import CACHE_ENV
 from .convert import from_dgl, from_pyg, to_dgl, to_pyg
 from .download import DownloadError
+from .graphs import GraphDataset, from_pyg_list
 from .edgelist import load_edgelist, load_twitter, read_edgelist
+from .linksplit import LinkSplit, split_edges
+from .negatives import sample_negatives
 from .ogb import load_ogb
+from .ogblink import load_ogb_link
 from .planetoid import load_planetoid
 from .spec import DatasetSpec, available, describe, load, parse_spec
 from .synthetic import rmat, sbm, structural_labels
 from .trainable import check_trainable
+from .tu import load_tu
 
 __all__ = [
     "CACHE_ENV",
@@ -43,24 +54,34 @@ __all__ = [
     "DatasetNotFoundError",
     "DatasetSpec",
     "DownloadError",
+    "GraphBatch",
+    "GraphDataset",
+    "GraphLoader",
+    "LinkSplit",
     "MissingFileError",
     "NodeDataset",
     "SpecError",
     "available",
     "check_trainable",
+    "collate",
     "data_root",
     "describe",
     "from_dgl",
     "from_pyg",
+    "from_pyg_list",
     "load",
     "load_edgelist",
     "load_ogb",
+    "load_ogb_link",
     "load_planetoid",
+    "load_tu",
     "load_twitter",
     "parse_spec",
     "read_edgelist",
     "rmat",
+    "sample_negatives",
     "sbm",
+    "split_edges",
     "structural_labels",
     "to_dgl",
     "to_pyg",

@@ -1,0 +1,256 @@
+"""Edges held out for link prediction: :func:`split_edges` and the :class:`LinkSplit` it returns.
+
+Conventions (PyG's ``RandomLinkSplit``, OGB's ``get_edge_split``):
+
+* The **pairs** are the graph's distinct vertex pairs, self-loops aside. In an
+  **undirected** graph (every edge has its reverse; ``undirected=None`` measures that:
+  reciprocity 1.0, see :mod:`~ngra.datasets.direction`) a pair is the unordered
+  ``{u, v}``, written ``(min, max)``; otherwise the ordered ``(u, v)``.
+* A seeded permutation of the pairs gives ``floor(val * P)`` validation pairs, then
+  ``floor(test * P)`` test pairs; the rest are training pairs. Each set is sorted.
+* The **message-passing graph** :attr:`LinkSplit.graph` is the input graph less every
+  edge of a held-out pair, both directions and every copy of a multi-edge, so no model
+  sees a val/test pair, in either direction, while it aggregates. Self-loops stay (they
+  are not pairs to predict); edge weights of the kept edges stay.
+* ``train_pos`` holds the training pairs (one row per undirected pair, as OGB's
+  ``train["edge"]``); the message-passing graph holds them in both directions.
+* ``val_neg`` / ``test_neg`` are drawn once, seeded, ``round(neg_ratio * positives)``
+  each: distinct pairs, never an edge of the input graph (in either direction when
+  undirected), never a self-loop, and disjoint between val and test. On at most
+  2**22 vertex pairs they are a random subset of all non-edges (exact on dense graphs);
+  beyond, rejection sampling.
+
+Per-epoch training negatives come from :func:`~ngra.datasets.negatives.sample_negatives`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ngra.errors import DatasetError
+from ngra.graph import Graph
+
+from .base import NodeDataset, rng_for
+from .direction import reciprocity
+
+__all__ = ["LinkSplit", "split_edges"]
+
+_ENUMERATE_MAX = 1 << 22  # vertex pairs up to which negatives come from the full non-edge list
+_ROUNDS = 100
+
+
+@dataclass(eq=False)
+class LinkSplit:
+    """A graph split for link prediction.
+
+    Attributes:
+        graph: the message-passing graph (no val/test pair in it, either direction).
+        train_pos: ``[2, E_train]`` int64 supervision pairs.
+        val_pos, test_pos: ``[2, E_val]`` / ``[2, E_test]`` held-out positive pairs.
+        val_neg, test_neg: ``[2, M]`` fixed negative pairs (shared by all positives:
+            Hits@K, ROC-AUC), or ``None`` when the split has per-positive negatives.
+        undirected: whether pairs are unordered (each written once, ``src < dst``).
+        x: ``[N, F]`` node features when the source had them, else ``None``.
+        val_neg_dst, test_neg_dst: ``[E_val, K]`` per-positive negative destinations (OGB
+            ogbl-citation2's ``target_node_neg``: positive ``i`` is ranked against
+            ``(val_pos[0, i], val_neg_dst[i, k])``, MRR), or ``None``.
+        info: provenance (``seed``, ``val``, ``test``, ``source``, ...).
+    """
+
+    graph: Graph
+    train_pos: torch.Tensor
+    val_pos: torch.Tensor
+    val_neg: torch.Tensor | None
+    test_pos: torch.Tensor
+    test_neg: torch.Tensor | None
+    undirected: bool
+    x: torch.Tensor | None = None
+    val_neg_dst: torch.Tensor | None = None
+    test_neg_dst: torch.Tensor | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = self.graph.num_nodes
+        for name in ("train_pos", "val_pos", "val_neg", "test_pos", "test_neg"):
+            t = getattr(self, name)
+            if t is None and name.endswith("neg"):
+                continue
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 2 \
+                    or t.shape[0] != 2:
+                got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t)
+                raise DatasetError(f"LinkSplit.{name} must be a [2, M] int64 tensor; got {got}.")
+            if t.numel() and (int(t.min()) < 0 or int(t.max()) >= n):
+                raise DatasetError(f"LinkSplit.{name} holds vertex ids in [{int(t.min())}, "
+                                   f"{int(t.max())}]; expected ids in [0, {n}).")
+        for stage in ("val", "test"):
+            dst = getattr(self, f"{stage}_neg_dst")
+            pos = getattr(self, f"{stage}_pos")
+            if dst is not None and (dst.dim() != 2 or dst.shape[0] != pos.shape[1]):
+                raise DatasetError(f"LinkSplit.{stage}_neg_dst must be [{pos.shape[1]}, K] "
+                                   f"(a row per positive); got {list(dst.shape)}.")
+            if dst is None and getattr(self, f"{stage}_neg") is None:
+                raise DatasetError(f"LinkSplit has no {stage} negatives: give {stage}_neg "
+                                   f"or {stage}_neg_dst.")
+
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    def with_val_edges(self) -> Graph:
+        """The message-passing graph plus the validation pairs (both directions when
+        undirected): PyG's ``RandomLinkSplit`` test-time graph, OGB's
+        ``use_valedges_as_input``."""
+        add = self.val_pos
+        if self.undirected:
+            add = torch.cat([add, add.flip(0)], 1)
+        ei = torch.cat([self.graph.edge_index(), add], 1)
+        w = self.graph.edge_weight_original()
+        if w is not None:
+            w = torch.cat([w, torch.ones(add.shape[1], dtype=w.dtype)])
+        return Graph.from_edge_index(ei, num_nodes=self.num_nodes, edge_weight=w)
+
+    def summary(self) -> dict[str, Any]:
+        """Sizes of each part, as a flat dict."""
+        def count(t: torch.Tensor | None) -> int | None:
+            return None if t is None else int(t.shape[1])
+        return {"num_nodes": self.num_nodes, "message_edges": self.graph.num_edges,
+                "undirected": self.undirected, "train_pos": count(self.train_pos),
+                "val_pos": count(self.val_pos), "val_neg": count(self.val_neg),
+                "test_pos": count(self.test_pos), "test_neg": count(self.test_neg)}
+
+
+def split_edges(
+    data: Graph | NodeDataset,
+    val: float = 0.05,
+    test: float = 0.1,
+    seed: int = 0,
+    undirected: bool | None = None,
+    neg_ratio: float = 1.0,
+) -> LinkSplit:
+    """Hold out validation and test pairs of a graph (see the module docstring).
+
+    Args:
+        data: an :class:`ngra.Graph` or a :class:`NodeDataset` (its ``x`` is kept).
+        val: share of the pairs held out for validation, in ``[0, 1)`` (default: 0.05).
+        test: share held out for testing, in ``[0, 1)`` (default: 0.1); ``val + test < 1``.
+        seed: fixes the permutation and the negatives (default: 0).
+        undirected: pairs unordered (``True``), ordered (``False``), or (``None``, default)
+            unordered when every edge has its reverse.
+        neg_ratio: negatives per held-out positive (default: 1.0, PyG's).
+
+    Raises:
+        DatasetError: bad fractions, too few pairs for the requested split (the message
+            says how many are needed), or too few non-edges for the negatives.
+    """
+    if isinstance(data, NodeDataset):
+        graph, x = data.graph, data.x
+    elif isinstance(data, Graph):
+        graph, x = data, None
+    else:
+        raise TypeError(f"split_edges takes an ngra.Graph or a NodeDataset; got "
+                        f"{type(data).__name__}.")
+    for name, frac in (("val", val), ("test", test)):
+        if not 0 <= frac < 1:
+            raise DatasetError(f"split_edges: {name} must be a fraction in [0, 1); got {frac}.")
+    if val + test >= 1:
+        raise DatasetError(f"split_edges: val + test must be < 1 to leave training pairs; got "
+                           f"val={val} + test={test} = {val + test}.")
+    if neg_ratio < 0:
+        raise DatasetError(f"split_edges: neg_ratio must be >= 0; got {neg_ratio}.")
+    n = graph.num_nodes
+    if undirected is None:
+        undirected = reciprocity(graph) == 1.0
+    ei = graph.edge_index().numpy()
+    keys = _pair_keys(ei[0], ei[1], n, undirected)
+    loops = ei[0] == ei[1]
+    pairs = np.unique(keys[~loops])
+    kind = "undirected" if undirected else "directed"
+    num_val, num_test = _count(val, pairs.size), _count(test, pairs.size)
+    for name, frac, k in (("val", val, num_val), ("test", test, num_test)):
+        if frac > 0 and k == 0:
+            need = math.ceil(1 / frac - 1e-9)
+            raise DatasetError(
+                f"split_edges: {name}={frac} of the graph's {pairs.size} {kind} pairs "
+                f"(self-loops aside) holds out none; at least {need} pairs are needed. Use a "
+                f"larger graph or a larger {name} fraction.")
+    if pairs.size - num_val - num_test < 1:
+        raise DatasetError(f"split_edges: the graph has {pairs.size} {kind} pairs; val={val}, "
+                           f"test={test} leave no training pair (at least 1 is needed).")
+    perm = rng_for(seed, "linksplit").permutation(pairs.size)
+    val_keys = np.sort(pairs[perm[:num_val]])
+    test_keys = np.sort(pairs[perm[num_val:num_val + num_test]])
+    train_keys = np.sort(pairs[perm[num_val + num_test:]])
+    held = np.sort(np.concatenate([val_keys, test_keys]))
+    keep = loops | ~_member(keys, held)
+    w = graph.edge_weight_original()
+    message = Graph.from_edge_index(torch.from_numpy(ei[:, keep]), num_nodes=n,
+                                    edge_weight=None if w is None else w[torch.from_numpy(keep)])
+    n_val_neg, n_test_neg = round(neg_ratio * num_val), round(neg_ratio * num_test)
+    neg = _non_edges(n, n_val_neg + n_test_neg, pairs, undirected, rng_for(seed, "linkneg"))
+    return LinkSplit(
+        graph=message, train_pos=_pairs(train_keys, n), val_pos=_pairs(val_keys, n),
+        val_neg=_pairs(neg[:n_val_neg], n), test_pos=_pairs(test_keys, n),
+        test_neg=_pairs(neg[n_val_neg:], n), undirected=bool(undirected), x=x,
+        info={"seed": seed, "val": val, "test": test, "neg_ratio": neg_ratio},
+    )
+
+
+def _count(frac: float, total: int) -> int:
+    return int(math.floor(frac * total + 1e-9))  # 0.29 * 100 is 28.999...
+
+
+def _pair_keys(src: np.ndarray, dst: np.ndarray, n: int, undirected: bool) -> np.ndarray:
+    src, dst = src.astype(np.int64), dst.astype(np.int64)
+    if undirected:
+        src, dst = np.minimum(src, dst), np.maximum(src, dst)
+    return src * n + dst
+
+
+def _pairs(keys: np.ndarray, n: int) -> torch.Tensor:
+    return torch.from_numpy(np.stack([keys // max(n, 1), keys % max(n, 1)]).astype(np.int64))
+
+
+def _member(keys: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    if not sorted_set.size:
+        return np.zeros(keys.size, dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_set, keys), sorted_set.size - 1)
+    return sorted_set[pos] == keys
+
+
+def _non_edges(n: int, k: int, pairs: np.ndarray, undirected: bool,
+               rng: np.random.Generator) -> np.ndarray:
+    """``[k]`` distinct keys of pairs that are neither an edge (``pairs``, sorted) nor a
+    self-loop, in random order."""
+    possible = n * (n - 1) // 2 if undirected else n * (n - 1)
+    free = possible - pairs.size
+    if k > free:
+        kind = "undirected" if undirected else "directed"
+        raise DatasetError(
+            f"split_edges: {k} negative pairs are needed but the graph ({n} vertices, "
+            f"{pairs.size} of its {possible} possible {kind} pairs are edges) has only {free} "
+            "non-edges. Lower neg_ratio, val or test, or use a sparser graph.")
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    if n * n <= _ENUMERATE_MAX:
+        cand = np.arange(n * n, dtype=np.int64)
+        s, d = cand // n, cand % n
+        cand = cand[(s < d) if undirected else (s != d)]
+        cand = cand[~_member(cand, pairs)]
+        return cand[rng.choice(cand.size, size=k, replace=False)]
+    have = np.empty(0, dtype=np.int64)
+    for _ in range(_ROUNDS):
+        m = 2 * (k - have.size) + 16
+        cand = _pair_keys(rng.integers(0, n, m), rng.integers(0, n, m), n, undirected)
+        cand = cand[(cand // n != cand % n) & ~_member(cand, pairs)]
+        have = np.concatenate([have, cand])
+        _, first = np.unique(have, return_index=True)
+        have = have[np.sort(first)]
+        if have.size >= k:
+            return have[:k]
+    raise DatasetError(f"split_edges: found only {have.size} of {k} negative pairs after "
+                       f"{_ROUNDS} rounds of sampling; lower neg_ratio, val or test.")

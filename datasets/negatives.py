@@ -1,0 +1,224 @@
+"""Negative pairs for link prediction, drawn per epoch from a counter-based stream.
+
+A negative is a vertex pair ``(src, dst)`` that is (probably, or with ``exclude``
+certainly) not an edge. :func:`sample_negatives` draws ``num`` of them for one epoch.
+
+**Mechanism.** Negative ``i`` of epoch ``e`` is a pure function of ``(seed, e, i)``:
+each endpoint is a splitmix64 hash of the counter ``i`` in a stream keyed by
+``(seed, epoch, endpoint, round)``, turned into a vertex id (``uniform``: ``floor(u * N)``;
+``degree``: the inverse of the cumulative ``degrees``, so a vertex is drawn in proportion
+to its weight). Nothing is sequential, so any subset of indices can be computed alone:
+
+* **Ranks.** A rank owning destinations ``[lo, hi)`` passes ``dst_range=(lo, hi)``: it
+  hashes every index's destination (about 10 ns an index, no memory beyond a chunk),
+  keeps those in its range and draws only their sources. The union over ranks of their
+  negatives, in index order, is the single-process set; no process count changes it.
+* **Rejection** (``exclude=graph``): a pair that is an edge of ``exclude`` (or a
+  self-loop, unless ``self_loops=True``) redraws its **source** only, in the next round's
+  stream, so its destination (and the rank that owns it) never changes. Membership is a
+  lockstep binary search of each candidate's source among the sorted sources of its
+  destination's CSC column, vectorized over all candidates (no Python loop per edge).
+  A destination whose every source is excluded cannot be fixed by redrawing; after
+  :data:`MAX_ROUNDS` rounds the pairs still rejected are dropped (logged), so fewer than
+  ``num`` come back only in that corner.
+
+Shapes: pairs are ``[2, M]`` int64, row 0 the sources, row 1 the destinations.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ngra.errors import DatasetError
+from ngra.graph import Graph
+
+from .direction import _sources_sorted
+
+__all__ = ["MAX_ROUNDS", "NegativeSampler", "is_edge", "sample_negatives", "sorted_sources"]
+
+log = logging.getLogger(__name__)
+
+#: Redraw rounds for rejected sources before the remaining ones are dropped.
+MAX_ROUNDS = 64
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_CHUNK = 1 << 20  # indices hashed at once when filtering by destination range
+_STREAMS = {"dst": 1, "src": 2}
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finalizer on a Python int (stream keys)."""
+    z = (z + _GOLDEN) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _stream_key(seed: int, epoch: int, endpoint: str, rnd: int) -> int:
+    return _mix(_mix(_mix(_mix(int(seed) & _MASK) ^ (int(epoch) & _MASK)) ^ _STREAMS[endpoint])
+                ^ rnd)
+
+
+def _uniform(key: int, index: np.ndarray) -> np.ndarray:
+    """``[len(index)]`` float64 in ``[0, 1)``: splitmix64 at counter ``index`` of stream ``key``."""
+    z = np.uint64(key) + (index.astype(np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+class NegativeSampler:
+    """Turns uniforms into vertex ids: uniformly, or in proportion to ``degrees``.
+
+    Args:
+        num_nodes: ``N``.
+        kind: ``"uniform"`` or ``"degree"``.
+        degrees: ``[N]`` non-negative weights for ``kind="degree"`` (e.g. ``deg ** 0.75``).
+    """
+
+    def __init__(self, num_nodes: int, kind: str = "uniform",
+                 degrees: torch.Tensor | np.ndarray | None = None) -> None:
+        if kind not in ("uniform", "degree"):
+            raise DatasetError(f"kind must be 'uniform' or 'degree'; got {kind!r}.")
+        self.num_nodes = int(num_nodes)
+        self.cdf: np.ndarray | None = None
+        if kind == "degree":
+            if degrees is None:
+                raise DatasetError("kind='degree' needs degrees=[N] weights (e.g. "
+                                   "graph.in_degrees() + graph.out_degrees()); got None.")
+            w = np.asarray(degrees.cpu() if isinstance(degrees, torch.Tensor) else degrees,
+                           dtype=np.float64)
+            if w.shape != (self.num_nodes,) or not np.isfinite(w).all() or (w < 0).any():
+                raise DatasetError(f"degrees must be [{self.num_nodes}] finite weights >= 0; "
+                                   f"got shape {list(w.shape)}, min {w.min() if w.size else None}.")
+            if w.sum() <= 0:
+                raise DatasetError("degrees sum to 0: no vertex can be drawn with kind='degree'.")
+            self.cdf = np.cumsum(w) / w.sum()
+
+    def ids(self, u: np.ndarray) -> np.ndarray:
+        """Vertex ids ``[len(u)]`` int64 for uniforms ``u`` in ``[0, 1)``."""
+        if self.cdf is None:
+            return np.minimum((u * self.num_nodes).astype(np.int64), self.num_nodes - 1)
+        return np.minimum(np.searchsorted(self.cdf, u, side="right"), self.num_nodes - 1)
+
+
+def is_edge(graph: Graph, src: np.ndarray, dst: np.ndarray,
+            sorted_indices: np.ndarray | None = None) -> np.ndarray:
+    """``[len(src)]`` bool: whether ``src[i] -> dst[i]`` is an edge of ``graph``.
+
+    A lockstep binary search of each source among the sorted sources of column ``dst[i]``;
+    ``sorted_indices`` (from a previous call's :func:`sorted_sources`) saves re-checking.
+    """
+    indptr = graph.indptr.numpy().astype(np.int64, copy=False)
+    idx = sorted_sources(graph) if sorted_indices is None else sorted_indices
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    lo, hi = indptr[dst], indptr[dst + 1]
+    end = hi.copy()
+    while True:  # lower bound of src within [lo, hi): about log2(max in-degree) steps
+        live = lo < hi
+        if not live.any():
+            break
+        mid = (lo + hi) >> 1
+        go_right = live & (idx[np.minimum(mid, max(idx.size - 1, 0))] < src)
+        lo = np.where(go_right, mid + 1, lo)
+        hi = np.where(live & ~go_right, mid, hi)
+    found = lo < end
+    found[found] = idx[lo[found]] == src[found]
+    return found
+
+
+def sorted_sources(graph: Graph) -> np.ndarray:
+    """The graph's CSC ``indices`` as int64 with each column's sources in increasing order."""
+    idx = _sources_sorted(graph.indptr.numpy(), graph.indices.numpy(), graph.num_nodes)
+    return idx.astype(np.int64, copy=False)
+
+
+def sample_negatives(
+    num_nodes: int,
+    num: int,
+    seed: int,
+    *,
+    epoch: int = 0,
+    kind: str = "uniform",
+    degrees: torch.Tensor | np.ndarray | None = None,
+    exclude: Graph | None = None,
+    self_loops: bool = False,
+    dst_range: tuple[int, int] | None = None,
+    return_index: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Draw epoch ``epoch``'s ``num`` negative pairs (see the module docstring).
+
+    Args:
+        num_nodes: ``N``; ids are in ``[0, N)``.
+        num: how many negatives the whole (global) set holds.
+        seed: the run's seed; with ``epoch`` it fixes the set.
+        epoch: which epoch's set (default: 0).
+        kind: ``"uniform"`` (default) or ``"degree"`` (both endpoints drawn in proportion
+            to ``degrees``).
+        degrees: ``[N]`` weights for ``kind="degree"``.
+        exclude: redraw pairs that are edges of this graph (default: none rejected).
+        self_loops: allow ``v -> v`` pairs (default: ``False``, they are redrawn).
+        dst_range: ``(lo, hi)``: return only the negatives whose destination is in
+            ``[lo, hi)`` (a rank's share); default: all.
+        return_index: also return each returned negative's global index ``[M]``.
+
+    Returns:
+        ``[2, M]`` int64 pairs in global index order (``M == num`` without
+        ``dst_range``, unless some could not avoid ``exclude``); with ``return_index``,
+        ``(pairs, index)``.
+    """
+    n = int(num_nodes)
+    if n <= 0 or num < 0:
+        raise DatasetError(f"sample_negatives needs num_nodes > 0 and num >= 0; got "
+                           f"num_nodes={num_nodes}, num={num}.")
+    if n == 1 and not self_loops and num:
+        raise DatasetError("a 1-vertex graph has no pair other than a self-loop; pass "
+                           "self_loops=True or use a larger graph.")
+    if exclude is not None and exclude.num_nodes != n:
+        raise DatasetError(f"exclude has {exclude.num_nodes} vertices; expected "
+                           f"num_nodes={n}.")
+    draw = NegativeSampler(n, kind, degrees)
+    dkey = _stream_key(seed, epoch, "dst", 0)
+    if dst_range is None:
+        index = np.arange(num, dtype=np.int64)
+        dst = draw.ids(_uniform(dkey, index))
+    else:
+        lo, hi = int(dst_range[0]), int(dst_range[1])
+        keep_i, keep_d = [], []
+        for c in range(0, num, _CHUNK):
+            i = np.arange(c, min(c + _CHUNK, num), dtype=np.int64)
+            d = draw.ids(_uniform(dkey, i))
+            mine = (d >= lo) & (d < hi)
+            keep_i.append(i[mine])
+            keep_d.append(d[mine])
+        index = np.concatenate(keep_i) if keep_i else np.empty(0, np.int64)
+        dst = np.concatenate(keep_d) if keep_d else np.empty(0, np.int64)
+    src = draw.ids(_uniform(_stream_key(seed, epoch, "src", 0), index))
+    sorted_idx = sorted_sources(exclude) if exclude is not None else None
+    ok = _acceptable(src, dst, exclude, sorted_idx, self_loops)
+    rnd = 0
+    while not ok.all() and rnd < MAX_ROUNDS:
+        rnd += 1
+        bad = np.flatnonzero(~ok)
+        src[bad] = draw.ids(_uniform(_stream_key(seed, epoch, "src", rnd), index[bad]))
+        ok[bad] = _acceptable(src[bad], dst[bad], exclude, sorted_idx, self_loops)
+    if not ok.all():
+        log.warning("sample_negatives: %d of %d negatives kept hitting excluded pairs after "
+                    "%d rounds (destinations with almost every source an edge) and are "
+                    "dropped.", int((~ok).sum()), ok.size, MAX_ROUNDS)
+        src, dst, index = src[ok], dst[ok], index[ok]
+    pairs = torch.from_numpy(np.stack([src, dst]))
+    return (pairs, torch.from_numpy(index)) if return_index else pairs
+
+
+def _acceptable(src: np.ndarray, dst: np.ndarray, exclude: Graph | None,
+                sorted_idx: np.ndarray | None, self_loops: bool) -> np.ndarray:
+    ok = np.ones(src.size, dtype=bool) if self_loops else src != dst
+    if exclude is not None and ok.any():
+        ok[ok] = ~is_edge(exclude, src[ok], dst[ok], sorted_idx)
+    return ok

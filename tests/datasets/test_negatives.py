@@ -1,0 +1,90 @@
+"""sample_negatives: seeded per epoch, the same set on any number of ranks, edges rejected."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ngra.datasets import DatasetError, sample_negatives
+from ngra.datasets.negatives import is_edge
+from ngra.graph import Graph
+
+
+def _graph(n: int = 50, e: int = 400, seed: int = 0) -> Graph:
+    g = torch.Generator().manual_seed(seed)
+    return Graph.from_edge_index(torch.randint(0, n, (2, e), generator=g), num_nodes=n)
+
+
+def test_seeded_by_seed_and_epoch():
+    a = sample_negatives(100, 500, seed=3, epoch=1)
+    assert a.shape == (2, 500) and a.dtype == torch.int64
+    assert torch.equal(a, sample_negatives(100, 500, seed=3, epoch=1))
+    assert not torch.equal(a, sample_negatives(100, 500, seed=3, epoch=2))
+    assert not torch.equal(a, sample_negatives(100, 500, seed=4, epoch=1))
+    assert bool((a[0] != a[1]).all())  # no self-loops by default
+    # a prefix of the stream is the same whatever num: negative i depends on i alone
+    assert torch.equal(sample_negatives(100, 200, seed=3, epoch=1), a[:, :200])
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("kind", ["uniform", "degree"])
+def test_union_over_ranks_is_the_single_process_set(ranks, kind):
+    graph = _graph()
+    deg = (graph.in_degrees() + graph.out_degrees()).double()
+    kw = dict(seed=7, epoch=5, kind=kind, degrees=deg if kind == "degree" else None,
+              exclude=graph)
+    whole, index = sample_negatives(50, 3000, return_index=True, **kw)
+    bounds = np.linspace(0, 50, ranks + 1).astype(int)
+    parts = [sample_negatives(50, 3000, dst_range=(lo, hi), return_index=True, **kw)
+             for lo, hi in zip(bounds[:-1], bounds[1:])]
+    for (p, i), lo, hi in zip(parts, bounds[:-1], bounds[1:]):
+        assert bool(((p[1] >= lo) & (p[1] < hi)).all())
+    got_i = torch.cat([i for _, i in parts])
+    got_p = torch.cat([p for p, _ in parts], 1)
+    order = torch.argsort(got_i)
+    assert torch.equal(got_i[order], index) and torch.equal(got_p[:, order], whole)
+
+
+def test_exclude_rejects_every_edge():
+    graph = _graph(n=30, e=300)
+    neg = sample_negatives(30, 5000, seed=0, exclude=graph)
+    edges = {tuple(e) for e in graph.edge_index().t().tolist()}
+    assert neg.shape[1] == 5000
+    assert not any((u, v) in edges for u, v in neg.t().tolist())
+    assert bool((neg[0] != neg[1]).all())
+
+
+def test_is_edge_matches_a_set_on_unsorted_columns():
+    ei = torch.tensor([[4, 0, 2, 3, 1, 2], [1, 1, 1, 0, 3, 2]])  # column 1: sources 4, 0, 2
+    graph = Graph.from_edge_index(ei, num_nodes=5)
+    edges = {tuple(e) for e in ei.t().tolist()}
+    s, d = np.meshgrid(np.arange(5), np.arange(5))
+    found = is_edge(graph, s.ravel(), d.ravel())
+    assert [bool(f) for f in found] == [(a, b) in edges for a, b in zip(s.ravel(), d.ravel())]
+
+
+def test_degree_kind_follows_the_weights():
+    deg = torch.zeros(10)
+    deg[[2, 7]] = torch.tensor([1.0, 3.0])
+    neg = sample_negatives(10, 4000, seed=0, kind="degree", degrees=deg, self_loops=True)
+    assert set(neg.unique().tolist()) == {2, 7}
+    share = float((neg[1] == 7).double().mean())
+    assert 0.72 < share < 0.78
+
+
+def test_unfixable_destination_is_dropped_with_a_warning(caplog):
+    n = 4  # every vertex points to 0: no source can make a negative into 0
+    graph = Graph.from_edge_index(torch.tensor([[1, 2, 3], [0, 0, 0]]), num_nodes=n)
+    neg = sample_negatives(n, 400, seed=0, exclude=graph)
+    assert 0 < neg.shape[1] < 400 and bool((neg[1] != 0).all())
+    assert "dropped" in caplog.text
+
+
+def test_errors_name_what_is_wrong():
+    with pytest.raises(DatasetError, match="degrees"):
+        sample_negatives(10, 5, seed=0, kind="degree")
+    with pytest.raises(DatasetError, match="'uniform' or 'degree'"):
+        sample_negatives(10, 5, seed=0, kind="popular")
+    with pytest.raises(DatasetError, match="exclude has 5 vertices; expected num_nodes=10"):
+        sample_negatives(10, 5, seed=0, exclude=_graph(n=5, e=3))
