@@ -20,6 +20,7 @@ Link prediction: :func:`split_edges` holds out val/test pairs (a :class:`LinkSpl
 of processes).
 """
 
+from .batching import GraphBatch, GraphLoader, collate
 from .base import (
     DATA_ENV,
     DamagedFileError,
@@ -33,6 +34,7 @@ from .base import (
 from .cache import CACHE_ENV
 from .convert import from_dgl, from_pyg, to_dgl, to_pyg
 from .download import DownloadError
+from .graphs import GraphDataset, from_pyg_list
 from .edgelist import load_edgelist, load_twitter, read_edgelist
 from .linksplit import LinkSplit, split_edges
 from .negatives import sample_negatives
@@ -42,6 +44,7 @@ from .planetoid import load_planetoid
 from .spec import DatasetSpec, available, describe, load, parse_spec
 from .synthetic import rmat, sbm, structural_labels
 from .trainable import check_trainable
+from .tu import load_tu
 
 __all__ = [
     "CACHE_ENV",
@@ -51,21 +54,27 @@ __all__ = [
     "DatasetNotFoundError",
     "DatasetSpec",
     "DownloadError",
+    "GraphBatch",
+    "GraphDataset",
+    "GraphLoader",
     "LinkSplit",
     "MissingFileError",
     "NodeDataset",
     "SpecError",
     "available",
     "check_trainable",
+    "collate",
     "data_root",
     "describe",
     "from_dgl",
     "from_pyg",
+    "from_pyg_list",
     "load",
     "load_edgelist",
     "load_ogb",
     "load_ogb_link",
     "load_planetoid",
+    "load_tu",
     "load_twitter",
     "parse_spec",
     "read_edgelist",

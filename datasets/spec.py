@@ -38,10 +38,12 @@ from .cache import (
 )
 from .direction import loading_spec, symmetric_spec, warn_if_one_direction
 from .edgelist import TWITTER_FILE, load_edgelist, load_twitter
+from .graphs import GraphDataset
 from .ogb import load_ogb, ogb_source_files
 from .planetoid import load_planetoid
 from .store import STORAGES, choose_storage, entry_bytes
 from .synthetic import rmat, sbm
+from .tu import load_tu, tu_source_files
 
 __all__ = ["DatasetSpec", "available", "describe", "load", "parse_spec"]
 
@@ -114,7 +116,7 @@ class Entry:
     name: str
     help: str
     params: tuple[Param, ...]
-    build: Callable[..., NodeDataset]  # build(root, download, progress, **params)
+    build: Callable[..., NodeDataset | GraphDataset]  # build(root, download, progress, **params)
     positional: str | None = None  # key a bare word fills (a path)
     flags: tuple[str, ...] = ()  # bool keys a bare word turns on
     cacheable: bool = True
@@ -222,6 +224,12 @@ def _build_ogb(
     root: Path, download: bool, progress: bool | None, path: str, **kw: Any
 ) -> NodeDataset:
     return load_ogb(_resolve(path, root), progress=progress, **kw)
+
+
+def _build_tu(
+    root: Path, download: bool, progress: bool | None, path: str
+) -> GraphDataset:
+    return load_tu(_resolve(path, root))
 
 
 _SYNTH_LABELED = (
@@ -352,6 +360,16 @@ _REGISTRY: dict[str, Entry] = {
             positional="path",
             sources=lambda root, path, **_: ogb_source_files(_resolve(path, root)),
         ),
+        Entry(
+            name="tu",
+            help="TU graph-classification folder (DS_A.txt, DS_graph_indicator.txt, "
+                 "DS_graph_labels.txt, ...): a GraphDataset of many graphs, one label each",
+            params=(Param("path", "path", None, "the dataset folder (or its parent of raw/)"),),
+            build=_build_tu,
+            positional="path",
+            cacheable=False,  # small text files: parsing them is as fast as reading a cache
+            sources=lambda root, path, **_: tu_source_files(_resolve(path, root)),
+        ),
     )
 }
 _ALIASES = {
@@ -443,13 +461,14 @@ def load(
     progress: bool | None = None,
     storage: str = "memory",
     budget: int | None = None,
-) -> NodeDataset:
+) -> NodeDataset | GraphDataset:
     """Load a dataset from a spec string.
 
     Examples: ``cora``, ``citeseer``, ``pubmed:structure``,
     ``rmat:scale=18,edge_factor=16,feat=64,classes=8,seed=0``, ``sbm``,
     ``sbm:nodes=2000,blocks=7,p_in=0.03,p_out=0.002``, ``edgelist:graph.txt.gz,feat=32``,
-    ``ogb:/data/ogbn_arxiv``, ``twitter``. Call :func:`describe` for every key.
+    ``ogb:/data/ogbn_arxiv``, ``twitter``, ``tu:data/MUTAG`` (a
+    :class:`~ngra.datasets.graphs.GraphDataset` of many graphs). Call :func:`describe` for every key.
 
     Args:
         spec: the dataset spec string.
@@ -469,7 +488,7 @@ def load(
     rebuilt.
 
     Returns:
-        The :class:`NodeDataset`; ``info["spec"]`` holds the canonical spec,
+        The :class:`NodeDataset` (``tu:``: a :class:`GraphDataset`); ``info["spec"]`` holds the canonical spec,
         ``info["cache"]`` is ``"hit"``, ``"miss"`` or ``"off"``, and ``info["storage"]``
         says whether the arrays are in memory or mapped from disk.
 
