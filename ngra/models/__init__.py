@@ -1,6 +1,7 @@
-"""ngra.models: the model zoo, each layer a SAGA program."""
+"""ngra.models: the model zoo, each layer a SAGA program; link decoders (:mod:`.decoders`)."""
 
 from ngra.models.commnet import CommNetConv
+from ngra.models.decoders import DistMultDecoder, DotDecoder, HadamardMLPDecoder
 from ngra.models.gat import GATConv
 from ngra.models.gcn import GCNConv
 from ngra.models.ggcn import GGCNConv
@@ -28,5 +29,5 @@ __all__ = [
     "GCNConv", "SAGEConv", "GATConv", "GINConv", "GGCNConv", "CommNetConv", "GGNNConv",
     "RGCNConv", "MPNNConv", "GNN", "MODELS", "ModelSpec", "Defaults", "Hyper", "HYPER_PARAMETERS",
     "build_model", "defaults_table", "hyper_parameters", "param_groups", "prepare",
-    "relation_norm",
+    "relation_norm", "DotDecoder", "HadamardMLPDecoder", "DistMultDecoder",
 ]
