@@ -8,6 +8,7 @@ from ngra.models.ggcn import GGCNConv
 from ngra.models.ggnn import GGNNConv
 from ngra.models.gin import GINConv
 from ngra.models.mpnn import MPNNConv
+from ngra.models.readout import AttentionPool, MaxPool, MeanPool, SumPool, readout
 from ngra.models.rgcn import RGCNConv
 from ngra.models.sage import SAGEConv
 from ngra.models.zoo import (
@@ -29,5 +30,6 @@ __all__ = [
     "GCNConv", "SAGEConv", "GATConv", "GINConv", "GGCNConv", "CommNetConv", "GGNNConv",
     "RGCNConv", "MPNNConv", "GNN", "MODELS", "ModelSpec", "Defaults", "Hyper", "HYPER_PARAMETERS",
     "build_model", "defaults_table", "hyper_parameters", "param_groups", "prepare",
-    "relation_norm", "DotDecoder", "HadamardMLPDecoder", "DistMultDecoder",
+    "relation_norm", "SumPool", "MeanPool", "MaxPool", "AttentionPool", "readout",
+    "DotDecoder", "HadamardMLPDecoder", "DistMultDecoder",
 ]
