@@ -45,6 +45,7 @@ LAYERS = (
     "ngra.saga",
     "ngra",  # the package's __init__: the public names (Graph, SagaLayer, explain, ...)
     "ngra.models",
+    "ngra.metrics",  # link-prediction metrics (OGB Hits@K, MRR; ROC-AUC): torch only
     "ngra.distributed",  # ranks: partitioned graphs (the runtime's Partitioned), their loop
     "ngra.planner",  # uses the link model; the compiler hands it dense stages
     "ngra.training",  # a run: config, model source, data, loop, ranks, checkpoints, predict
