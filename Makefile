@@ -25,8 +25,9 @@ install-test: $(VENV)/.test
 demo: $(VENV)/.core
 	$(VENV)/bin/ngra train --model gcn --dataset sbm --epochs 100 --seed 0 --out demo_result.json
 
+# --durations=25: list the 25 slowest tests; pytest's last line gives the total time.
 test: $(VENV)/.test
-	NGRA_DATA=$(DATA) $(PY) -m pytest -q -m "not slow"
+	NGRA_DATA=$(DATA) $(PY) -m pytest -q -m "not slow" --durations=25
 
 test-all: $(VENV)/.test
 	NGRA_DATA=$(DATA) NGRA_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q

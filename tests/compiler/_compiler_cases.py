@@ -1,4 +1,5 @@
-"""Shared helpers of the compiler tests: labeled graph cases, tile grids, plain-torch references.
+"""Shared helpers of the compiler tests: labeled graph cases (from ``tests/graph_cases.py``),
+tile grids, plain-torch references.
 
 The references below write each zoo model's math directly with ``index_select`` /
 ``index_add`` over the original edge list, independent of ngra's executor and kernels.
@@ -8,37 +9,24 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from graph_cases import SQUARE_CASES, case_generator, square_graph
 
 from ngra import Graph
 from ngra.models import relation_norm
 
 N = 14
-GRAPH_CASES = ("random", "empty", "isolated", "self_loops", "multi_edges", "skewed")
+GRAPH_CASES = SQUARE_CASES
 
 
 def make_graph(case: str, n: int = N) -> Graph:
-    """A labeled graph case with ``n`` vertices (fresh random edges on each call)."""
-    if case == "random":
-        ei = torch.randint(0, n, (2, 4 * n))
-    elif case == "empty":
-        ei = torch.empty(2, 0, dtype=torch.int64)
-    elif case == "isolated":  # the upper half of the vertices has no edges at all
-        ei = torch.randint(0, n // 2, (2, 3 * n))
-    elif case == "self_loops":
-        ei = torch.cat([torch.randint(0, n, (2, 2 * n)), torch.arange(n).repeat(2, 1)], 1)
-    elif case == "multi_edges":
-        base = torch.randint(0, n, (2, n))
-        ei = torch.cat([base, base, base[:, :3]], 1)
-    elif case == "skewed":  # a hub with in-degree ~3n, a few other edges
-        hub = torch.stack([torch.randint(0, n, (3 * n,)), torch.zeros(3 * n, dtype=torch.int64)])
-        ei = torch.cat([hub, torch.randint(0, n, (2, n))], 1)
-    else:
-        raise ValueError(case)
-    return Graph.from_edge_index(ei, num_nodes=n)
+    """A labeled square graph case with ``n`` vertices, seeded from ``(case, n)`` and
+    ``$NGRA_TEST_SEED`` (fresh on each run unless that is set; see ``graph_cases``)."""
+    return square_graph(case, n, case_generator("square", case, n))
 
 
 def edge_types(graph: Graph, num_types: int) -> torch.Tensor:
-    return torch.randint(0, num_types, (graph.num_edges,))
+    gen = case_generator("edge_types", graph.num_edges, num_types)
+    return torch.randint(0, num_types, (graph.num_edges,), generator=gen)
 
 
 # ---------------------------------------------------------------------------- references
