@@ -37,6 +37,7 @@ from ngra.graph import Graph
 
 from .base import NodeDataset, rng_for
 from .direction import reciprocity
+from .negatives import sample_negatives
 
 __all__ = ["LinkSplit", "split_edges"]
 
@@ -114,6 +115,17 @@ class LinkSplit:
             w = torch.cat([w, torch.ones(add.shape[1], dtype=w.dtype)])
         return Graph.from_edge_index(ei, num_nodes=self.num_nodes, edge_weight=w)
 
+    def train_negatives(self, epoch: int, seed: int | None = None, ratio: float = 1.0,
+                        dst_range: tuple[int, int] | None = None) -> torch.Tensor:
+        """Epoch ``epoch``'s ``round(ratio * E_train)`` training negatives ``[2, M]``: uniform
+        pairs that are no edge of :attr:`graph` nor a self-loop (PyG's per-epoch
+        ``negative_sampling``), from :func:`~ngra.datasets.negatives.sample_negatives`, so
+        a rank owning destinations ``dst_range`` gets its share of the same set.
+        ``seed`` defaults to the split's."""
+        seed = int(self.info.get("seed", 0)) if seed is None else seed
+        return sample_negatives(self.num_nodes, round(ratio * self.train_pos.shape[1]), seed,
+                                epoch=epoch, exclude=self.graph, dst_range=dst_range)
+
     def summary(self) -> dict[str, Any]:
         """Sizes of each part, as a flat dict."""
         def count(t: torch.Tensor | None) -> int | None:
@@ -168,7 +180,7 @@ def split_edges(
     ei = graph.edge_index().numpy()
     keys = _pair_keys(ei[0], ei[1], n, undirected)
     loops = ei[0] == ei[1]
-    pairs = np.unique(keys[~loops])
+    pairs = _sorted_unique(keys[~loops])
     kind = "undirected" if undirected else "directed"
     num_val, num_test = _count(val, pairs.size), _count(test, pairs.size)
     for name, frac, k in (("val", val, num_val), ("test", test, num_test)):
@@ -202,6 +214,14 @@ def split_edges(
 
 def _count(frac: float, total: int) -> int:
     return int(math.floor(frac * total + 1e-9))  # 0.29 * 100 is 28.999...
+
+
+def _sorted_unique(keys: np.ndarray) -> np.ndarray:
+    """Sort + neighbour compare: numpy 2's hash-based ``np.unique`` is several times slower."""
+    keys = np.sort(keys)
+    if keys.size > 1:
+        keys = keys[np.r_[True, keys[1:] != keys[:-1]]]
+    return keys
 
 
 def _pair_keys(src: np.ndarray, dst: np.ndarray, n: int, undirected: bool) -> np.ndarray:

@@ -130,3 +130,14 @@ def test_large_graph_rejection_path():
     neg = _pairs(s.val_neg) | _pairs(s.test_neg)
     assert len(neg) == s.val_neg.shape[1] + s.test_neg.shape[1]
     assert all(u < v and (u, v) not in edges for u, v in neg)
+
+
+def test_train_negatives_avoid_the_message_graph_and_change_per_epoch():
+    s = split_edges(_undirected(), val=0.1, test=0.1, seed=4)
+    a, b = s.train_negatives(0), s.train_negatives(1)
+    assert a.shape == (2, s.train_pos.shape[1]) and not torch.equal(a, b)
+    assert torch.equal(a, s.train_negatives(0, seed=4))
+    mp = _pairs(s.graph.edge_index())
+    assert not any(p in mp for p in _pairs(a)) and bool((a[0] != a[1]).all())
+    half = s.train_negatives(0, dst_range=(0, 30))
+    assert torch.equal(half, a[:, a[1] < 30])
