@@ -10,8 +10,8 @@ each endpoint is a splitmix64 hash of the counter ``i`` in a stream keyed by
 to its weight). Nothing is sequential, so any subset of indices can be computed alone:
 
 * **Ranks.** A rank owning destinations ``[lo, hi)`` passes ``dst_range=(lo, hi)``: it
-  hashes every index's destination (about 10 ns an index, no memory beyond a chunk),
-  keeps those in its range and draws only their sources. The union over ranks of their
+  hashes every index's destination (tens of ns an index, in chunks that stay in
+  cache), keeps those in its range and draws only their sources. The union over ranks of their
   negatives, in index order, is the single-process set; no process count changes it.
 * **Rejection** (``exclude=graph``): a pair that is an edge of ``exclude`` (or a
   self-loop, unless ``self_loops=True``) redraws its **source** only, in the next round's
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 MAX_ROUNDS = 64
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-_CHUNK = 1 << 20  # indices hashed at once when filtering by destination range
+_CHUNK = 1 << 16  # indices hashed at once when filtering by destination range (in cache)
 _STREAMS = {"dst": 1, "src": 2}
 
 
@@ -63,12 +63,21 @@ def _stream_key(seed: int, epoch: int, endpoint: str, rnd: int) -> int:
 
 
 def _uniform(key: int, index: np.ndarray) -> np.ndarray:
-    """``[len(index)]`` float64 in ``[0, 1)``: splitmix64 at counter ``index`` of stream ``key``."""
-    z = np.uint64(key) + (index.astype(np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    """``[len(index)]`` float64 in ``[0, 1)``: splitmix64 at counter ``index`` of stream ``key``
+    (in place on one temporary; uint64 arithmetic wraps, as splitmix64 wants)."""
+    z = index.astype(np.uint64)
+    z += np.uint64(1)
+    z *= np.uint64(_GOLDEN)
+    z += np.uint64(key)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    z >>= np.uint64(11)
+    u = z.astype(np.float64)
+    u *= 1.0 / (1 << 53)
+    return u
 
 
 class NegativeSampler:
