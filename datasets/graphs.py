@@ -282,12 +282,12 @@ def from_pyg_list(data_list: Sequence[Any], name: str = "pyg") -> GraphDataset:
     for i, d in enumerate(data_list):
         y = torch.as_tensor(d.y).reshape(-1)
         if y.numel() != 1:
-            raise DatasetError(f"{name}: graph {i} has y of shape {list(torch.as_tensor(d.y).shape)}"
-                               "; a graph-level dataset needs one label per graph.")
+            shape = list(torch.as_tensor(d.y).shape)
+            raise DatasetError(f"{name}: graph {i} has y of shape {shape}; a graph-level "
+                               "dataset needs one label per graph.")
         labels.append(y.item())
 
-    def stacked(key: str, rows: np.ndarray) -> torch.Tensor | None:
-        parts = [getattr(d, key, None) for d in data_list]
+    def stacked(key: str, parts: list[Any], rows: np.ndarray) -> torch.Tensor | None:
         have = [p is not None for p in parts]
         if not any(have):
             return None
@@ -299,13 +299,15 @@ def from_pyg_list(data_list: Sequence[Any], name: str = "pyg") -> GraphDataset:
             t = torch.as_tensor(p)
             t = t.unsqueeze(1) if t.dim() == 1 else t.reshape(t.shape[0], -1)
             if t.shape[0] != r:
+                per = "node" if key == "x" else "edge"
                 raise DatasetError(f"{name}: graph {i} has {key} with {t.shape[0]} rows; "
-                                   f"expected {int(r)} (one per {'node' if key == 'x' else 'edge'}).")
+                                   f"expected {int(r)} (one per {per}).")
             ts.append(t.float())
         return torch.cat(ts)
 
-    x = stacked("x", counts)
-    edge_attr = stacked("edge_attr", np.array([e.shape[1] for e in eis]))
+    x = stacked("x", [d.x for d in data_list], counts)
+    edge_attr = stacked("edge_attr", [d.edge_attr for d in data_list],
+                        np.array([e.shape[1] for e in eis]))
     info = {"x": "given" if x is not None else "constant",
             "edge_attr": "given" if edge_attr is not None else None}
     return GraphDataset.from_edges(

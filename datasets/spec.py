@@ -468,7 +468,8 @@ def load(
     ``rmat:scale=18,edge_factor=16,feat=64,classes=8,seed=0``, ``sbm``,
     ``sbm:nodes=2000,blocks=7,p_in=0.03,p_out=0.002``, ``edgelist:graph.txt.gz,feat=32``,
     ``ogb:/data/ogbn_arxiv``, ``twitter``, ``tu:data/MUTAG`` (a
-    :class:`~ngra.datasets.graphs.GraphDataset` of many graphs). Call :func:`describe` for every key.
+    :class:`~ngra.datasets.graphs.GraphDataset` of many graphs). Call :func:`describe` for
+    every key.
 
     Args:
         spec: the dataset spec string.
@@ -488,7 +489,8 @@ def load(
     rebuilt.
 
     Returns:
-        The :class:`NodeDataset` (``tu:``: a :class:`GraphDataset`); ``info["spec"]`` holds the canonical spec,
+        The :class:`NodeDataset` (``tu:``: a :class:`GraphDataset`); ``info["spec"]``
+        holds the canonical spec,
         ``info["cache"]`` is ``"hit"``, ``"miss"`` or ``"off"``, and ``info["storage"]``
         says whether the arrays are in memory or mapped from disk.
 

@@ -18,6 +18,7 @@ import torch
 from ngra.memstat import release_mapped
 
 from .base import DatasetError, NodeDataset
+from .graphs import GraphDataset
 
 __all__ = ["check_trainable"]
 
@@ -36,6 +37,12 @@ def check_trainable(ds: NodeDataset, name: str | None = None) -> None:
         name: how the user named it (the spec string), for messages (default: ``ds.name``).
     """
     name = name or ds.name
+    if isinstance(ds, GraphDataset):
+        raise DatasetError(
+            f"{name} is a graph-classification dataset ({len(ds)} graphs, one label each); "
+            "node-classification training needs a NodeDataset (one label per vertex). Train "
+            "on it from Python: ngra.datasets.GraphLoader batches, a readout from "
+            "ngra.models (SumPool, MeanPool, MaxPool, AttentionPool) and a torch optimizer.")
     n = ds.num_nodes
     if n == 0:
         raise DatasetError(f"{name} has 0 vertices; there is nothing to train on.")

@@ -138,3 +138,11 @@ def test_graph_with_no_nodes_is_kept(tmp_path: Path):
     files["graph_indicator"] = ["1", "1", "1", "3", "3"]  # graph 2 has no nodes
     ds = load_tu(write_tu(tmp_path / "T", files))
     assert ds.node_ptr.tolist() == [0, 3, 3, 5] and ds[1].num_nodes == 0
+
+
+def test_node_training_refuses_a_graph_dataset(tmp_path: Path):
+    from ngra.datasets import check_trainable
+
+    ds = load_tu(write_tu(tmp_path / "T", small()))
+    with pytest.raises(DatasetError, match="graph-classification dataset \\(2 graphs"):
+        check_trainable(ds, "tu:T")
