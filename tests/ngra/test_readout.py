@@ -38,7 +38,7 @@ PTRS = [torch.tensor([0, 3, 3, 7, 8]), torch.tensor([0, 0]), torch.tensor([0, 5]
 
 @pytest.mark.parametrize("ptr", PTRS, ids=["mixed-with-empty", "one-empty", "one"])
 @pytest.mark.parametrize("kind", ["sum", "mean", "max"])
-@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("backend", ["ref", "cpu", "gpu"])  # gpu: Triton (interpreted on CPU)
 def test_readout_matches_reference_and_gradcheck(kind, ptr, backend):
     with use_backend(backend):
         _check_readout(kind, ptr)
@@ -87,3 +87,20 @@ def test_bad_arguments_say_what_was_expected():
         readout(x, torch.tensor([0, 4]))
     with pytest.raises(ValueError, match="one of \\('sum', 'mean', 'max'\\); got 'min'"):
         readout(x, torch.tensor([0, 5]), "min")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_readouts_of_a_batch_on_cuda_match_cpu():
+    from ngra.datasets import GraphDataset, collate
+
+    ds = GraphDataset.from_edges("t", [0, 1, 3], [1, 0, 4], [0, 2, 2, 5], [0, 1, 0],
+                                 torch.randn(5, 3))
+    batch = collate(ds, [2, 1, 0])
+    on_gpu = batch.to("cuda")
+    pool = AttentionPool(3)
+    for kind in ("sum", "mean", "max"):
+        torch.testing.assert_close(readout(on_gpu.x, on_gpu.ptr, kind).cpu(),
+                                   readout(batch.x, batch.ptr, kind))
+    torch.testing.assert_close(pool.cuda()(on_gpu.x, on_gpu.ptr).cpu(),
+                               pool.cpu()(batch.x, batch.ptr))
