@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 _MAX_PLANS = 8  # per layer
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+_compiling = threading.RLock()  # serializes compiles (tracing is not thread-safe)
 _enabled = True
 
 
@@ -102,12 +103,19 @@ def compile_layer(layer: Any, graph: Any, x: Any, edata: Any) -> Plan:
         if entry is not None:
             plans.move_to_end(key)
     if entry is None:
-        entry = _compile(layer, x, edata)
-        with _lock:
-            plans = _CACHE.setdefault(layer, OrderedDict())
-            plans[key] = entry
-            while len(plans) > _MAX_PLANS:
-                plans.popitem(last=False)
+        # one compile at a time: torch.fx tracing is not thread-safe (a second thread's
+        # trace sees the first one's Proxies); a thread that waited finds the plan cached
+        with _compiling:
+            with _lock:
+                plans = _CACHE.get(layer)
+                entry = plans.get(key) if plans is not None else None
+            if entry is None:
+                entry = _compile(layer, x, edata)
+                with _lock:
+                    plans = _CACHE.setdefault(layer, OrderedDict())
+                    plans[key] = entry
+                    while len(plans) > _MAX_PLANS:
+                        plans.popitem(last=False)
     if isinstance(entry, _Fallback):
         return FallbackPlan(layer, entry.reason, entry.notes)
     return entry

@@ -177,7 +177,7 @@ class GraphedStep:
         except RuntimeError as err:
             # nothing captured ran, and the step begins by dropping the gradients, so
             # the eager step below starts from the state the warm-up left
-            del graph
+            graph = None  # drop the failed capture before freeing the cache
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             self._refuse(f"capture failed: {type(err).__name__}: "

@@ -91,3 +91,52 @@ def test_overlapping_calls_of_one_plan_keep_their_own_state(name, monkeypatch):
     if errors:
         raise errors[0]
     assert len(remade) == (2 * ROUNDS if name == "gat" else 0)
+
+
+def test_first_calls_from_two_threads_compile_once():
+    """Two threads calling a fresh layer at once: one traces, the other finds its plan."""
+    import threading
+    import time
+
+    import torch
+    from torch import nn
+
+    import ngra
+    from ngra.compiler import driver
+
+    class Lin(ngra.SagaLayer):
+        gather = "sum"
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 3)
+
+        def apply_edge(self, edge):
+            time.sleep(0.02)  # the other thread starts its trace meanwhile
+            return edge.src
+
+        def apply_vertex(self, vertex, acc):
+            return self.lin(acc)
+
+    g = ngra.Graph.from_edge_index(torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), num_nodes=4)
+    x = torch.randn(4, 6)
+    for _ in range(5):
+        layer = Lin()
+        want = layer(g, x).detach()
+        driver.clear_cache()
+        barrier, out, errors = threading.Barrier(2), [None, None], []
+
+        def call(i):
+            try:
+                barrier.wait()
+                out[i] = layer(g, x).detach()
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert all(torch.equal(o, want) for o in out)
