@@ -137,7 +137,7 @@ def _reciprocity_walked(indptr: np.ndarray, indices: np.ndarray, n: int) -> floa
     ``d`` is among the (sorted) sources of column ``s`` (a binary search an edge, in a
     numba kernel on every thread: no temporaries; R-MAT 2^26's 1.06 billion edges took
     17 minutes as lockstep numpy bisections over chunks)."""
-    from ngra.kernels.cpu._util import row_threads, run_rows
+    from ngra.kernels.cpu.util import row_threads, run_rows  # lazy: numba/triton load with the first kernel call
 
     indptr = np.asarray(indptr)
     idx = _sources_sorted(indptr, indices, n)

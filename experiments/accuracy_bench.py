@@ -103,7 +103,7 @@ def _baseline(framework: str, model: str, ds: Any) -> torch.nn.Module:
                              dropout=spec.attention_dropout)]
         calls = [lambda m, x: m(x, ei)] * 2
     else:
-        from ngra._compat import import_dgl
+        from ngra.compat import import_dgl
 
         dgl = import_dgl()
         from dgl.nn import GATConv, GraphConv

@@ -42,9 +42,9 @@ def _rounds(cands: dict, base: str, rounds: int = 9) -> None:
 
 def gspmm_output(data_root: str | None) -> None:
     import ngra.kernels as K
-    from ngra._compat import import_dgl
+    from ngra.compat import import_dgl
     from ngra.datasets import load
-    from ngra.kernels.cpu._util import prefetch_distance, run_rows
+    from ngra.kernels.cpu.util import prefetch_distance, run_rows
     from ngra.kernels.cpu.gspmm import _spmm_sum
 
     dgl = import_dgl()

@@ -141,7 +141,7 @@ def setup_case(graph_path: str, case: str, framework: str, feat: int, seed: int 
 
 
 def _dgl_graph(indices, dst, n):
-    from ngra._compat import import_dgl
+    from ngra.compat import import_dgl
 
     dgl = import_dgl()
     g = dgl.graph((indices, dst), num_nodes=n)  # edge ids = CSC positions
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     import ngra.kernels  # noqa: F401  (registers the backends; imports numba)
 
     try:
-        from ngra._compat import import_dgl
+        from ngra.compat import import_dgl
 
         import_dgl()
         import torch_geometric  # noqa: F401

@@ -139,7 +139,7 @@ def child_baseline(framework: str, model: str, spec: str, epochs: int) -> None:
             h = F.relu(h) if model == "gcn" else F.elu(h)
             return convs[1](F.dropout(h, p, training), ei)
     else:
-        from ngra._compat import import_dgl
+        from ngra.compat import import_dgl
 
         dgl = import_dgl()
         from dgl.nn import GATConv, GraphConv

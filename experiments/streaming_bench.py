@@ -202,7 +202,7 @@ def _dgl_model(model: str, ds):
     import torch
     from torch import nn
 
-    from ngra._compat import import_dgl
+    from ngra.compat import import_dgl
 
     dgl = import_dgl()
     from dgl.nn import GATConv, GraphConv

@@ -277,7 +277,7 @@ def _showcase_step(case: Case, ds):
                 h = layer(h, ei)
             return h
     else:
-        from ngra._compat import import_dgl
+        from ngra.compat import import_dgl
         from ngra.characterize.dgl_models import GGCNConv as DglGGCN
 
         g = import_dgl().graph((ds.graph.indices.long(), ds.graph.dst_index().long()),
@@ -321,7 +321,7 @@ def _edge_step(case: Case, ds):
             msg = gate * c.index_select(0, src)
             return torch.zeros(n, f).index_add_(0, dst, msg)
     elif case.framework == "dgl":
-        from ngra._compat import import_dgl
+        from ngra.compat import import_dgl
 
         dgl = import_dgl()
         import dgl.function as fn
@@ -674,7 +674,7 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
     import numba
     import torch_geometric
 
-    from ngra._compat import import_dgl
+    from ngra.compat import import_dgl
 
     dgl = import_dgl()
     info = bu.machine_info()

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Hashable, Sequence
 
 import torch
+from ngra.memstat import is_mapped, release_mapped
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -241,7 +242,6 @@ def _host_blocks(a, overlap: int = 0):
     """``(lo, hi)`` ranges covering a 1-D host array: the whole array in memory; blocks of
     :data:`_CHECK_BLOCK` elements (each ``overlap`` more) for one memory-mapped from disk,
     each block's pages dropped once checked, so a check never makes it resident."""
-    from ngra.memstat import is_mapped, release_mapped
 
     n = a.shape[0]
     if not is_mapped(a):

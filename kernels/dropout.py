@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import check_feat
+from ngra.kernels.checks import check_feat
 from ngra.kernels.registry import (backend_for, current_backend, lookup, thread_setting,
                                    use_backend)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import check_feat
+from ngra.kernels.checks import check_feat
 from ngra.kernels.dropout import check_p, draw_seeds, row_base, seed_device
 from ngra.kernels.registry import current_backend, lookup, use_backend
 from ngra.memstat import release_mapped

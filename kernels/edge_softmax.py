@@ -7,7 +7,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import check_feat, check_indptr, check_same_device, kernel_offsets
+from ngra.kernels.checks import check_feat, check_indptr, check_same_device, kernel_offsets
 from ngra.kernels.registry import current_backend, lookup, use_backend
 
 __all__ = ["edge_softmax"]

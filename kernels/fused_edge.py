@@ -88,7 +88,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import check_choice, check_csc, check_feat, check_range, check_rev
+from ngra.kernels.checks import check_choice, check_csc, check_feat, check_range, check_rev
 from ngra.kernels.registry import forward_skipped, lookup, thread_setting
 from ngra.kernels.transpose import reverse_of
 from ngra.settings import get

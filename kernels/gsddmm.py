@@ -12,7 +12,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import (
+from ngra.kernels.checks import (
     check_choice,
     check_csc,
     check_feat,

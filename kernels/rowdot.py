@@ -19,7 +19,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import check_feat
+from ngra.kernels.checks import check_feat
 
 __all__ = ["check_row_weight", "rowdot"]
 

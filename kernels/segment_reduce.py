@@ -7,7 +7,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import (
+from ngra.kernels.checks import (
     REDUCES,
     check_choice,
     check_feat,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from ngra.kernels._checks import (
+from ngra.kernels.checks import (
     check_csc,
     check_feat,
     check_rev,

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ngra.kernels._checks import check_csc, kernel_offsets, tensor_version
+from ngra.kernels.checks import check_csc, kernel_offsets, tensor_version
 from ngra.kernels.registry import lookup, thread_setting
 
 __all__ = ["csc_walk_preferred", "prefer_csc_walk", "rev_arrays", "reverse_of", "transpose_csc",

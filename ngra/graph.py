@@ -24,6 +24,9 @@ import torch
 
 from ngra.idtype import ids_dtype, narrow, np_idtype, offsets_dtype
 from ngra.memstat import is_mapped
+from ngra.memstat import release_mapped, scratch_mapped
+from ngra.compat import import_dgl
+from ngra.kernels import transpose_csc
 
 __all__ = ["Graph", "CSR", "DeferredReverse", "EdgeFactors", "segment_ids"]
 
@@ -373,7 +376,6 @@ class Graph:
 
     def to_dgl(self, weight_field: str = "w"):
         """A DGL graph with edges in original order (weights in ``edata[weight_field]``)."""
-        from ngra._compat import import_dgl
 
         dgl = import_dgl()
         ei = self.edge_index()
@@ -427,8 +429,6 @@ class Graph:
         """Source-sorted view (cached): offsets over sources, destinations, and CSC positions
         (built on first access of ``perm``)."""
         if "csr" not in self._cache:
-            from ngra.kernels import transpose_csc
-
             rev_indptr, rev_indices, _ = transpose_csc(self.indptr, self.indices,
                                                        self.num_nodes, with_perm=False)
 
@@ -564,8 +564,7 @@ def _self_loops_on_disk(ip: np.ndarray, idx: np.ndarray) -> tuple[torch.Tensor, 
     written to disk beside it a block of destinations at a time
     (:func:`~ngra.memstat.scratch_mapped`): never a whole copy in memory, which at R-MAT
     2^26 would be 4.2 GiB of ids."""
-    from ngra.kernels.cpu._util import walk_blocks
-    from ngra.memstat import release_mapped, scratch_mapped
+    from ngra.kernels.cpu.util import walk_blocks  # lazy: numba/triton load with the first kernel call
 
     n = ip.shape[0] - 1
     new_e = int(ip[n]) + n

@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["INT32_MAX", "idtype_for", "ids_dtype", "np_idtype", "offsets_dtype", "narrow",
-           "narrow_np"]
+__all__ = ["INT32_MAX", "idtype_for", "ids_dtype", "np_idtype", "offsets_dtype", "narrow"]
 
 #: The largest value an int32 index holds.
 INT32_MAX = 2**31 - 1
@@ -44,9 +43,3 @@ def narrow(t: torch.Tensor, max_value: int) -> torch.Tensor:
     """``t`` in :func:`idtype_for(max_value) <idtype_for>` (no copy when it already is)."""
     want = idtype_for(max_value)
     return t if t.dtype == want else t.to(want)
-
-
-def narrow_np(a: np.ndarray, max_value: int) -> np.ndarray:
-    """numpy version of :func:`narrow`."""
-    want = np_idtype(idtype_for(max_value))
-    return a if a.dtype == want else a.astype(want)

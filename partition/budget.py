@@ -436,7 +436,7 @@ class _GridModel:
 
     # ---- exact
     def counts(self, p: int, q: int) -> tuple[np.ndarray, np.ndarray]:
-        from ngra.partition._kernels import grid_counts
+        from ngra.partition.counts import grid_counts
 
         src_part = self.src_part(q)
         self.exact_work += self.num_edges + self.graph.num_nodes

@@ -178,7 +178,7 @@ def permute_graph(graph: Graph, reordering: Reordering) -> Graph:
             f"reordering is over {reordering.num_nodes} vertices but the graph has {n}; "
             "compute it with reorder(graph, ...) on this graph."
         )
-    from ngra.partition._kernels import relabel_csc
+    from ngra.partition.counts import relabel_csc
 
     order, rank = reordering.order, reordering.rank
     deg = graph.in_degrees()[order]  # in-degree of each new vertex

@@ -501,7 +501,7 @@ def _build_tiles(
     cols: tuple[int, ...],
     index_dtype: torch.dtype,
 ) -> list[Tile]:
-    from ngra.partition._kernels import tile_column
+    from ngra.partition.counts import tile_column
 
     n = graph.num_nodes
     num_q = s_b.numel() - 1

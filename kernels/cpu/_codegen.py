@@ -3,7 +3,7 @@
 One :class:`KernelSpec` (pass kind x dtype x expression x reducer x term layout x
 wanted gradients) becomes one module holding one ``@njit(nogil=True, cache=True)``
 function ``kernel(..., v0, v1)`` over a range of rows, which
-:func:`ngra.kernels.cpu._util.run_rows` runs on edge-balanced ranges in parallel
+:func:`ngra.kernels.cpu.util.run_rows` runs on edge-balanced ranges in parallel
 threads (the CPU backend's convention: a ``parallel=True``/``prange`` kernel took
 2-3x longer to compile, and every cold CI run pays compile time). The expression is
 inlined as straight-line scalar code in the loop over feature columns; nodes that
@@ -174,7 +174,7 @@ def generate(spec: KernelSpec) -> tuple[str, list[float]]:
         "import numpy as np",
         "from numba import njit",
         "",
-        "from ngra.kernels.cpu._util import prefetch_row",
+        "from ngra.kernels.cpu.util import prefetch_row",
         *(["from ngra.kernels.cpu.fused_edge import FTZ_DAZ, mxcsr_get, mxcsr_set"]
           if spec.flush_denormals else []),
         "",
@@ -314,7 +314,7 @@ def _zero_rows(w: _Writer, rows: list[tuple[str, str, bool]]) -> None:
 
 def _prefetch(w: _Writer, arrays: list[str], index: str, bound: str) -> None:
     """Hint the rows ``index[pos + ahead]`` of ``arrays`` (random gathers); ``ahead`` is a
-    kernel argument (:func:`ngra.kernels.cpu._util.prefetch_distance` of the gathered bytes)."""
+    kernel argument (:func:`ngra.kernels.cpu.util.prefetch_distance` of the gathered bytes)."""
     if not arrays:
         return
     w(f"if pos + ahead < {bound}:")

@@ -22,7 +22,8 @@ import threading
 
 import torch
 
-from ngra.kernels._checks import storage_uses
+from ngra.kernels.checks import storage_uses
+from ngra.memstat import mapped_from
 
 __all__ = ["MAX_IDLE_BYTES", "MIN_BYTES", "empty", "idle_bytes"]
 
@@ -52,7 +53,6 @@ def idle_bytes() -> int:
 def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized contiguous CPU tensor like ``torch.empty(shape, dtype=dtype)``,
     from a kept block when it is large (see the module docstring)."""
-    from ngra.memstat import mapped_from
 
     nbytes = math.prod(shape) * dtype.itemsize
     if not MIN_BYTES <= nbytes <= MAX_IDLE_BYTES // 2 or mapped_from() is not None:

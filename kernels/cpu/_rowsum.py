@@ -18,7 +18,7 @@ copy-sum, F=64, 2 threads: 6.9 ms against 13.1 for the memory-accumulating loop
 their edges once per chunk, each walk reading one 256-byte slab of each source row.
 
 Each edge also prefetches the chunk's slab of the source row ``pf`` edges ahead
-(``prefetcht1``, as :func:`ngra.kernels.cpu._util.prefetch_row`).
+(``prefetcht1``, as :func:`ngra.kernels.cpu.util.prefetch_row`).
 
 numba's on-disk cache is keyed on the calling kernel's file: after editing this
 module delete ``kernels/cpu/__pycache__``.

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ngra.kernels.cpu._util import as_numpy, run_rows
+from ngra.kernels.cpu.util import as_numpy, run_rows
 from ngra.kernels.registry import register
 
 

@@ -4,7 +4,7 @@ For each :class:`~ngra.kernels._edge_spec.KernelSpec` (pass, dtype, expression,
 reducer, term layout, wanted gradients; the same spec the Triton backend generates
 from) the code generator (:mod:`ngra.kernels.cpu._codegen`) writes the source of one
 ``@njit(nogil=True, cache=True)`` kernel over a range of rows, the expression inlined
-as scalar code in the loop over feature columns; :func:`~ngra.kernels.cpu._util.run_rows`
+as scalar code in the loop over feature columns; :func:`~ngra.kernels.cpu.util.run_rows`
 runs it on edge-balanced row ranges in ``torch.get_num_threads()`` threads. The
 source is saved as a real module file named by its hash in the kernel cache
 directory and imported from there, so
@@ -47,7 +47,7 @@ from numba.extending import intrinsic
 from ngra.kernels import _edge_spec
 from ngra.kernels._edge_spec import KernelSpec
 from ngra.kernels.cpu._codegen import CODEGEN_VERSION, generate
-from ngra.kernels.cpu._util import as_numpy, prefetch_distance, row_threads, run_rows
+from ngra.kernels.cpu.util import as_numpy, prefetch_distance, row_threads, run_rows
 from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.registry import register
 

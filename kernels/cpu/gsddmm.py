@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from numba import njit
 
-from ngra.kernels.cpu._util import as_numpy, prefetch_distance, prefetch_row, run_rows
+from ngra.kernels.cpu.util import as_numpy, prefetch_distance, prefetch_row, run_rows
 from ngra.kernels.registry import register
 
 ADD, SUB, MUL, DIV, DOT = 0, 1, 2, 3, 4

@@ -18,7 +18,7 @@ from numba import njit
 
 from ngra.kernels.cpu import _outputs as outputs
 from ngra.kernels.cpu._rowsum import sum_rows
-from ngra.kernels.cpu._util import (
+from ngra.kernels.cpu.util import (
     MASKED_SUM,
     MAX,
     MEAN,

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ngra.kernels.cpu._util import MAX, MEAN, MIN, REDUCE_CODES, as_numpy, dummy, run_rows
+from ngra.kernels.cpu.util import MAX, MEAN, MIN, REDUCE_CODES, as_numpy, dummy, run_rows
 from ngra.kernels.registry import register
 
 

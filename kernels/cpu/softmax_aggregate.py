@@ -52,7 +52,7 @@ libm's scalar ``exp`` had been most of the forward (GAT, 8 heads, Cora: 1.43 -> 
 
 Scores, running max/sum and alpha are float64; feature accumulators and dot
 products use the input dtype (float32 accumulation vectorizes twice as wide and
-matches DGL/PyG). Kernels follow ``cpu/_util.py``: serial ``nogil`` functions
+matches DGL/PyG). Kernels follow ``cpu/util.py``: serial ``nogil`` functions
 over a row range, run on ``torch.get_num_threads()`` threads by ``run_rows`` in
 equal-work ranges. Specializations: {float32, float64} x {int32, int64 indices}.
 """
@@ -65,7 +65,7 @@ from numba import njit
 
 from ngra.kernels._edge_spec import load_module
 from ngra.kernels.cpu._codegen import CODEGEN_VERSION, exp_module
-from ngra.kernels.cpu._util import as_numpy, dummy, prefetch_row, row_threads, run_rows
+from ngra.kernels.cpu.util import as_numpy, dummy, prefetch_row, row_threads, run_rows
 from ngra.kernels.cpu.dropout import _keep
 from ngra.kernels.registry import register
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from numba import njit
 
-from ngra.kernels.cpu._util import as_numpy, run_ranges, run_rows
+from ngra.kernels.cpu.util import as_numpy, run_ranges, run_rows
 from ngra.kernels.registry import register
 
 #: Below this many bytes of ``x`` one thread scans it (waking the pool costs ~50 us).

@@ -9,7 +9,7 @@ import torch
 from numba import njit
 
 from ngra.idtype import offsets_dtype
-from ngra.kernels.cpu._util import as_numpy
+from ngra.kernels.cpu.util import as_numpy
 from ngra.kernels.registry import register
 
 

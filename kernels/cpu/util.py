@@ -38,6 +38,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from ngra.memstat import is_mapped, prefetch_mapped, release_mapped
 
 # Reduce codes (ints, so that one compiled kernel serves several reducers).
 SUM, MEAN, MAX, MIN, MASKED_SUM = 0, 1, 2, 3, 4
@@ -230,7 +231,6 @@ def walk_blocks(indptr: np.ndarray, edge_arrays: Sequence = ()):
     for a graph without rows: one), so the first starts at row 0 and only the last ends
     at the last row.
     """
-    from ngra.memstat import is_mapped, prefetch_mapped, release_mapped
 
     n = indptr.shape[0] - 1
     mapped = [a for a in (*edge_arrays, indptr) if a is not None and a.size and is_mapped(a)]

@@ -257,7 +257,7 @@ def generate(spec: KernelSpec) -> str:
         "import triton",
         "import triton.language as tl",
         "",
-        "from ngra.kernels.gpu._util import EDGE_CONFIGS, autotune",
+        "from ngra.kernels.gpu.util import EDGE_CONFIGS, autotune",
         "",
         "",
         '@autotune(EDGE_CONFIGS, key=["F", "AVG_DEG"])',

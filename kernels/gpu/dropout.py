@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ngra.kernels.gpu._util import require_cuda
+from ngra.kernels.gpu.util import require_cuda
 from ngra.kernels.registry import register
 
 __all__ = ["SeedMask", "mix32"]

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ngra.kernels.gpu._util import autotune, pow2, require_cuda
+from ngra.kernels.gpu.util import autotune, pow2, require_cuda
 from ngra.kernels.registry import register
 
 _CONFIGS = [triton.Config({"BLOCK_E": 32}, num_warps=1),

@@ -28,7 +28,7 @@ from ngra.kernels import _edge_spec
 from ngra.kernels._edge_spec import KernelSpec
 from ngra.kernels.fused_edge import FusedEdgeCall, leaves
 from ngra.kernels.gpu._codegen import CODEGEN_VERSION, generate, kernel_args
-from ngra.kernels.gpu._util import pow2, require_cuda
+from ngra.kernels.gpu.util import pow2, require_cuda
 from ngra.kernels.registry import register
 
 __all__ = ["fused_edge_bwd", "fused_edge_fwd", "fused_edge_fwd_partials",

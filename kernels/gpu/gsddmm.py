@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ngra.kernels.gpu._util import require_cuda
+from ngra.kernels.gpu.util import require_cuda
 from ngra.kernels.ref import gsddmm as _ref
 from ngra.kernels.registry import register
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ngra.kernels.gpu._util import autotune, pow2, require_cuda
+from ngra.kernels.gpu.util import autotune, pow2, require_cuda
 from ngra.kernels.registry import register
 
 # Globals a compiled kernel reads must be constexpr (the interpreter would take plain ints;

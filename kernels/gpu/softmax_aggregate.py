@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ngra.kernels.gpu._util import autotune, pow2, require_cuda
+from ngra.kernels.gpu.util import autotune, pow2, require_cuda
 from ngra.kernels.gpu.dropout import mix32  # the one hash: the masks agree with dropout's
 from ngra.kernels.registry import register
 

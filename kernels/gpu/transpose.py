@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ngra.idtype import offsets_dtype
-from ngra.kernels.gpu._util import require_cuda
+from ngra.kernels.gpu.util import require_cuda
 from ngra.kernels.registry import register
 
 #: CSC positions sorted at once.

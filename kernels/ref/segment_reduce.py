@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ngra.kernels.ref._util import dst_ids, scatter_extreme
+from ngra.kernels.ref.util import dst_ids, scatter_extreme
 from ngra.kernels.registry import register
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ngra.kernels.ref._util import dst_ids
+from ngra.kernels.ref.util import dst_ids
 from ngra.kernels.registry import register
 
 

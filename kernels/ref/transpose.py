@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ngra.idtype import offsets_dtype
-from ngra.kernels.ref._util import dst_ids
+from ngra.kernels.ref.util import dst_ids
 from ngra.kernels.registry import register
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
+from ngra.datasets import available
 
 __all__ = ["add_parser", "run"]
 
@@ -36,7 +37,6 @@ def _datasets(text: str) -> list[str]:
 
 def _is_flag(tok: str) -> bool:
     """A bare word after a spec is one of its flags unless it names a dataset."""
-    from ngra.datasets import available
 
     return tok.lower() not in available()
 

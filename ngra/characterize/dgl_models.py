@@ -24,7 +24,7 @@ mpnn        ``update_all`` with a UDF message running the two-layer edge MLP on
 ``dropout`` and GAT's ``attention_dropout`` (``attn_drop``) as in
 :func:`ngra.characterize.pyg_models.build_pyg`.
 
-DGL is imported through :func:`ngra._compat.import_dgl` (DGL 2.1 on a newer
+DGL is imported through :func:`ngra.compat.import_dgl` (DGL 2.1 on a newer
 torch). Each layer call runs inside ``record_function(LAYER_RANGE)``.
 """
 
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ngra._compat import import_dgl
+from ngra.compat import import_dgl
 from ngra.characterize.pyg_models import BaselineNet, _identity
 from ngra.characterize.workloads import Workload
 

@@ -59,6 +59,9 @@ from ngra.characterize.workloads import Workload, build_ngra
 from ngra.compiler.plan import Plan
 from ngra.kernels import sparse_input
 from ngra.memstat import peak_rss_bytes, reset_peak_rss, rss_bytes
+from ngra import probes
+from ngra.saga import SagaLayer
+from ngra.compiler import disabled
 
 __all__ = ["RunResult", "run_workload", "attribute_events", "plan_info", "FRAMEWORKS",
            "peak_rss_reset", "peak_rss_mb"]
@@ -177,8 +180,6 @@ class _Step:
 def _ngra_iteration(step: _Step) -> tuple[float, float, dict, dict, list[bool]]:
     """One iteration under the probes; each SAGA layer call is a ``layer<i>`` stage so
     that its ``pre`` and ``edge`` are read with its own plan (see :func:`plan_info`)."""
-    from ngra import probes
-    from ngra.saga import SagaLayer
 
     layers = [m for m in step.net.modules() if isinstance(m, SagaLayer)]
     plans: dict[str, Any] = {}
@@ -376,6 +377,5 @@ def _sparse_input_nnz(framework: str, w: Workload) -> int:
 
 def _generic_context() -> Any:
     """``ngra.compiler.disabled()``: every SAGA layer on the generic executor."""
-    from ngra.compiler import disabled
 
     return disabled()

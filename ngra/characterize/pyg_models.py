@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
-from ngra._compat import import_pyg
+from ngra.compat import import_pyg
 from ngra.characterize.stages import LAYER_RANGE
 from ngra.characterize.workloads import Workload
 

@@ -43,6 +43,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ngra.characterize.measure import FRAMEWORKS, RunResult
+from ngra.compat import import_pyg
+from ngra.compat import import_dgl
+from ngra.graph import Graph
+from ngra.datasets import load
 
 __all__ = ["CharacterizeConfig", "run_grid", "median_round", "MODES"]
 
@@ -115,12 +119,8 @@ def _framework_check(framework: str) -> str | None:
     """Why ``framework`` cannot run here (``None``: it can)."""
     try:
         if framework == "pyg":
-            from ngra._compat import import_pyg
-
             import_pyg()
         elif framework == "dgl":
-            from ngra._compat import import_dgl
-
             import_dgl()
     except Exception as exc:  # ImportError, or DGL's own failures on a newer torch
         return (f"framework {framework} unavailable (not installed or not importable): "
@@ -153,7 +153,6 @@ def warm_up(framework: str, ds: Any, runs: list[tuple[str, str]], cfg: Character
 
     from ngra.characterize.measure import run_workload
     from ngra.characterize.workloads import prepare_workload
-    from ngra.graph import Graph
 
     gen = torch.Generator().manual_seed(0)
     n = 64
@@ -196,8 +195,6 @@ def _data_kb() -> int:
 
 
 def _load(spec: str, data_root: str | None) -> Any:
-    from ngra.datasets import load
-
     return load(spec, root=data_root, progress=False)
 
 

@@ -26,6 +26,8 @@ import torch
 
 from ngra.characterize.metrics import LayerDims, layer_dims
 from ngra.graph import Graph
+from ngra.models import prepare
+from ngra.models import build_model
 
 __all__ = ["Workload", "prepare_workload", "build_ngra", "synthetic_edge_types",
            "SYNTHETIC_TYPES", "MODEL_NAMES", "BASELINE_MODELS", "GAT_HEADS"]
@@ -100,7 +102,6 @@ class Workload:
 def prepare_workload(ds: Any, model: str, hidden: int = 64, dataset: str | None = None,
                      heads: int = GAT_HEADS) -> Workload:
     """Prepare dataset ``ds`` (a :class:`ngra.datasets.NodeDataset`) for zoo model ``model``."""
-    from ngra.models import prepare
 
     if model not in BASELINE_MODELS:
         raise ValueError(f"workloads cover {BASELINE_MODELS}; got {model!r}.")
@@ -130,7 +131,6 @@ def prepare_workload(ds: Any, model: str, hidden: int = 64, dataset: str | None 
 def build_ngra(w: Workload, dropout: float = 0.0, attention_dropout: float = 0.0) -> torch.nn.Module:
     """The zoo model for ``w``; ``dropout`` and GAT's ``attention_dropout`` as the
     baselines' (both off by default: the characterization measures the layers alone)."""
-    from ngra.models import build_model
 
     gat = w.model == "gat"
     return build_model(w.model, w.x.shape[1], w.num_classes,

@@ -33,6 +33,8 @@ from ngra.distributed.ring import RingPlan, build_ring, ring_propagate
 from ngra.graph import EdgeFactors, Graph
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import flatten, read_slots, unflatten
+from ngra.runtime.executor import choose_runtime_grid
+from ngra.runtime.stream import walk
 
 __all__ = ["DistGraph"]
 
@@ -164,9 +166,6 @@ class DistGraph(Partitioned):
         return self._halo_propagate(plan, terms, edata, drop)
 
     def _halo_propagate(self, plan: Plan, terms: Any, edata: Any, drop: Any) -> Any:
-        from ngra.runtime.executor import choose_runtime_grid
-        from ngra.runtime.stream import walk
-
         leaves, spec = flatten(terms)
         src, dst = read_slots(plan, spec, len(leaves))
         order = sorted(src)

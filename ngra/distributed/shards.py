@@ -37,6 +37,8 @@ from ngra.distributed.halo import HaloPlan
 from ngra.graph import EdgeFactors, Graph
 from ngra.idtype import narrow
 from ngra.partition import PartitionBook, permute_graph
+from ngra.models import MODELS
+from ngra.models import prepare
 
 __all__ = ["Shard", "build_shards", "data_fingerprint", "load_shard", "prep_key",
            "shards_current"]
@@ -49,7 +51,6 @@ SHARD_VERSION = 4  # 3: 32-bit structure and edge ids; 4: GCN's weights as facto
 def prep_key(model: Any) -> str:
     """What the model's graph preparation depends on (its edge data and self-loops):
     ``model`` is a zoo name, or anything with ``prep_key()`` (a training ``ModelSource``)."""
-    from ngra.models import MODELS
 
     if not isinstance(model, str):
         return model.prep_key()
@@ -60,7 +61,6 @@ def prep_key(model: Any) -> str:
 def _prepare(model: Any, ds: Any) -> tuple[Any, Any]:
     """``(graph, edge_data)`` ``model`` trains on: a zoo name's preparation, or
     ``model.prepare(graph, edge_type, num_edge_types)``."""
-    from ngra.models import prepare
 
     if isinstance(model, str):
         return prepare(model, ds.graph, ds.edge_type, ds.num_edge_types)

@@ -19,7 +19,7 @@ from torch import nn
 
 from ngra.graph import Graph
 from ngra.kernels import dropout, sparse_input
-from ngra.kernels._checks import sole_owner_uses, storage_uses
+from ngra.kernels.checks import sole_owner_uses, storage_uses
 from ngra.spill import is_spilled
 from ngra.models.commnet import CommNetConv
 from ngra.models.gat import GATConv
@@ -255,7 +255,7 @@ def _output_saving(name: str, fn: Callable[[torch.Tensor], torch.Tensor],
     output have run their backward (they come first) and no user variable, view, hook or
     double-backward graph holds it; that is one ``N x F`` tensor less at the backward's
     peak. "Nothing else" is the storage's use count that
-    :func:`~ngra.kernels._checks.sole_owner_uses` measures on a throwaway graph at import,
+    :func:`~ngra.kernels.checks.sole_owner_uses` measures on a throwaway graph at import,
     so the check follows torch's bookkeeping instead of assuming it. ``grad(g, y, out)`` is
     torch's element-wise backward kernel given the result (``out``: write into it, or
     ``None``), so reading and writing ``y`` in place is exact.

@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 from typing import Any
+from ngra.models import MODELS
+from ngra.partition import parse_bytes
 
 __all__ = ["add_parser", "model_chain", "run"]
 
@@ -15,8 +17,6 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from ngra.models import MODELS
-
     p = sub.add_parser(
         "plan", help="rank data / tensor / pipeline parallel plans of a model's dense layers",
         description="Trace a model's dense layers (a zoo GNN's compiled vertex-side stages, an "
@@ -107,7 +107,6 @@ def model_chain(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ngra.partition import parse_bytes
     from ngra.planner import Devices, format_table, search
     from ngra.planner.zoo import default_memory, device_link
 

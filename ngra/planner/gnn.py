@@ -32,6 +32,11 @@ from torch import nn
 
 from ngra.compiler.ir import ELEMENTWISE, INPUTS, SHAPE_OPS, UNARY, Op
 from ngra.planner.chain import Chain, Layer
+from ngra.partition import build_book
+from ngra.compiler.driver import compile_layer
+from ngra.runtime.explain import capture_calls
+from ngra.models.zoo import GNN
+from ngra.runtime.executor import edge_data_csc
 
 __all__ = ["book_halo", "gnn_chain", "partition_halo"]
 
@@ -46,7 +51,6 @@ def book_halo(book: Any) -> int:
 def partition_halo(graph: Any, parts: int, method: str = "range") -> int:
     """:func:`book_halo` of a ``parts``-way partition book of ``graph`` built by ``method``
     (``"range"``: contiguous, edge-balanced destination ranges; ``"metis"``)."""
-    from ngra.partition import build_book
 
     return book_halo(build_book(graph, parts, method)) if parts > 1 else 0
 
@@ -182,10 +186,6 @@ def gnn_chain(model: nn.Module, graph: Any, x: torch.Tensor, edge_data: Any = No
     Raises:
         ValueError: a layer runs on the generic executor or its ApplyVertex was not traced.
     """
-    from ngra.compiler.driver import compile_layer
-    from ngra.runtime.explain import capture_calls
-    from ngra.models.zoo import GNN
-    from ngra.runtime.executor import edge_data_csc
 
     if not isinstance(model, GNN):
         raise TypeError(f"gnn_chain reads a zoo GNN (ngra.models.build_model); got "

@@ -36,8 +36,12 @@ from torch import nn
 
 from ngra.planner.chain import Chain
 from ngra.planner.plan import Plan
+from ngra.partition.kway import edge_balanced_ranges
+from ngra.memstat import tensor_peak_bytes
+from ngra.distributed import launch
+from ngra.kernels import gspmm
 
-__all__ = ["ChainModule", "chain_module", "measure_cases", "measure_plans", "kendall_tau",
+__all__ = ["ChainModule", "chain_module", "measure_cases", "kendall_tau",
            "row_ranges"]
 
 log = logging.getLogger(__name__)
@@ -93,8 +97,6 @@ class _Graph(nn.Module):
         self.indptr, self.indices, self.halo = _local_graph(*graph, lo, hi)
 
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        from ngra.kernels import gspmm
-
         h = torch.cat(xs, -1) if len(xs) > 1 else xs[0]
         if self.d > 1:
             import torch.distributed._functional_collectives as funcol
@@ -159,8 +161,6 @@ def row_ranges(chain: Chain, graph: tuple[torch.Tensor, torch.Tensor] | None,
     if graph is None or chain.rows_independent:
         bounds = torch.linspace(0, chain.rows, d + 1).round().to(torch.int64).tolist()
     else:
-        from ngra.partition.kway import edge_balanced_ranges
-
         bounds = edge_balanced_ranges(graph[0].to(torch.int64), d).tolist()
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -173,7 +173,6 @@ def _timed_steps(chain: Chain, plan: Plan, graph: Any, steps: int, warmup: int,
     states alive before it (else 0)."""
     import torch.distributed as dist
 
-    from ngra.memstat import tensor_peak_bytes
     from ngra.planner.execute import Runner, plan_mesh
 
     mesh = plan_mesh(plan)
@@ -249,7 +248,6 @@ def measure_cases(cases: Sequence[tuple[Chain, Sequence[Plan], Any]], *, steps: 
             graph for chains with graph layers, else ``None``.
         threads: torch threads per rank.
     """
-    from ngra.distributed import launch
 
     counts = {p.devices for _, plans, _ in cases for p in plans}
     if len(counts) != 1:
@@ -262,13 +260,6 @@ def measure_cases(cases: Sequence[tuple[Chain, Sequence[Plan], Any]], *, steps: 
               "predicted_peak_bytes": p.peak_memory_bytes, "measured_peak_bytes": peak}
              for p, (t, peak) in zip(plans, ts)]
             for (_, plans, _), ts in zip(cases, times)]
-
-
-def measure_plans(chain: Chain, plans: Sequence[Plan], *,
-                  graph: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  **kw: Any) -> list[dict[str, Any]]:
-    """:func:`measure_cases` of one chain."""
-    return measure_cases([(chain, plans, graph)], **kw)[0]
 
 
 def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:

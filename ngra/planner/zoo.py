@@ -26,6 +26,12 @@ from ngra.planner.chain import Chain
 from ngra.planner.cost import Devices, Shape
 from ngra.planner.plan import Plan
 from ngra.partition import reorder_dataset
+from ngra.distributed.books import partition_for
+from ngra.partition import load_book
+from ngra.datasets import load
+from ngra.models import MODELS, build_model, prepare
+from ngra.distributed.link import calibrate, calibration_path, load_link
+from ngra.partition import parse_bytes
 
 __all__ = ["book_halos", "default_memory", "device_link", "runs_in_trainer", "training_plan",
            "zoo_chain"]
@@ -45,8 +51,6 @@ def book_halos(ds: Any, dataset: str, parts: list[int], *, partition: str | None
         ValueError: ``partition``'s part count is not among ``parts``.
         BookError: the book belongs to another graph, or is stale.
     """
-    from ngra.distributed.books import partition_for
-    from ngra.partition import load_book
     from ngra.planner.gnn import book_halo
 
     given = None
@@ -74,8 +78,6 @@ def zoo_chain(model: str, dataset: str, devices: int, *, hidden: int | None = No
     """The dense layers of zoo GNN ``model`` on ``dataset`` (:func:`ngra.planner.gnn_chain`),
     its exchange priced for every data-parallel degree of ``devices`` by :func:`book_halos`
     (on the dataset relabeled by ``reorder`` with ``seed``, as ``ngra train`` does)."""
-    from ngra.datasets import load
-    from ngra.models import MODELS, build_model, prepare
     from ngra.planner.gnn import gnn_chain
 
     if model not in MODELS:
@@ -96,7 +98,6 @@ def zoo_chain(model: str, dataset: str, devices: int, *, hidden: int | None = No
 def device_link(devices: int, refresh: bool = False, *, measure: bool = True) -> Any:
     """The calibrated link of ``devices`` ranks on this machine: cached, else measured
     (``measure=False``: a clear error instead, for callers that cannot start ranks)."""
-    from ngra.distributed.link import calibrate, calibration_path, load_link
 
     cached = None if refresh else load_link(calibration_path("gloo", "cpu", devices))
     if cached is not None:
@@ -138,7 +139,6 @@ def training_plan(plan: str, model: str, dataset: str, nprocs: int, *,
         NoFeasiblePlan: nothing fits the memory (``memory_budget`` per process, else this
             machine's RAM shared by the processes).
     """
-    from ngra.partition import parse_bytes
     from ngra.planner.search import choose_plan, search
 
     k = nprocs

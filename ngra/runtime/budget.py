@@ -74,6 +74,7 @@ from ngra.partition import GridChoice, TileCost, choose_grid, default_bounds, pa
 from ngra.runtime.staging import GATHER_FRACTION, flatten, plan_parameters, unflatten
 from ngra.runtime.stream import stager_for
 from ngra.runtime.tiles import Grid, lazy_grid, whole_graph_grid
+from ngra.kernels import transpose_csc
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
            "TileCosts", "BudgetGrid", "grid_for", "executor_grid", "row_bytes"]
@@ -158,8 +159,6 @@ class _SampleReverse(DeferredReverse):
     __slots__ = ("_csr", "used")
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, num_src: int) -> None:
-        from ngra.kernels import transpose_csc
-
         rev_indptr, rev_indices, perm = transpose_csc(indptr, indices, num_src)
         self._csr = CSR(rev_indptr, rev_indices, make_perm=lambda: perm)
         self.used = False

@@ -42,6 +42,7 @@ from ngra.kernels.registry import thread_setting
 from ngra.partition import degree_indptr, edge_balanced_ranges
 from ngra.runtime.tiles import tile_counts
 from ngra.runtime.transfer import pinned_empty
+from ngra.partition import tile_graph
 
 __all__ = ["HostTiles", "RowBytes", "Schedule", "choose_schedule", "device_streaming",
            "host_tiles", "interval_bounds", "moved_bytes", "price", "streaming_settings"]
@@ -385,8 +386,6 @@ class HostTiles:
     """
 
     def __init__(self, graph: Graph, bounds: tuple[int, ...], device: torch.device) -> None:
-        from ngra.partition import tile_graph
-
         b = torch.tensor(bounds, dtype=torch.int64)
         grid = tile_graph(graph, dst_bounds=b, src_bounds=b, index_dtype=torch.int32)
         self.bounds = bounds

@@ -54,7 +54,7 @@ from ngra import kernels
 from ngra.compiler.plan import Plan
 from ngra.compiler.tile import TileView
 from ngra.graph import EdgeFactors, Graph
-from ngra.kernels._checks import vouch
+from ngra.kernels.checks import vouch
 from ngra.kernels.dropout import EdgeDropout, seed_device
 from ngra.runtime.budget import row_bytes
 from ngra.runtime.device_schedule import (

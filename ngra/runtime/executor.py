@@ -14,7 +14,7 @@ from them, so the grid does not change the masks.
 Evaluation on the CPU is deterministic: the same layer on the same input gives the same
 bits at every call, on any thread count, whole-graph or on the same budget's grid. Every
 forward kernel gives each output row one writer that sums it in a fixed order (the CPU
-kernels' row ranges, :mod:`ngra.kernels.cpu._util`), and a Linear over mostly-zero
+kernels' row ranges, :mod:`ngra.kernels.cpu.util`), and a Linear over mostly-zero
 inputs sums their non-zeros in one order whether it scans them or reads a CSR copy
 (:mod:`ngra.kernels.sparse_input`). Training's backward may sum per-thread buffers in
 the order the threads took their rows.

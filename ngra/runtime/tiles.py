@@ -24,6 +24,7 @@ import torch
 from ngra.compiler.tile import TileView
 from ngra.graph import Graph
 from ngra.partition import Tile
+from ngra.partition.tiling import build_columns
 
 __all__ = ["TileView", "TileRef", "Grid", "whole_graph_grid", "grid_from_tiles", "lazy_grid",
            "empty_tile", "tile_counts"]
@@ -118,8 +119,6 @@ class _Columns:
     def tile(self, col: int, row: int) -> Tile:
         with self._lock:
             if self._last is None or self._last[0] != col:
-                from ngra.partition.tiling import build_columns
-
                 self._last = None  # drop the previous column's arrays before building
                 tiles = build_columns(self.graph, self.d_b, self.s_b, (col,), self.dtype)
                 self._last = (col, {t.row: t for t in tiles})
@@ -129,7 +128,7 @@ class _Columns:
 def tile_counts(graph: Graph, dst_bounds: Any, src_bounds: Any) -> tuple[np.ndarray, np.ndarray]:
     """``([P, Q] edges, [P, Q] distinct source rows)`` of every tile of these bounds, from one
     ``O(E)`` pass over the CSC without building a tile."""
-    from ngra.partition._kernels import grid_counts
+    from ngra.partition.counts import grid_counts  # lazy: numba loads with the first count
 
     s_b = np.asarray(src_bounds, dtype=np.int64)
     q = s_b.size - 1

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ngra.calibration import calibration_file
+from ngra.memstat import is_mapped
 
 __all__ = ["Bandwidth", "Fetched", "Link", "TransferCounts", "copy_bandwidth", "pinned",
            "pinned_empty", "transfer_counts"]
@@ -109,7 +110,6 @@ def pinned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     dataset's features are copied once per run, not once per epoch). An array mapped from
     disk (``--storage disk``) stays mapped: its chunks are copied from the mapping as they
     are needed (synchronous copies, but no host copy of the whole array)."""
-    from ngra.memstat import is_mapped
 
     if device.type != "cuda" or t.is_pinned() or is_mapped(t):
         return t

@@ -53,7 +53,7 @@ def test_baseline_matches_zoo_model(model, framework):
         pytest.importorskip("torch_geometric")
         from ngra.characterize.pyg_models import build_pyg as build
     else:
-        from ngra._compat import import_dgl
+        from ngra.compat import import_dgl
 
         try:
             import_dgl()

@@ -80,7 +80,7 @@ def _require(framework: str) -> None:
     if framework == "pyg":
         pytest.importorskip("torch_geometric")
     if framework == "dgl":
-        from ngra._compat import import_dgl
+        from ngra.compat import import_dgl
 
         try:
             import_dgl()

@@ -57,7 +57,7 @@ def test_from_pyg_weights_missing_masks_and_2d_masks() -> None:
 
 def _dgl():
     try:
-        from ngra._compat import import_dgl
+        from ngra.compat import import_dgl
 
         return import_dgl()
     except Exception as err:  # noqa: BLE001 - DGL's import can fail in many ways

@@ -55,7 +55,7 @@ def test_chunked_reciprocity_matches_the_sorted_count(monkeypatch: pytest.Monkey
     """Past SORT_MAX_EDGES the CSC is walked (a binary search an edge, on every thread):
     the same figure, on graphs with unsorted columns (sorted in chunks of any size),
     multi-edges, self-loops and isolated vertices."""
-    import ngra.kernels.cpu._util as cpu_util
+    import ngra.kernels.cpu.util as cpu_util
 
     monkeypatch.setattr(cpu_util, "_MIN_PARALLEL_BYTES", 0)  # the threads on tiny graphs
     rng = np.random.default_rng(int(torch.randint(1 << 30, ())))
@@ -199,7 +199,7 @@ def test_from_pyg_symmetric_copies_edge_data(caplog):
 
 
 def test_from_dgl_symmetric(caplog):
-    from ngra._compat import import_dgl
+    from ngra.compat import import_dgl
 
     try:
         dgl = import_dgl()

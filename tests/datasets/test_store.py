@@ -112,7 +112,7 @@ def test_self_loops_of_a_mapped_graph_are_written_beside_it(monkeypatch):
     """GCN's graph (self-loops, normalization) of a graph mapped from disk goes to disk a
     block at a time (never a whole copy in memory): the same graph as in memory, mapped,
     its file unlinked (nothing left in the entry), the entry's own files unchanged."""
-    import ngra.kernels.cpu._util as cpu_util
+    import ngra.kernels.cpu.util as cpu_util
     from ngra.memstat import mapped_file
     from ngra.models.zoo import prepare
 

@@ -21,6 +21,6 @@ def gen() -> torch.Generator:
 def parallel_kernels(monkeypatch):
     """Run every numba kernel through the thread pool, however small the input,
     so the equal-work range split is exercised on every graph case."""
-    import ngra.kernels.cpu._util as cpu_util
+    import ngra.kernels.cpu.util as cpu_util
 
     monkeypatch.setattr(cpu_util, "_MIN_PARALLEL_BYTES", 0)

@@ -25,7 +25,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 import numpy as np
 import torch
 
-from ngra._compat import import_dgl
+from ngra.compat import import_dgl
 from ngra.kernels import gspmm, transpose_csc
 
 

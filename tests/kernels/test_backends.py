@@ -52,7 +52,7 @@ def test_public_api():
 
 
 def test_gpu_backend_raises_clearly_on_cpu_tensors(monkeypatch):
-    import ngra.kernels.gpu._util as gpu_util
+    import ngra.kernels.gpu.util as gpu_util
 
     monkeypatch.setattr(gpu_util, "INTERPRET", False)  # as outside Triton's interpreter
     indptr, indices = torch.tensor([0, 1]), torch.tensor([0])

@@ -656,7 +656,7 @@ def test_argument_errors(name):
 
 
 def test_gpu_backend_refuses_cpu_tensors(monkeypatch):
-    import ngra.kernels.gpu._util as gpu_util
+    import ngra.kernels.gpu.util as gpu_util
 
     monkeypatch.setattr(gpu_util, "INTERPRET", False)  # as outside Triton's interpreter
     ip, ix = torch.tensor([0, 2, 2, 5]), torch.tensor([0, 1, 1, 2, 0])

@@ -2,7 +2,7 @@
 
 When ``indptr``/``indices`` are mapped (the on-disk store) the g-SpMM's forward and its
 CSC-walk backward go through the destinations in blocks of edges
-(``kernels/cpu/_util.walk_blocks``), reading the next block ahead and dropping each
+(``kernels/cpu/util.walk_blocks``), reading the next block ahead and dropping each
 block's pages after it. Checked against the same kernels on the same graph in memory
 (the reference backend for the gradients: the in-memory cpu backward transposes), on
 every labeled graph case with blocks of a few edges, and the dropped ranges against the
@@ -17,11 +17,11 @@ import torch
 from graph_cases import CASES, graph_case
 from kernel_testing import assert_same, run
 
-import ngra.kernels.cpu._util as cpu_util
+import ngra.kernels.cpu.util as cpu_util
 import ngra.memstat as memstat
 from ngra.datasets.store import mapped_tensor
 from ngra.kernels import gspmm
-from ngra.kernels._checks import check_csc
+from ngra.kernels.checks import check_csc
 
 pytestmark = pytest.mark.usefixtures("parallel_kernels")
 
@@ -102,7 +102,7 @@ def test_checks_read_a_mapped_structure_in_blocks(tmp_path, monkeypatch, small_b
     """The kernels' input checks read a mapped array in blocks, dropping each (never the
     whole array resident), and find what they find in memory: a decrease of ``indptr``
     across a block boundary, an id out of range in the last block."""
-    import ngra.kernels._checks as checks
+    import ngra.kernels.checks as checks
 
     monkeypatch.setattr(checks, "_CHECK_BLOCK", 4)
     indptr = torch.tensor([0, 1, 2, 3, 4, 6, 5, 7, 9], dtype=torch.int32)  # 6 > 5 at [5..6]

@@ -265,7 +265,7 @@ def test_only_requested_gradients():
 
 
 def test_gpu_backend_refuses_cpu_tensors(monkeypatch):
-    import ngra.kernels.gpu._util as gpu_util
+    import ngra.kernels.gpu.util as gpu_util
 
     monkeypatch.setattr(gpu_util, "INTERPRET", False)  # as outside Triton's interpreter
     args = _good()

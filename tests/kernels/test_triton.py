@@ -131,6 +131,6 @@ def test_edge_softmax_sweep(case, dtype, gen):
 
 def test_interpreter_is_on_without_cuda():
     """The suite's gpu tests only mean something if the kernels really are interpreted."""
-    import ngra.kernels.gpu._util as gpu_util
+    import ngra.kernels.gpu.util as gpu_util
 
     assert gpu_util.INTERPRET or torch.cuda.is_available()

@@ -25,7 +25,7 @@ def main() -> None:
     spec, budget, storage = sys.argv[1], sys.argv[2], sys.argv[3]
     budget = None if budget == "none" else budget
     if len(sys.argv) > 4:
-        import ngra.kernels.cpu._util as cpu_util
+        import ngra.kernels.cpu.util as cpu_util
 
         cpu_util.MAPPED_BLOCK_EDGES = int(sys.argv[4])
     torch.set_num_threads(2)

@@ -185,7 +185,7 @@ def test_pyg_and_dgl_roundtrip():
     g2 = Graph.from_pyg(d)
     assert torch.equal(g2.indices, g.indices) and torch.equal(g2.edge_weight, g.edge_weight)
     try:
-        from ngra._compat import import_dgl
+        from ngra.compat import import_dgl
         import_dgl()
     except ImportError:
         pytest.skip("dgl absent")

@@ -8,6 +8,12 @@ A unit is a subpackage or a top-level module of ``ngra`` (``ngra.compiler``,
 
 A new package is checked as soon as its folder exists: the cycle test covers every unit
 found, and the layer test asks for its place in :data:`LAYERS`.
+
+Two more rules keep the layers honest: no private name (a ``_name`` module or object)
+crosses from one unit to another (make it public, or move it where it belongs), and an
+import inside a function of a unit that the layer order allows at module level is made at
+module level, unless its line says why it waits (``# lazy: <reason>``, e.g. numba loading
+with the first kernel call rather than at ``import ngra``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = (
     "ngra.errors",  # the exception types everything raises; imports nothing of ngra
     "ngra.settings",  # the NGRA_* environment variables, read at use (stdlib only)
-    "ngra._compat",
+    "ngra.compat",
     "ngra.memstat",
     "ngra.calibration",  # where measured machine figures are cached (stdlib only)
     "ngra.livetensors",  # live tensor bytes of a step (torch only)
@@ -269,3 +275,57 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
     assert _module_cycles(tmp_path).splitlines()[1:] == [
         "  __init__.py:1 (ngra.a) imports ngra.a.one", "  one.py:5 (ngra.a.one) imports ngra.b",
         "  b.py:1 (ngra.b) imports ngra.a"]
+
+
+def _imports_by_module(root: Path = ROOT):
+    """``(module, path, node, target, name, in_function)`` for every runtime ngra import."""
+    modules = _modules(root)
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        inner = {id(sub) for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for sub in ast.walk(node) if isinstance(sub, (ast.Import, ast.ImportFrom))}
+        for node in _runtime_imports(tree):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, None) for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                pairs = [(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base, a.name)
+                         for a in node.names]
+            for target, imported in pairs:
+                if target.split(".")[0] == "ngra":
+                    yield name, path, node, target, imported, id(node) in inner
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def test_no_private_name_crosses_a_package():
+    bad = [f"  {path.relative_to(ROOT)}:{node.lineno} imports {target}"
+           + (f" {imported}" if imported and not target.endswith(imported) else "")
+           for name, path, node, target, imported, _ in _imports_by_module()
+           if _unit(target) != _unit(name)
+           and any(_private(p) for p in target.split(".") + [imported or ""])]
+    assert not bad, ("private names imported across packages (make them public or move "
+                     "them):\n" + "\n".join(sorted(set(bad))))
+
+
+def test_no_function_level_import_the_layers_allow_at_module_level():
+    rank = {u: i for i, u in enumerate(LAYERS)}
+    bad = []
+    for name, path, node, target, _, in_function in _imports_by_module():
+        if not in_function or _unit(target) == _unit(name):
+            continue
+        if rank.get(_unit(target), len(LAYERS)) >= rank.get(_unit(name), len(LAYERS)):
+            continue  # an upward import: the layer test reports it
+        line = path.read_text().splitlines()[node.lineno - 1]
+        if "# lazy:" not in line:
+            bad.append(f"  {path.relative_to(ROOT)}:{node.lineno} imports {target}")
+    assert not bad, ("imports inside functions that the layer order allows at module level "
+                     "(move them up, or say why they wait with '# lazy: <reason>'):\n"
+                     + "\n".join(sorted(set(bad))))

@@ -71,7 +71,7 @@ def _distinct(outs) -> int:
 def threads_on_small_graphs(monkeypatch):
     """``set(threads)``: that many torch threads, and the numba kernels split even these
     small graphs' rows over them (they run below ~1 MiB of work on one thread)."""
-    cpu_util = pytest.importorskip("ngra.kernels.cpu._util")
+    cpu_util = pytest.importorskip("ngra.kernels.cpu.util")
 
     def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)

@@ -32,6 +32,7 @@ from typing import Any
 from ngra.compiler.ir import ELEMENTWISE, Node, Op, Program, Stage, format_key, format_node
 from ngra.compiler.passes import PassNote
 from ngra.compiler.patterns import factor_layout, is_float, match_typed, peel_scale
+from ngra.kernels.fused_edge import E
 
 __all__ = ["run", "GspmmMatch", "SoftmaxMatch", "FusedEdgeMatch", "InterpMatch"]
 
@@ -201,10 +202,6 @@ def _leaf_layout(n: Node, rest: tuple[int, ...], rowdep: bool) -> str | None:
 
 def _match_elementwise(edge: Stage, msg: Node) -> Any:
     """An :class:`FusedEdgeMatch`, or the reason (a string) the message is not element-wise."""
-    try:
-        from ngra.kernels.fused_edge import E
-    except ImportError:  # pragma: no cover - the kernel ships with ngra
-        return "the fused edge kernel is not available"
     rest = tuple(msg.shape[1:])
     expr_text = format_node(edge, msg.id)
     src: dict[Any, tuple[int, str]] = {}
