@@ -254,6 +254,7 @@ def _memory_child(mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a measuring child process, ~35 s on a busy 2-core machine
 def test_attention_dropout_stores_no_edge_mask():
     """Peak RSS of a GAT step (10^6 edges, 8 heads: an [E, H] float32 mask is 32 MB) with
     attention dropout stays within a quarter of that mask of the step without it; the

@@ -57,7 +57,7 @@ def test_layout_of_a_run():
 
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("d,t", [(1, 2), (2, 2)])
+@pytest.mark.parametrize("d,t", [(1, 2), pytest.param(2, 2, marks=pytest.mark.slow)])  # 4 ranks
 def test_tensor_parallel_plans_train_as_one_process(tmp_path, monkeypatch, d, t):
     monkeypatch.setenv("NGRA_CACHE", str(tmp_path / "cache"))
     root = str(tmp_path)

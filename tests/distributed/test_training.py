@@ -51,7 +51,7 @@ def _losses(summary):
     return [h["loss"] for h in summary["history"]]
 
 
-@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("k", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 processes
 def test_ranks_train_as_one_process(data, single, k):
     jobs, keys = [], []
     for model in MODELS:
@@ -101,6 +101,7 @@ def test_ranks_train_as_one_process(data, single, k):
     assert auto["exchange"][0]["row_bytes"] == 16 * 4
 
 
+@pytest.mark.slow  # two 2-rank runs, ~40 s; a user model on 2 ranks runs in tests/training
 def test_a_user_defined_layer_trains_on_ranks_as_on_one(data):
     from ngra.datasets import load
 

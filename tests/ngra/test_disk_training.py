@@ -51,6 +51,8 @@ def cache(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # over a minute on a busy 2-core machine; ngra.fit(storage="disk") runs in
+# tests/training/test_schema_and_cli.py
 def test_disk_training_peak_stays_within_budget(cache):
     disk = _run("disk", cache)
     assert disk["storage"] == "disk" and disk["test_acc"] > 0.3
@@ -63,6 +65,7 @@ def test_disk_training_peak_stays_within_budget(cache):
     assert memory["peak"] - memory["before"] > BUDGET  # the features alone exceed it
 
 
+@pytest.mark.slow  # 2^19 vertices in a child process: about 45 s on a busy 2-core machine
 def test_disk_training_streams_the_structure_and_the_saved_activations(cache):
     """From disk, GCN's graph with self-loops is written beside the data and walked in
     blocks of 2^18 edges (1 MiB of ids), the backward walks the CSC (no transpose), and
