@@ -41,8 +41,8 @@ def check_trainable(ds: NodeDataset, name: str | None = None) -> None:
         raise DatasetError(
             f"{name} is a graph-classification dataset ({len(ds)} graphs, one label each); "
             "node-classification training needs a NodeDataset (one label per vertex). Train "
-            "on it from Python: ngra.datasets.GraphLoader batches, a readout from "
-            "ngra.models (SumPool, MeanPool, MaxPool, AttentionPool) and a torch optimizer.")
+            "graph classification on it: ngra train --task graph (ngra.fit(..., "
+            "task='graph')).")
     n = ds.num_nodes
     if n == 0:
         raise DatasetError(f"{name} has 0 vertices; there is nothing to train on.")

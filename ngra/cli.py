@@ -79,7 +79,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--patience", type=int, default=None, metavar="P",
                    help="stop when validation loss and accuracy have not improved for P "
                         "epochs (the GAT paper's rule; --epochs is the ceiling; default: off)")
-    p.add_argument("--data-root", default=None, help="dataset folder (default: $NGRA_DATA or ~/.ngra/data)")
+    p.add_argument("--data-root", default=None,
+                   help="dataset folder (default: $NGRA_DATA or ~/.ngra/data)")
     p.add_argument("--out", default=None, help="write the JSON summary here")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="save checkpoints in DIR")
     p.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
@@ -103,6 +104,27 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "warm-up: auto where it is safe (else eager, with the reason in the "
                         "summary's cuda_graph), on: refuse to run without it, off "
                         "(default: auto)")
+    t = p.add_argument_group("tasks: node classification (default), link prediction, graph "
+                             "classification")
+    t.add_argument("--task", default="node", choices=["node", "link", "graph"],
+                   help="node: classify vertices; link: predict edges (the encoder embeds, a "
+                        "decoder scores pairs; metric ROC-AUC, Hits@K beside it); graph: "
+                        "classify graphs of a collection such as tu:PATH (default: node)")
+    t.add_argument("--val", type=float, default=0.05,
+                   help="link/graph: share of edges (graphs) held out for validation "
+                        "(default: 0.05)")
+    t.add_argument("--test", type=float, default=0.1,
+                   help="link/graph: share held out for test (default: 0.1)")
+    t.add_argument("--embedding-dim", type=int, default=64,
+                   help="link/graph: the encoder's output width, given to your factory as "
+                        "its second argument (default: 64)")
+    t.add_argument("--decoder", default="dot", choices=["dot", "mlp"],
+                   help="link: score pairs by dot product or an MLP on their Hadamard "
+                        "product (default: dot)")
+    t.add_argument("--readout", default="sum", choices=["sum", "mean", "max", "attention"],
+                   help="graph: how node embeddings are pooled per graph (default: sum)")
+    t.add_argument("--batch-size", type=int, default=128,
+                   help="graph: graphs per batch (default: 128)")
     p.add_argument("--storage", default="memory", choices=["memory", "disk", "auto"],
                    help="read the dataset into memory, map it from its cache entry on disk, "
                         "or auto: disk when it would not fit the memory available (or the "
@@ -230,8 +252,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     for s in summary["results"] or [summary]:
         seed = f" seed {s['seed']}" if summary["results"] else ""
         stop = f", stopped early after {s['epochs']} epochs" if s["stopped_early"] else ""
-        print(f"{name} on {data}{seed}: test_acc={s['test_acc']:.4f} "
-              f"val_acc={s['val_acc']:.4f} (best epoch {s['best_epoch']}{stop}) "
+        m = "acc" if s["metric"] == "accuracy" else s["metric"]
+        print(f"{name} on {data}{seed}: test_{m}={s['test_acc']:.4f} "
+              f"val_{m}={s['val_acc']:.4f} (best epoch {s['best_epoch']}{stop}) "
               f"epoch_time={s['epoch_time_s'] * 1e3:.1f} ms peak_rss={s['peak_rss_mb']:.0f} MB")
     if summary["results"]:
         print(f"{name} on {data}, {summary['runs']} runs (seeds "
@@ -356,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    handlers = {"train": _cmd_train, "predict": _cmd_predict, "partition": _cmd_partition, "explain": _cmd_explain,
+    handlers = {"train": _cmd_train, "predict": _cmd_predict, "partition": _cmd_partition,
+                "explain": _cmd_explain,
                 "info": _cmd_info, "characterize": _cmd_characterize, "plan": _cmd_plan}
 
     try:

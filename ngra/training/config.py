@@ -25,8 +25,11 @@ from ngra.training.model_source import ModelSource
 
 __all__ = ["TASKS", "TrainConfig", "check_config", "check_run_files", "describe_run"]
 
-#: What a run can learn (link prediction and graph classification come next).
-TASKS = ("node",)
+#: What a run can learn: node classification, link prediction, graph classification.
+TASKS = ("node", "link", "graph")
+#: Link-prediction decoders, and graph readouts, by name (:mod:`ngra.training.tasks`).
+DECODERS = ("dot", "mlp")
+READOUTS = ("sum", "mean", "max", "attention")
 
 @dataclass
 class TrainConfig:
@@ -42,6 +45,13 @@ class TrainConfig:
     model: Any = "gcn"
     dataset: Any = "sbm"
     task: str = "node"
+    #: link and graph tasks: held-out fractions (edges, graphs), the encoder's output width
+    val: float = 0.05
+    test: float = 0.1
+    embedding_dim: int = 64
+    decoder: str = "dot"
+    readout: str = "sum"
+    batch_size: int = 128
     epochs: int = 200
     seed: int = 0
     hidden: int | None = None
@@ -105,7 +115,8 @@ class TrainConfig:
     def hyper_parameters(self) -> dict[str, Hyper | None]:
         """``{name: Hyper(value, source) or None}`` (the zoo's table, or a user model's
         given values and defaults: :meth:`ModelSource.hyper_parameters`)."""
-        return self.source.hyper_parameters({k: getattr(self, k) for k in HYPER_PARAMETERS})
+        return self.source.hyper_parameters({k: getattr(self, k) for k in HYPER_PARAMETERS},
+                                            self.task)
 
     def resolved(self) -> dict[str, Any]:
         """Every field, hyper-parameters filled in from the model's defaults."""
@@ -170,8 +181,25 @@ def check_config(cfg: TrainConfig) -> None:
     """Refuse a configuration that cannot run, before any data is loaded."""
     cfg.source  # a model that does not resolve is refused here  # noqa: B018
     if cfg.task not in TASKS:
-        raise ValueError(f"task {cfg.task!r}: ngra trains {', '.join(TASKS)} tasks; "
-                         "link prediction and graph classification are not built yet.")
+        raise ValueError(f"task {cfg.task!r}: ngra trains {', '.join(TASKS)} tasks.")
+    if cfg.task != "node":
+        for name, why in (("nprocs", cfg.nprocs != 1), ("device", str(cfg.device) != "cpu"),
+                          ("storage", cfg.storage != "memory"), ("plan", cfg.plan is not None)):
+            if why:
+                raise ValueError(f"--task {cfg.task} trains on one process on the CPU with the "
+                                 f"data in memory for now; drop --{name}.")
+        if cfg.decoder not in DECODERS:
+            raise ValueError(f"--decoder must be one of {DECODERS}; got {cfg.decoder!r}.")
+        if cfg.readout not in READOUTS:
+            raise ValueError(f"--readout must be one of {READOUTS}; got {cfg.readout!r}.")
+        for name in ("embedding_dim", "batch_size"):
+            v = getattr(cfg, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1; "
+                                 f"got {v!r}.")
+        if not (0 <= cfg.val < 1 and 0 < cfg.test < 1 and cfg.val + cfg.test < 1):
+            raise ValueError(f"--val and --test are fractions held out (val in [0, 1), test in "
+                             f"(0, 1), summing below 1); got {cfg.val} and {cfg.test}.")
     if cfg.source.kind == "module" and cfg.runs > 1:
         raise ValueError(f"runs={cfg.runs} trains a fresh model per seed, which needs a "
                          "factory (a callable or module:callable that builds the model), "

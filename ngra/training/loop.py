@@ -253,12 +253,15 @@ class Session:
     """
 
     is_main = True
+    #: what :meth:`evaluate` measures, and more figures of its last call (none here)
+    metric = "accuracy"
+    last_metrics: dict[str, float] = {}
 
     def __init__(self, model: torch.nn.Module, graph: Any, x: torch.Tensor, edge_data: Any,
                  y: torch.Tensor, masks: dict[str, torch.Tensor], budget: str | None,
                  num_nodes: int, num_edges: int, device: torch.device | None = None,
                  placement: Placement | None = None, info: dict[str, Any] | None = None) -> None:
-        self.model = self.net = model
+        self.model = self.net = self.encoder = model
         self.graph, self.x, self.edge_data, self.y, self.masks = graph, x, edge_data, y, masks
         self.budget, self.num_nodes, self.num_edges = budget, num_nodes, num_edges
         self.device = device if device is not None else torch.device("cpu")
@@ -286,7 +289,15 @@ class Session:
             stack.enter_context(saved_on_disk(near=self.x))
         return stack
 
-    def loss(self, out: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def batches(self, epoch: int) -> tuple[None]:
+        """An epoch's steps: one, over the whole graph."""
+        return (None,)
+
+    def forward(self, batch: Any = None) -> torch.Tensor:
+        """The model's output on the whole graph."""
+        return call_model(self.net, self.graph, self.x, self.edge_data)
+
+    def loss(self, out: torch.Tensor, batch: Any = None) -> tuple[torch.Tensor, float]:
         """``(loss to differentiate, the loss's value)`` of the training rows."""
         loss = self.train_loss(out)
         return loss, float(loss.detach())
@@ -409,7 +420,7 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
                             f"{type(opt).__name__}.")
     else:
         # capturable: Adam keeps its step count on the device, so its step needs no host read
-        opt = torch.optim.Adam(cfg.source.param_groups(model, resolved["weight_decay"]),
+        opt = torch.optim.Adam(_param_groups(cfg, s, resolved["weight_decay"]),
                                lr=resolved["lr"], capturable=graphed is not None)
     plans = None
     if cfg.explain and (run is None or run[0] == 0):
@@ -417,7 +428,8 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
         if s.is_main:
             (echo or log.info)(plans)
 
-    start, best, times, history = 0, {"val": -1.0, "test": float("nan"), "epoch": -1, "state": None}, [], []
+    best = {"val": -1.0, "test": float("nan"), "epoch": -1, "state": None}
+    start, times, history = 0, [], []
     stopped, patience = False, EarlyStop(cfg.patience)
     resume = cfg.resume and (run is None or _has_checkpoint(checkpoint))
     if resume:
@@ -444,29 +456,36 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
         if step is not None:
             loss_value = _read_device_step(step(), epoch + 1, resolved, model, kept)
         else:
-            opt.zero_grad()
-            with s.context():
-                out = call_model(s.net, s.graph, s.x, s.edge_data)
-                loss, loss_value = s.loss(out)
-                # the outputs are checked now and let go: an N x classes array not held
-                # through backward (R-MAT 2^23, 8 classes: 268 MB off the peak)
-                out_finite = bool(torch.isfinite(out.detach()).all())
-                del out
-                loss.backward()
-            s.after_backward()
-            check_finite(epoch + 1, resolved, model, loss, out_finite=out_finite, kept=kept)
-            opt.step()
-            check_finite(epoch + 1, resolved, model, kept=kept)
+            values = []
+            for batch in s.batches(epoch):  # one full-graph step, or a graph task's batches
+                opt.zero_grad()
+                with s.context():
+                    out = s.forward(batch)
+                    loss, value = s.loss(out, batch)
+                    # the outputs are checked now and let go: an N x classes array not held
+                    # through backward (R-MAT 2^23, 8 classes: 268 MB off the peak)
+                    out_finite = bool(torch.isfinite(out.detach()).all())
+                    del out
+                    loss.backward()
+                s.after_backward()
+                check_finite(epoch + 1, resolved, model, loss, out_finite=out_finite,
+                             kept=kept)
+                opt.step()
+                check_finite(epoch + 1, resolved, model, kept=kept)
+                values.append(value)
+            loss_value = statistics.fmean(values) if values else float("nan")
         s.step_done()
         times.append(time.perf_counter() - t0)
         acc, val_loss = s.evaluate()
         history.append({"epoch": epoch + 1, "loss": loss_value, **acc, "val_loss": val_loss})
         if acc["val"] > best["val"]:
             best = {"val": acc["val"], "test": acc["test"], "epoch": epoch + 1,
+                    "metrics": dict(s.last_metrics),
                     "state": {k: v.clone() for k, v in model.state_dict().items()}}
         # the same on every rank: the accuracies and the loss are reduced over the ranks
         stopped = patience.step(acc["val"], val_loss)
-        bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{acc['val']:.3f}", best=f"{best['val']:.3f}")
+        bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{acc['val']:.3f}",
+                        best=f"{best['val']:.3f}")
         if checkpoint and ((epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs
                            or stopped):
             path = Path(checkpoint)
@@ -492,6 +511,9 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
         "model": cfg.model_name,
         "dataset": cfg.dataset_name,
         "seed": seed,
+        "task": cfg.task,
+        "metric": s.metric,
+        "metrics": best.get("metrics") or None,
         "test_acc": best["test"],
         "val_acc": best["val"],
         "best_epoch": best["epoch"],
@@ -514,6 +536,15 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
     if plans is not None:
         summary["explain"] = plans
     return summary
+
+
+def _param_groups(cfg: TrainConfig, s: Session, weight_decay: float) -> list[dict[str, Any]]:
+    """The optimizer's groups: the model's own (GCN decays its first layer only) over the
+    session's encoder, and a task's decoder or head with ``weight_decay``."""
+    groups = cfg.source.param_groups(s.encoder, weight_decay)
+    mine = {id(p) for g in groups for p in g["params"]}
+    rest = [p for p in s.model.parameters() if p.requires_grad and id(p) not in mine]
+    return groups + ([{"params": rest, "weight_decay": weight_decay}] if rest else [])
 
 
 def _static_refusal(s: Session) -> str:

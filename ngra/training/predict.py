@@ -25,7 +25,9 @@ from ngra.errors import CheckpointError, DatasetError
 from ngra.graph import Graph
 from ngra.training.checkpoint import FORMAT_VERSION, load_latest_checkpoint
 from ngra.training.data import as_dataset, normalize_features
+from ngra.datasets import GraphLoader
 from ngra.training.model_source import ModelSource, call_model
+from ngra.training.tasks import GraphModel, LinkModel, graph_dataset, make_decoder
 
 __all__ = ["OUTPUTS", "Predictor", "load_model"]
 
@@ -70,17 +72,28 @@ class Predictor:
 
     @torch.no_grad()
     def predict(self, data: Any, *, output: str = "labels", embeddings: str | None = None,
-                root: str | None = None) -> torch.Tensor:
+                root: str | None = None, pairs: torch.Tensor | None = None) -> torch.Tensor:
         """Per vertex of ``data``: ``labels`` (``[N]`` int64), ``scores`` (``[N, C]``
         logits) or ``probabilities`` (softmax), or with ``embeddings="layers.0"`` the
         output of that submodule (``dict(model.named_modules())``'s names).
+
+        A link-prediction model gives each vertex's embedding ``[N, D]``, or with
+        ``pairs`` (``[2, P]``) each pair's probability of being an edge. A
+        graph-classification model takes a collection of graphs (``tu:PATH``, a
+        ``GraphDataset``) and gives one label (or row of scores) per graph.
 
         Raises:
             ValueError: an unknown ``output`` or layer name (the names are listed).
         """
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}; got {output!r}.")
+        task = self.meta.get("task", "node")
+        if task == "graph" and embeddings is None:
+            return self._predict_graphs(data, output, root)
         graph, x, edge_data = self.prepare(data, root=root)
+        if task == "link" and embeddings is None:
+            z = call_model(self.model, graph, x, edge_data)
+            return z if pairs is None else torch.sigmoid(self.model.decoder(z, pairs))
         if embeddings is None:
             out = call_model(self.model, graph, x, edge_data)
             if output == "labels":
@@ -99,6 +112,15 @@ class Predictor:
         finally:
             hook.remove()
         return seen[-1]
+
+
+    def _predict_graphs(self, data: Any, output: str, root: str | None) -> torch.Tensor:
+        ds = graph_dataset(data, root=root)
+        outs = [self.model(b.graph, b.x, b.ptr) for b in GraphLoader(ds, 256)]
+        out = torch.cat(outs) if outs else torch.empty(0, self.meta["num_classes"])
+        if output == "labels":
+            return out.argmax(-1)
+        return out.softmax(-1) if output == "probabilities" else out
 
 
 def _source(meta: dict[str, Any]) -> ModelSource:
@@ -135,18 +157,24 @@ def load_model(directory: str | Path, model: Any = None) -> Predictor:
     else:
         source = ModelSource.of(model)
     hyper = meta.get("hyper") or {}
+    task = meta.get("task", "node")
+    width = meta["num_classes"] if task == "node" else meta["embedding_dim"]
     if source.zoo:
-        net = source.build(meta["num_features"], meta["num_classes"], hyper=hyper,
+        net = source.build(meta["num_features"], width, hyper=hyper,
                            num_layers=hyper.get("num_layers"),
                            num_edge_types=meta.get("num_edge_types", 1))
     elif source.kind == "module":
         net = source.module
     else:
         kwargs = meta.get("factory_kwargs", {}) if record.get("kind") == "factory" else {}
-        net = source.factory(meta["num_features"], meta["num_classes"], **kwargs)
+        net = source.factory(meta["num_features"], width, **kwargs)
         if not isinstance(net, nn.Module):
             raise TypeError(f"model factory {source.name} returned a {type(net).__name__}, "
                             "not an nn.Module.")
+    if task == "link":
+        net = LinkModel(net, make_decoder(meta["decoder"], width))
+    elif task == "graph":
+        net = GraphModel(net, width, meta["num_classes"], meta["readout"])
     try:
         net.load_state_dict(ck["model"])
     except (RuntimeError, KeyError, ValueError, TypeError) as err:

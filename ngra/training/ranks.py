@@ -165,7 +165,8 @@ def prepare_shards(cfg: TrainConfig, ds: Any = None) -> Path:
     source = cfg.source
     # shards of row-normalized features apart from raw ones (each rebuilt only when stale)
     key = source.prep_key() + ("+rownorm" if cfg.resolved()["normalize_features"] else "")
-    parts = DenseLayout.of(cfg.nprocs, cfg.extra.get("plan")).data  # the plan's row partitions (default: --nprocs)
+    # the plan's row partitions (default: --nprocs)
+    parts = DenseLayout.of(cfg.nprocs, cfg.extra.get("plan")).data
     spec = ds.info.get("spec") or f"memory:{fingerprint(ds)}"
     book, folder = partition_for(
         ds, parts, spec=spec, book_dir=cfg.partition, method=cfg.partition_method,
@@ -189,7 +190,7 @@ class RankSession:
 
     def __init__(self, model: torch.nn.Module, shard: Any, budget: str | None,
                  group: Any = None, layout: DenseLayout | None = None) -> None:
-        self.model = self.net = model
+        self.model = self.net = self.encoder = model
         self.shard, self.budget = shard, budget
         self.group, self.layout = group, layout  # gradients' and sums' group; the plan's
         self.graph, self.x, self.edge_data = shard.graph, shard.x, shard.edge_data
@@ -217,7 +218,17 @@ class RankSession:
         dist.all_reduce(t, group=self.group)  # one rank a replica: each row counted once
         return t
 
-    def loss(self, out: torch.Tensor) -> tuple[torch.Tensor, float]:
+    metric = "accuracy"
+    last_metrics: dict[str, float] = {}
+
+    def batches(self, epoch: int) -> tuple[None]:
+        """An epoch's steps: one, over this rank's share of the graph."""
+        return (None,)
+
+    def forward(self, batch: Any = None) -> torch.Tensor:
+        return call_model(self.net, self.graph, self.x, self.edge_data)
+
+    def loss(self, out: torch.Tensor, batch: Any = None) -> tuple[torch.Tensor, float]:
         m = self.masks["train"]
         n = max(self.sizes["train"], 1)
         local = F.cross_entropy(out[m], self.y[m], reduction="sum")

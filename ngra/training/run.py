@@ -36,6 +36,8 @@ from ngra.training.data import as_dataset, fingerprint, prepare_dataset
 from ngra.training.loop import Session, fit_runs
 from ngra.training.model_source import ModelSource, call_model
 from ngra.training.ranks import train_distributed
+from ngra.training.tasks import (GraphModel, GraphSession, LinkModel, LinkSession,
+                                 graph_dataset, link_split, make_decoder, split_graphs)
 
 __all__ = ["Outcome", "check_model_output", "check_partitionable", "check_predictions_vary",
            "plan_for", "run", "train"]
@@ -92,7 +94,9 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
                            "synthesized": synthesized}
         return ds, _meta(given, ds, label)
 
-    if not several:
+    if cfg.task != "node":
+        outcome = _train_task(cfg, echo)
+    elif not several:
         ds, meta = load()
         outcome = _train_here(cfg, ds, echo, meta, loaded["about"])
     else:
@@ -115,6 +119,63 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(outcome.summary, indent=2) + "\n")
     return outcome
+
+
+def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome:
+    """A link-prediction or graph-classification run (:mod:`ngra.training.tasks`)."""
+    say = echo or log.info
+    r = cfg.resolved()
+    layers = r["num_layers"] if cfg.source.zoo else cfg.num_layers
+
+    def encoder(num_features: int) -> nn.Module:
+        return cfg.source.build(num_features, cfg.embedding_dim, hyper=r, num_layers=layers)
+
+    meta: dict[str, Any] = {"model": cfg.source.record(), "task": cfg.task,
+                            "embedding_dim": cfg.embedding_dim, "decoder": cfg.decoder,
+                            "readout": cfg.readout, "hyper": {k: r[k] for k in (
+                                "hidden", "heads", "dropout", "attention_dropout", "lr",
+                                "weight_decay", "num_layers")},
+                            "factory_kwargs": ModelSource.factory_kwargs(r, None if
+                                                                         cfg.source.zoo
+                                                                         else cfg.num_layers),
+                            "normalize_features": bool(r["normalize_features"])}
+    if cfg.task == "graph":
+        gds = graph_dataset(cfg.dataset, root=cfg.data_root)
+        say(describe_run(cfg, []))
+        parts = dict(zip(("train", "val", "test"),
+                         split_graphs(len(gds), cfg.val, cfg.test, cfg.seed)))
+        info = {"dataset_summary": gds.summary(), "reciprocity": None, "synthesized": [],
+                "storage": "memory", "resident_mb": rss_bytes() / 2**20}
+        meta.update(num_features=gds.num_features, num_classes=gds.num_classes,
+                    dataset={"name": cfg.dataset_name, "graphs": len(gds)})
+
+        def session(seed: int) -> GraphSession:
+            model = GraphModel(encoder(gds.num_features), cfg.embedding_dim, gds.num_classes,
+                               cfg.readout)
+            return GraphSession(model, gds, parts, batch_size=cfg.batch_size, seed=seed,
+                                budget=cfg.memory_budget, info=info)
+    else:
+        ds = as_dataset(cfg.dataset, root=cfg.data_root, check=False)
+        synthesized = list(ds.info.get("synthesized", []))
+        say(describe_run(cfg, [s for s in synthesized if s != "labels"]))
+        ds = prepare_dataset(ds, reorder=cfg.reorder, seed=cfg.seed,
+                             normalize=r["normalize_features"])
+        split = link_split(cfg, ds)
+        graph, edge_data = cfg.source.prepare(split.graph, None, 1)
+        info = {"dataset_summary": {**ds.summary(), "link_split": split.summary()},
+                "reciprocity": ds.reciprocity, "synthesized": synthesized,
+                "storage": "memory", "resident_mb": rss_bytes() / 2**20}
+        meta.update(num_features=ds.num_features, num_classes=None,
+                    dataset={"name": cfg.dataset_name, "fingerprint": fingerprint(ds)})
+
+        def session(seed: int) -> LinkSession:
+            model = LinkModel(encoder(ds.num_features),
+                              make_decoder(cfg.decoder, cfg.embedding_dim))
+            return LinkSession(model, split, graph, ds.x, edge_data, seed=seed,
+                               budget=cfg.memory_budget, info=info)
+
+    summary, best = fit_runs(cfg, session, echo, meta=meta)
+    return Outcome(summary, best, meta)
 
 
 def plan_for(cfg: TrainConfig, can_measure: bool = True) -> dict[str, Any]:

@@ -28,12 +28,16 @@ FIELDS: dict[str, str] = {
     "schema_version": "this schema's version (SCHEMA_VERSION)",
     "model": "the zoo name, or the factory's module:callable / the module's class",
     "dataset": "the dataset spec, or the name of data given in memory",
-    "task": "what was learned: node (classification)",
+    "task": "what was learned: node (classification), link (prediction), graph "
+            "(classification)",
+    "metric": "what test_acc / val_acc measure: accuracy (node, graph) or roc_auc (link)",
     "runs": "how many seeds were trained",
     "seeds": "the seeds, seed .. seed + runs - 1",
     "seed": "this run's seed (null over several runs)",
-    "test_acc": "test accuracy at the selected epoch (best validation accuracy)",
-    "val_acc": "the selected epoch's validation accuracy",
+    "test_acc": "the task's metric on the test part at the selected epoch (the best "
+                "validation value): accuracy, or ROC-AUC for link prediction",
+    "val_acc": "the selected epoch's validation value of the metric",
+    "metrics": "more metrics at the selected epoch (link: Hits@20/50/100, ROC-AUC per part)",
     "best_epoch": "the selected epoch (1-based)",
     "epochs": "epochs trained",
     "stopped_early": "whether --patience stopped the run before --epochs",
@@ -86,7 +90,7 @@ FIELDS: dict[str, str] = {
 }
 
 #: Keys a run of several seeds takes from its first run.
-_SHARED = ("config", "config_sources", "num_nodes", "num_edges", "device", "placement",
+_SHARED = ("metric", "config", "config_sources", "num_nodes", "num_edges", "device", "placement",
            "reciprocity", "dataset_summary", "synthesized", "storage", "resident_mb", "task",
            "world_size", "exchange", "partition", "partition_stats", "link", "dense_layout",
            "cuda_graph", "copy_bandwidth_gbs")

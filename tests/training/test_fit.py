@@ -104,8 +104,8 @@ def test_bad_models_are_refused_before_training(user_path):
         import user_models
 
         ngra.fit(user_models.build_model(16, 3), SBM, epochs=1, runs=2)
-    with pytest.raises(ValueError, match="task 'link'"):
-        ngra.fit("gcn", SBM, task="link")
+    with pytest.raises(ValueError, match="task 'edges': ngra trains node, link, graph"):
+        ngra.fit("gcn", SBM, task="edges")
 
 
 def test_a_model_reading_a_global_tensor_cannot_run_distributed(user_path):
