@@ -26,7 +26,7 @@ import torch
 
 from ngra.errors import DamagedFileError, DatasetError, DatasetNotFoundError, SpecError
 from ngra.graph import Graph
-from ngra.memstat import release_mapped
+from ngra.mapped import release_mapped
 from ngra.settings import SETTINGS, get
 
 from .direction import add_missing_reverses, reciprocity

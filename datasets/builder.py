@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from ngra.graph import Graph
 from ngra.idtype import ids_dtype, np_idtype, offsets_dtype
-from ngra.memstat import release_mapped
+from ngra.mapped import release_mapped
 
 from .base import DatasetError
 

@@ -47,7 +47,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ngra.graph import Graph
-from ngra.memstat import register_mapped, release_mapped
+from ngra.mapped import register_mapped, release_mapped
 from ngra.settings import get
 
 from .base import NodeDataset, writable
@@ -144,7 +144,7 @@ class EntryWriter:
         """A new ``name.npy`` of ``shape`` / ``dtype`` in the entry, mapped for writing."""
         a = np.lib.format.open_memmap(self.tmp / f"{name}.npy", mode="w+", dtype=np.dtype(dtype),
                                       shape=tuple(int(s) for s in shape))
-        register_mapped(a)  # writers drop written blocks' pages (ngra.memstat.release_mapped)
+        register_mapped(a)  # writers drop written blocks' pages (ngra.mapped.release_mapped)
         self._arrays[name] = a
         return a
 

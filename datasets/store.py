@@ -4,7 +4,7 @@
 :class:`~ngra.datasets.NodeDataset` whose arrays are memory-mapped views of the cache
 entry's ``.npy`` files (numpy ``mmap_mode``): nothing is read until used, and readers
 that stream an array block by block drop each block's pages once read
-(:func:`ngra.memstat.release_mapped`), so the array never becomes resident. Today the
+(:func:`ngra.mapped.release_mapped`), so the array never becomes resident. Today the
 first layer's input (the features, usually the largest array) streams this way:
 ``ngra.kernels.dropout_linear`` in training and the compiled ``pre`` stage in
 evaluation read it block by block.
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ngra.memstat import register_mapped, release_mapped
+from ngra.mapped import register_mapped, release_mapped
 
 __all__ = ["STORAGES", "GraphStore", "InEdges", "choose_storage", "entry_bytes",
            "mapped_tensor"]

@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from ngra.memstat import release_mapped
+from ngra.mapped import release_mapped
 
 from .base import DatasetError, NodeDataset
 from .graphs import GraphDataset

@@ -106,7 +106,8 @@ def fused_edge_bwd(data_root: str | None) -> None:
     import ngra.kernels.cpu.fused_edge as cpu_fe
     import ngra.kernels.fused_edge as fe
     from ngra.datasets import load
-    from ngra.kernels.fused_edge import E, fused_edge_aggregate
+    from ngra.kernels.edge_expr import E
+    from ngra.kernels.fused_edge import fused_edge_aggregate
 
     g = load("rmat:scale=16,edge_factor=16,feat=1,classes=2,seed=0", root=data_root).graph
     gen = torch.Generator().manual_seed(0)
@@ -177,7 +178,8 @@ def ggcn_floor(data_root: str | None) -> None:
     float32 here; the step minus it is everything else (element-wise ops, bias sums,
     gradient accumulation, page faults)."""
     from ngra.datasets import load
-    from ngra.kernels.fused_edge import E, fused_edge_aggregate
+    from ngra.kernels.edge_expr import E
+    from ngra.kernels.fused_edge import fused_edge_aggregate
     from ngra.models import GGCNConv
 
     ds = load("rmat:scale=16,edge_factor=16,feat=64,classes=8", root=data_root)

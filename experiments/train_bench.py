@@ -308,7 +308,8 @@ def _edge_step(case: Case, ds):
     a, b, c = (torch.randn(n, f, generator=gen).requires_grad_() for _ in range(3))
     src, dst = graph.indices, graph.dst_index()
     if case.framework == "ngra":
-        from ngra.kernels.fused_edge import E, fused_edge_aggregate
+        from ngra.kernels.edge_expr import E
+        from ngra.kernels.fused_edge import fused_edge_aggregate
 
         expr = E.sigmoid(E.dst(0) + E.src(1)) * E.src(0)
         rev = graph.csr()

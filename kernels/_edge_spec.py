@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from ngra.kernels.fused_edge import EdgeExpr, derivative
+from ngra.kernels.edge_expr import EdgeExpr, derivative
 from ngra.settings import get
 
 __all__ = ["KernelSpec", "LEAF_ARRAY", "cache_dir", "load_module"]

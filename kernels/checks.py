@@ -22,8 +22,8 @@ import weakref
 from collections.abc import Hashable, Sequence
 
 import torch
-from ngra import memstat  # by module: tests watch its release_mapped
-from ngra.memstat import is_mapped
+from ngra import mapped  # by module: tests watch its release_mapped
+from ngra.mapped import is_mapped
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -251,7 +251,7 @@ def _host_blocks(a, overlap: int = 0):
     for lo in range(0, max(n - overlap, 1), _CHECK_BLOCK):
         hi = min(lo + _CHECK_BLOCK + overlap, n)
         yield lo, hi
-        memstat.release_mapped(a, lo, hi)
+        mapped.release_mapped(a, lo, hi)
 
 
 def check_csc(

@@ -15,7 +15,7 @@ a block starting at flat index ``k`` takes seed ``s1 + k`` (see
 ``dropout_mask`` op; on the CPU packed bits, 1/32 of the dropped copy), so backward
 applies it (``dropout_apply``) instead of hashing every element again. An ``x`` memory-
 mapped from the on-disk store has each block's pages dropped once read
-(:func:`ngra.memstat.release_mapped`), so it streams from disk at one block of RSS.
+(:func:`ngra.mapped.release_mapped`), so it streams from disk at one block of RSS.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 from ngra.kernels.checks import check_feat
 from ngra.kernels.dropout import check_p, draw_seeds, row_base, seed_device
 from ngra.kernels.registry import current_backend, lookup, use_backend
-from ngra.memstat import release_mapped
+from ngra.mapped import release_mapped
 
 __all__ = ["DropoutMasks", "dropout_linear", "dropout_masks"]
 

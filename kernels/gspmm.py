@@ -25,7 +25,7 @@ from ngra.kernels.checks import (
 )
 from ngra.kernels.registry import current_backend, forward_skipped, lookup, use_backend
 from ngra.kernels.transpose import Rev, csc_walk_preferred, reverse_of, walks_csc
-from ngra.memstat import is_mapped
+from ngra.mapped import is_mapped
 
 __all__ = ["gspmm"]
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from ngra.idtype import ids_dtype, narrow, np_idtype, offsets_dtype
-from ngra.memstat import is_mapped
-from ngra.memstat import release_mapped, scratch_mapped
+from ngra.mapped import is_mapped
+from ngra.mapped import release_mapped, scratch_mapped
 from ngra.compat import import_dgl
 from ngra.kernels import transpose_csc
 
@@ -562,7 +562,7 @@ class Graph:
 def _self_loops_on_disk(ip: np.ndarray, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """:meth:`Graph.add_self_loops` (CSC order) of a structure memory-mapped from disk,
     written to disk beside it a block of destinations at a time
-    (:func:`~ngra.memstat.scratch_mapped`): never a whole copy in memory, which at R-MAT
+    (:func:`~ngra.mapped.scratch_mapped`): never a whole copy in memory, which at R-MAT
     2^26 would be 4.2 GiB of ids."""
     from ngra.kernels.cpu.util import walk_blocks  # lazy: numba/triton load with the first kernel call
 

@@ -12,9 +12,9 @@ backward; a tensor saved twice (an activation's output, the next layer's input) 
 written once.
 
 Writing goes through ``write()`` (the page cache, not this process's RSS). Each unpack
-is a private copy-on-write mapping of the file (:func:`ngra.memstat.register_mmap`):
+is a private copy-on-write mapping of the file (:func:`ngra.mapped.register_mmap`):
 readers that stream it a block of rows at a time drop each block's pages once read
-(:func:`ngra.memstat.release_mapped`, as ``ngra.kernels.dropout_linear`` does for its
+(:func:`ngra.mapped.release_mapped`, as ``ngra.kernels.dropout_linear`` does for its
 input), and a backward that writes over its saved tensor (the zoo's output-saving
 activations, :func:`is_spilled`) changes neither the file nor any other unpack. The
 scratch file is unlinked when made: its disk space goes back when the last unpack and
@@ -35,7 +35,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from ngra.memstat import is_mapped, mapped_file, register_mmap, scratch_file
+from ngra.mapped import is_mapped, mapped_file, register_mmap, scratch_file
 
 __all__ = ["saved_on_disk", "is_spilled", "SPILL_MIN_BYTES"]
 
@@ -43,7 +43,7 @@ __all__ = ["saved_on_disk", "is_spilled", "SPILL_MIN_BYTES"]
 #: hundreds of MiB; a weight or a small graph's array is not worth a file).
 SPILL_MIN_BYTES = 64 << 20
 
-#: what :func:`ngra.memstat.mapped_file` answers for an unpacked saved tensor
+#: what :func:`ngra.mapped.mapped_file` answers for an unpacked saved tensor
 _UNPACKED = "<a saved tensor's spill file, unpacked>"
 
 

@@ -23,7 +23,7 @@ from ngra.partition.book import (
     load_book,
     save_book,
 )
-from ngra.partition.budget import (
+from ngra.partition.grid_choice import (
     GridChoice,
     TileCost,
     choose_grid,

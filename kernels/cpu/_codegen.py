@@ -9,7 +9,7 @@ threads (the CPU backend's convention: a ``parallel=True``/``prange`` kernel too
 inlined as straight-line scalar code in the loop over feature columns; nodes that
 read only width-1 terms (and constants) are hoisted out of that loop, and
 structurally equal subexpressions are computed once (derivative expressions reuse
-the forward nodes, see :func:`ngra.kernels.fused_edge.derivative`).
+the forward nodes, see :func:`ngra.kernels.edge_expr.derivative`).
 
 Three pass kinds, all without atomics (each output row has exactly one writer):
 
@@ -48,7 +48,7 @@ import struct
 from decimal import Decimal, localcontext
 
 from ngra.kernels._edge_spec import LEAF_ARRAY, KernelSpec
-from ngra.kernels.fused_edge import EdgeExpr, topo_order
+from ngra.kernels.edge_expr import EdgeExpr, topo_order
 
 __all__ = ["KernelSpec", "generate", "exp_module", "CODEGEN_VERSION"]
 

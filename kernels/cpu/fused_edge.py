@@ -48,7 +48,8 @@ from ngra.kernels import _edge_spec
 from ngra.kernels._edge_spec import KernelSpec
 from ngra.kernels.cpu._codegen import CODEGEN_VERSION, generate
 from ngra.kernels.cpu.util import as_numpy, prefetch_distance, row_threads, run_rows
-from ngra.kernels.fused_edge import FusedEdgeCall, leaves
+from ngra.kernels.edge_expr import leaves
+from ngra.kernels.fused_edge import FusedEdgeCall
 from ngra.kernels.registry import register
 
 __all__ = ["fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_partials_pay",

@@ -38,8 +38,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-from ngra import memstat  # by module: tests watch its release_mapped
-from ngra.memstat import is_mapped
+from ngra import mapped  # by module: tests watch its release_mapped
+from ngra.mapped import is_mapped
 
 # Reduce codes (ints, so that one compiled kernel serves several reducers).
 SUM, MEAN, MAX, MIN, MASKED_SUM = 0, 1, 2, 3, 4
@@ -234,11 +234,11 @@ def walk_blocks(indptr: np.ndarray, edge_arrays: Sequence = ()):
     """
 
     n = indptr.shape[0] - 1
-    mapped = [a for a in (*edge_arrays, indptr) if a is not None and a.size and is_mapped(a)]
-    if not mapped:
+    on_disk = [a for a in (*edge_arrays, indptr) if a is not None and a.size and is_mapped(a)]
+    if not on_disk:
         yield 0, n
         return
-    edges = [a for a in mapped if a is not indptr]
+    edges = [a for a in on_disk if a is not indptr]
     nblocks = max(1, -(-int(indptr[n]) // MAPPED_BLOCK_EDGES))
     bounds = [int(chunk_bound(indptr, b, nblocks, 0, n)) for b in range(nblocks + 1)]
 
@@ -253,9 +253,9 @@ def walk_blocks(indptr: np.ndarray, edge_arrays: Sequence = ()):
         if bounds[b + 1] == bounds[b] and n:
             continue  # a row heavier than a block: the next block starts past it
         if b + 1 < nblocks:
-            advise(memstat.prefetch_mapped, b + 1)
+            advise(mapped.prefetch_mapped, b + 1)
         yield bounds[b], bounds[b + 1]
-        advise(memstat.release_mapped, b)
+        advise(mapped.release_mapped, b)
 
 
 def run_ranges(kernel, num: int, threads: int, *args) -> None:

@@ -28,7 +28,7 @@ float32 in a float64 kernel). Only our own IR is turned into text.
 from __future__ import annotations
 
 from ngra.kernels._edge_spec import LEAF_ARRAY, KernelSpec
-from ngra.kernels.fused_edge import EdgeExpr, topo_order
+from ngra.kernels.edge_expr import EdgeExpr, topo_order
 
 __all__ = ["CODEGEN_VERSION", "generate", "kernel_args"]
 

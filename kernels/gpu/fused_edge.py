@@ -26,7 +26,8 @@ import torch
 
 from ngra.kernels import _edge_spec
 from ngra.kernels._edge_spec import KernelSpec
-from ngra.kernels.fused_edge import FusedEdgeCall, leaves
+from ngra.kernels.edge_expr import leaves
+from ngra.kernels.fused_edge import FusedEdgeCall
 from ngra.kernels.gpu._codegen import CODEGEN_VERSION, generate, kernel_args
 from ngra.kernels.gpu.util import pow2, require_cuda
 from ngra.kernels.registry import register

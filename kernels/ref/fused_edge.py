@@ -22,7 +22,9 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ngra.kernels.fused_edge import EdgeExpr, FusedEdgeCall, topo_order
+from ngra.kernels.edge_expr import EdgeExpr, topo_order
+
+from ngra.kernels.fused_edge import FusedEdgeCall
 from ngra.kernels.registry import register
 
 __all__ = ["evaluate", "fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_partials_pay",

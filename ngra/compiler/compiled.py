@@ -45,7 +45,7 @@ from ngra.compiler.passes.fuse import SoftmaxMatch
 from ngra.compiler.plan import Plan, Pre
 from ngra.compiler.tile import TileView
 from ngra.kernels.fused_edge import partials_judged_on
-from ngra.memstat import is_mapped, release_mapped
+from ngra.mapped import is_mapped, release_mapped
 
 __all__ = ["Carry", "CompiledPlan", "Linears", "PRE_BLOCK_BYTES", "RECOMPUTE_VALUE_BYTES"]
 

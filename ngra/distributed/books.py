@@ -5,7 +5,7 @@ user made (``ngra partition --out DIR``, passed as ``book_dir``), checked agains
 dataset's graph and spec, or the book cached beside the dataset cache under a key of
 the dataset, the relabeling, the method and the part count, rebuilt when it is missing,
 damaged or stale. ``ngra train --nprocs`` and the planner's exchange pricing
-(:func:`ngra.planner.zoo.book_halos`) read the same books.
+(:func:`ngra.planner.train_plans.book_halos`) read the same books.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The dense layers' plan on the graph trainer's ranks: data x tensor parallel.
 
 ``ngra train --nprocs K --plan auto|FILE`` runs a planner's plan without a pipeline
-(:mod:`ngra.planner.zoo`) of shape ``dp d x tp t`` with ``K = d * t``:
+(:mod:`ngra.planner.train_plans`) of shape ``dp d x tp t`` with ``K = d * t``:
 
 * the graph is partitioned ``d`` ways (the ``d``-way book the planner priced); rank ``r``
   holds row partition ``r // t`` (its *replica*) at position ``r % t`` of that replica's

@@ -99,7 +99,7 @@ def model_chain(args: argparse.Namespace) -> Any:
         return trace_module(_factory(args.module), args.rows, name=args.module)
     if args.model.startswith("mlp:"):
         return trace_module(_mlp(args.model), args.rows, name=args.model)
-    from ngra.planner.zoo import zoo_chain
+    from ngra.planner.train_plans import zoo_chain
 
     return zoo_chain(args.model, args.dataset, args.devices or 1, hidden=args.hidden,
                      heads=args.heads, num_layers=args.num_layers, data_root=args.data_root,
@@ -108,7 +108,7 @@ def model_chain(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from ngra.planner import Devices, format_table, search
-    from ngra.planner.zoo import default_memory, device_link
+    from ngra.planner.train_plans import default_memory, device_link
 
     k = args.devices
     if k is None or isinstance(k, bool) or k < 1:

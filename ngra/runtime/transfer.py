@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ngra.calibration import calibration_file
-from ngra.memstat import is_mapped
+from ngra.mapped import is_mapped
 
 __all__ = ["Bandwidth", "Fetched", "Link", "TransferCounts", "copy_bandwidth", "pinned",
            "pinned_empty", "transfer_counts"]

@@ -23,7 +23,7 @@ import torch
 from ngra.datasets import NodeDataset, check_trainable, from_dgl, from_pyg, load
 from ngra.errors import DatasetError
 from ngra.graph import Graph
-from ngra.memstat import is_mapped, release_mapped
+from ngra.mapped import is_mapped, release_mapped
 from ngra.partition import reorder_dataset
 
 __all__ = ["as_dataset", "dataset_label", "fingerprint", "normalize_features",

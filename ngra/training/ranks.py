@@ -65,8 +65,7 @@ from ngra.distributed.launch import in_worker, init_process_group, launch
 from ngra.distributed.link import link_model
 from ngra.distributed.shards import build_shards, load_shard, shards_current
 from ngra.kernels import dropout_rows
-from ngra.memstat import (io_read_bytes, mapped_from, peak_rss_bytes, release_large_frees,
-                          rss_bytes)
+from ngra.memstat import io_read_bytes, mapped_from, peak_rss_bytes, release_large_frees, rss_bytes
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.explain import explain
 from ngra.training.config import TrainConfig

@@ -28,7 +28,7 @@ from ngra.errors import DatasetError
 from ngra.graph import Graph
 from ngra.memstat import rss_bytes
 from ngra.partition import parse_bytes
-from ngra.planner.zoo import training_plan
+from ngra.planner.train_plans import training_plan
 from ngra.runtime.placement import (Placement, move_to, plan_placement, resident_bytes,
                                     resolve_device)
 from ngra.training.config import TrainConfig, check_config, check_run_files, describe_run

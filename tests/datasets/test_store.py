@@ -16,7 +16,7 @@ from ngra.datasets.base import csc_graph
 from ngra.datasets.builder import CSCBuilder
 from ngra.datasets.cache import CacheError, load_cached
 from ngra.datasets.store import GraphStore, choose_storage
-from ngra.memstat import is_mapped
+from ngra.mapped import is_mapped
 
 SPEC = "rmat:scale=10,feat=8"
 
@@ -113,7 +113,7 @@ def test_self_loops_of_a_mapped_graph_are_written_beside_it(monkeypatch):
     block at a time (never a whole copy in memory): the same graph as in memory, mapped,
     its file unlinked (nothing left in the entry), the entry's own files unchanged."""
     import ngra.kernels.cpu.util as cpu_util
-    from ngra.memstat import mapped_file
+    from ngra.mapped import mapped_file
     from ngra.models.zoo import prepare
 
     monkeypatch.setattr(cpu_util, "MAPPED_BLOCK_EDGES", 100)

@@ -7,7 +7,8 @@ import torch
 from graph_cases import graph_case
 
 from ngra.kernels import backward_only, forward_skipped, gspmm
-from ngra.kernels.fused_edge import E, fused_edge_aggregate
+from ngra.kernels.edge_expr import E
+from ngra.kernels.fused_edge import fused_edge_aggregate
 
 
 def _grads(fn, leaves, probe):

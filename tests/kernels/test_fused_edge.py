@@ -26,16 +26,8 @@ import ngra.kernels.fused_edge as fe
 import ngra.kernels.gpu.fused_edge as gpu_fe
 import ngra.kernels.ref.fused_edge as ref_fe
 from ngra.kernels import transpose_csc, use_backend
-from ngra.kernels.fused_edge import (
-    OPS,
-    E,
-    EdgeExpr,
-    FusedEdgeCall,
-    derivative,
-    fused_edge_aggregate,
-    leaves,
-    verify,
-)
+from ngra.kernels.edge_expr import OPS, E, EdgeExpr, derivative, leaves, verify
+from ngra.kernels.fused_edge import FusedEdgeCall, fused_edge_aggregate
 
 F = 5
 
@@ -464,7 +456,7 @@ def test_every_op_has_a_rule_and_code():
 
 
 def _walk(e):
-    from ngra.kernels.fused_edge import topo_order
+    from ngra.kernels.edge_expr import topo_order
 
     return topo_order([e])
 
@@ -549,7 +541,8 @@ def test_second_process_reuses_compiled_kernel(tmp_path):
     script = textwrap.dedent("""
         import torch
         from ngra.kernels import use_backend
-        from ngra.kernels.fused_edge import E, fused_edge_aggregate
+        from ngra.kernels.edge_expr import E
+        from ngra.kernels.fused_edge import fused_edge_aggregate
         import ngra.kernels.cpu.fused_edge as cpu_fe
         x = torch.randn(4, 3)
         with use_backend("cpu"):

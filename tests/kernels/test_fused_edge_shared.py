@@ -16,7 +16,8 @@ from kernel_testing import assert_same
 import ngra.kernels.cpu.fused_edge as cpu_fe
 import ngra.kernels.fused_edge as fe
 from ngra.kernels import use_backend
-from ngra.kernels.fused_edge import E, fused_edge_aggregate
+from ngra.kernels.edge_expr import E
+from ngra.kernels.fused_edge import fused_edge_aggregate
 
 F = 6
 # MPNN's message after the compiler's split and hoist: relu(t0[u] + t1[v] + e * w + b)

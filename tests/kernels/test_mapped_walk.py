@@ -18,7 +18,7 @@ from graph_cases import CASES, graph_case
 from kernel_testing import assert_same, run
 
 import ngra.kernels.cpu.util as cpu_util
-import ngra.memstat as memstat
+import ngra.mapped as mapped
 from ngra.datasets.store import mapped_tensor
 from ngra.kernels import gspmm
 from ngra.kernels.checks import check_csc
@@ -36,13 +36,13 @@ def small_blocks(monkeypatch):
     """Blocks of 7 edges, and a record of the ranges released from each mapped array."""
     monkeypatch.setattr(cpu_util, "MAPPED_BLOCK_EDGES", 7)
     released: list[tuple[int, int, int]] = []
-    real = memstat.release_mapped
+    real = mapped.release_mapped
 
     def spy(t, lo=None, hi=None):
         released.append((t.ctypes.data if hasattr(t, "ctypes") else t.data_ptr(), lo, hi))
         return real(t, lo, hi)
 
-    monkeypatch.setattr(memstat, "release_mapped", spy)
+    monkeypatch.setattr(mapped, "release_mapped", spy)
     return released
 
 
@@ -57,7 +57,7 @@ def test_mapped_structure_gives_the_in_memory_results(case, reduce, scaled, gen,
     scale = ((torch.rand(num_src, dtype=torch.float64, generator=gen) + 0.5,
               torch.rand(num_dst, dtype=torch.float64, generator=gen) + 0.5) if scaled else None)
     m_indptr, m_indices = _mapped(indptr, tmp_path / "ip.npy"), _mapped(indices, tmp_path / "ix.npy")
-    assert memstat.is_mapped(m_indices) or not indices.numel()
+    assert mapped.is_mapped(m_indices) or not indices.numel()
 
     want = run("ref", lambda a: gspmm(indptr, indices, a, reduce=reduce, scale=scale), [x],
                gen=gen)

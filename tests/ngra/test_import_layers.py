@@ -36,6 +36,7 @@ LAYERS = (
     "ngra.settings",  # the NGRA_* environment variables, read at use (stdlib only)
     "ngra.compat",
     "ngra.memstat",
+    "ngra.mapped",  # memory-mapped arrays: pages dropped once read, scratch files (numpy)
     "ngra.calibration",  # where measured machine figures are cached (stdlib only)
     "ngra.livetensors",  # live tensor bytes of a step (torch only)
     "ngra.spill",  # saved activations on disk (ngra.memstat only)

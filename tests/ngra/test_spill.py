@@ -96,11 +96,11 @@ def test_files_are_unlinked_and_small_tensors_stay(tmp_path, monkeypatch, writte
     as soon as it is made."""
     import tempfile
 
-    import ngra.memstat as memstat
+    import ngra.mapped as mapped
 
     near = torch.zeros(1)
-    real_file = memstat.mapped_file
-    monkeypatch.setattr(memstat, "mapped_file", lambda t: str(tmp_path / "x.npy")
+    real_file = mapped.mapped_file
+    monkeypatch.setattr(mapped, "mapped_file", lambda t: str(tmp_path / "x.npy")
                         if t is near else real_file(t))
     folders = []
     real = tempfile.mkstemp

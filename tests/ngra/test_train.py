@@ -248,7 +248,7 @@ def test_normalize_features_divides_non_negative_rows_by_their_sum(tmp_path):
     # features mapped from disk stay mapped (normalized, they would be a copy in memory)
     import numpy as np
 
-    from ngra.memstat import is_mapped, register_mapped
+    from ngra.mapped import is_mapped, register_mapped
 
     np.save(tmp_path / "x.npy", x.numpy())
     mapped = np.load(tmp_path / "x.npy", mmap_mode="c")

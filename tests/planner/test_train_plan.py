@@ -10,7 +10,7 @@ import pytest
 from ngra.cli import main
 from ngra.distributed.link import calibration_path, save_link
 from ngra.planner import load_plans
-from ngra.planner.zoo import runs_in_trainer
+from ngra.planner.train_plans import runs_in_trainer
 from ngra.training.run import plan_for
 from ngra.training import TrainConfig
 

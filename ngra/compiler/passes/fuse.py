@@ -32,7 +32,7 @@ from typing import Any
 from ngra.compiler.ir import ELEMENTWISE, Node, Op, Program, Stage, format_key, format_node
 from ngra.compiler.passes import PassNote
 from ngra.compiler.patterns import factor_layout, is_float, match_typed, peel_scale
-from ngra.kernels.fused_edge import E
+from ngra.kernels.edge_expr import E
 
 __all__ = ["run", "GspmmMatch", "SoftmaxMatch", "FusedEdgeMatch", "InterpMatch"]
 

@@ -17,7 +17,7 @@ from ngra.partition import (
     parse_bytes,
     tile_graph,
 )
-from ngra.partition import budget as budget_mod
+from ngra.partition import grid_choice as budget_mod
 
 from partition_cases import CASES
 
