@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import ngra
-from ngra.partition import TileCost, choose_grid, permute_graph, reorder, tile_graph
+from ngra.partition import TileBytes, choose_grid, permute_graph, reorder, tile_graph
 
 
 def power_law_graph(num_nodes: int, num_edges: int, seed: int = 0) -> ngra.Graph:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         print(grid.describe())
         del grid
     # float32 features of width 128 in and out, GCN-like: src row, accumulator + dst row, edge weight.
-    cost = TileCost(
+    cost = TileBytes(
         bytes_per_src_row=512, bytes_per_dst_row=1024, bytes_per_edge=4, fixed=1 << 20
     ).with_index_arrays()
     for b in budgets:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ngra.graph import Graph
-from ngra.planner import Chain, Devices, Plan, evaluate, search
+from ngra.planner import Chain, Devices, ParallelPlan, evaluate, search
 from ngra.planner.measure import kendall_tau, measure_cases
 from ngra.planner.trace import trace_module
 
@@ -53,7 +53,7 @@ EXCHANGE_NODES = 65536
 
 
 def _mlp(widths: list[int]) -> torch.nn.Module:
-    from ngra.planner.cli import _mlp as build
+    from ngra.planner.command import _mlp as build
 
     return build("mlp:" + ",".join(map(str, widths)))
 
@@ -111,7 +111,7 @@ def cases(k: int, quick: bool) -> list[tuple[str, Chain, Any]]:
     return out
 
 
-def candidates(chain: Chain, devices: Devices, limit: int) -> list[Plan]:
+def candidates(chain: Chain, devices: Devices, limit: int) -> list[ParallelPlan]:
     """The planner's best plan of each shape, and variants of them, without repeats."""
     ranked = search(chain, devices, micro_batches=(1, 4))
     out = {p.label: p for p in ranked}

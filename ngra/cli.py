@@ -23,12 +23,12 @@ import torch
 
 import ngra
 from ngra import compiler, explain, kernels, settings
-from ngra.characterize import cli as characterize_cli
+from ngra.characterize import command as characterize_command
 from ngra.datasets import describe, load
 from ngra.errors import DistributedError, TrainingDivergedError
 from ngra.models import MODELS, Defaults, defaults_table
 from ngra.partition import build_book, parse_bytes, reorder_dataset, save_book
-from ngra.planner import cli as planner_cli
+from ngra.planner import command as planner_command
 from ngra.runtime.placement import move_to, placed, plan_placement, resident_bytes, resolve_device
 from ngra.training import TrainConfig, load_model
 from ngra.training.run import train
@@ -197,11 +197,11 @@ def _add_hyper(p: argparse.ArgumentParser, *names: str) -> None:
 
 
 def _add_characterize(sub: argparse._SubParsersAction) -> None:
-    characterize_cli.add_parser(sub)
+    characterize_command.add_parser(sub)
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:
-    planner_cli.add_parser(sub)
+    planner_command.add_parser(sub)
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
@@ -352,11 +352,11 @@ def explain_model(model: str, dataset: str, *, hidden: int | None = None,
 
 
 def _cmd_characterize(args: argparse.Namespace) -> int:
-    return characterize_cli.run(args)
+    return characterize_command.run(args)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    return planner_cli.run(args)
+    return planner_command.run(args)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ The pipeline the compiler and runtime use::
 
     r = reorder(graph, "rcm")                       # locality (optional)
     g = permute_graph(graph, r)                     # perm still indexes original edges
-    choice = choose_grid(g, TileCost(...), "2GB")   # smallest P x Q that fits
+    choice = choose_grid(g, TileBytes(...), "2GB")   # smallest P x Q that fits
     grid = choice.grid                              # or tile_graph(g, dst_bounds=..., src_bounds=...)
     for p in range(grid.num_dst_parts):             # forward: columns, accumulator resident
         for tile in grid.column(p): ...
@@ -25,7 +25,7 @@ from ngra.partition.book import (
 )
 from ngra.partition.grid_choice import (
     GridChoice,
-    TileCost,
+    TileBytes,
     choose_grid,
     cost_bounds,
     format_bytes,
@@ -87,7 +87,7 @@ __all__ = [
     "tile_graph",
     "default_bounds",
     # budget
-    "TileCost",
+    "TileBytes",
     "GridChoice",
     "choose_grid",
     "cost_bounds",

@@ -3,7 +3,7 @@
 Cost model
 ----------
 The compiler describes one layer's per-tile working set as linear coefficients
-(:class:`TileCost`). For a tile with ``S`` touched source rows, ``D`` destination rows
+(:class:`TileBytes`). For a tile with ``S`` touched source rows, ``D`` destination rows
 (its column's interval) and ``E_t`` edges, the predicted bytes are::
 
     tile_bytes = fixed
@@ -73,7 +73,7 @@ from ngra.partition.tiling import TileGrid, TileStats, tile_graph
 
 __all__ = [
     "GridChoice",
-    "TileCost",
+    "TileBytes",
     "choose_grid",
     "cost_bounds",
     "format_bytes",
@@ -164,7 +164,7 @@ def format_bytes(num_bytes: float) -> str:
 
 # ------------------------------------------------------------------ cost
 @dataclass(frozen=True)
-class TileCost:
+class TileBytes:
     """Per-tile working-set bytes of one layer, as linear coefficients (see module docs).
 
     Args:
@@ -195,12 +195,12 @@ class TileCost:
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-                raise TypeError(f"TileCost.{name} must be a number; got {type(v).__name__}.")
+                raise TypeError(f"TileBytes.{name} must be a number; got {type(v).__name__}.")
             if not math.isfinite(v) or v < 0:
-                raise ValueError(f"TileCost.{name} must be finite and >= 0; got {v}.")
+                raise ValueError(f"TileBytes.{name} must be finite and >= 0; got {v}.")
         if self.prefetch_factor < 1:
             raise ValueError(
-                f"TileCost.prefetch_factor must be >= 1 (1 = no prefetch, 2 = double buffering); "
+                f"TileBytes.prefetch_factor must be >= 1 (1 = no prefetch, 2 = double buffering); "
                 f"got {self.prefetch_factor}."
             )
 
@@ -213,7 +213,7 @@ class TileCost:
             + self.bytes_per_edge * edges
         )
 
-    def with_index_arrays(self, index_dtype: torch.dtype = torch.int64) -> TileCost:
+    def with_index_arrays(self, index_dtype: torch.dtype = torch.int64) -> TileBytes:
         """This cost plus the tile's own index arrays (see :class:`ngra.partition.Tile`).
 
         Adds per edge ``indices, edge_ids, csr_indices, csr_perm`` (times
@@ -222,7 +222,7 @@ class TileCost:
         """
         isz = torch.empty((), dtype=index_dtype).element_size()
         pf = self.prefetch_factor
-        return TileCost(
+        return TileBytes(
             bytes_per_src_row=self.bytes_per_src_row + 2 * isz,
             bytes_per_dst_row=self.bytes_per_dst_row + pf * isz,
             bytes_per_edge=self.bytes_per_edge + pf * 4 * isz,
@@ -306,7 +306,7 @@ def _prefix(costs: torch.Tensor) -> torch.Tensor:
 class _GridModel:
     """Bounds, lower bounds, estimates and exact peaks of candidate grids of one search."""
 
-    def __init__(self, graph: Graph, cost: TileCost) -> None:
+    def __init__(self, graph: Graph, cost: TileBytes) -> None:
         self.graph, self.cost = graph, cost
         self.num_edges = graph.num_edges
         in_deg = graph.in_degrees()
@@ -467,7 +467,7 @@ class _GridModel:
 
 
 def cost_bounds(
-    graph: Graph, num_dst_parts: int, num_src_parts: int, cost: TileCost
+    graph: Graph, num_dst_parts: int, num_src_parts: int, cost: TileBytes
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The intervals :func:`choose_grid` evaluates for a ``P x Q`` grid (see module docs).
 
@@ -480,7 +480,7 @@ def cost_bounds(
 
 # ------------------------------------------------------------------ exact peak
 def _tile_bytes_matrix(
-    cost: TileCost,
+    cost: TileBytes,
     edges: np.ndarray,
     rows: np.ndarray,
     dst_bounds: torch.Tensor,
@@ -497,7 +497,7 @@ def _tile_bytes_matrix(
 
 
 def _peak(
-    cost: TileCost, edges: np.ndarray, rows: np.ndarray, dst_bounds: torch.Tensor
+    cost: TileBytes, edges: np.ndarray, rows: np.ndarray, dst_bounds: torch.Tensor
 ) -> tuple[int, tuple[int, int] | None]:
     b = _tile_bytes_matrix(cost, edges, rows, dst_bounds)
     if b.size == 0 or not np.isfinite(b).any():
@@ -508,7 +508,7 @@ def _peak(
     return math.ceil(b[p, q]), worst
 
 
-def grid_peak_bytes(grid: TileGrid, cost: TileCost) -> int:
+def grid_peak_bytes(grid: TileGrid, cost: TileBytes) -> int:
     """Predicted peak bytes of a built grid (max tile working set, see module docs).
 
     Only built columns count when the grid was made with ``tile_graph(columns=...)``.
@@ -524,7 +524,7 @@ def grid_peak_bytes(grid: TileGrid, cost: TileCost) -> int:
 # ------------------------------------------------------------------ search
 def choose_grid(
     graph: Graph,
-    cost: TileCost,
+    cost: TileBytes,
     budget_bytes: int | str,
     *,
     max_parts: int = 256,
@@ -543,7 +543,7 @@ def choose_grid(
 
     Args:
         graph: the graph (after any reordering).
-        cost: the layer's :class:`TileCost`.
+        cost: the layer's :class:`TileBytes`.
         budget_bytes: device memory available to one tile, bytes or a string ("2GB").
         max_parts: cap on both ``P`` and ``Q`` (default: ``256``; never above ``N``).
         max_dst_parts, max_src_parts: separate caps (default: ``max_parts``).
@@ -559,8 +559,8 @@ def choose_grid(
             works and why (fixed cost, or a heavy vertex's in-edges).
     """
     budget = parse_bytes(budget_bytes)
-    if not isinstance(cost, TileCost):
-        raise TypeError(f"cost must be a TileCost; got {type(cost).__name__}.")
+    if not isinstance(cost, TileBytes):
+        raise TypeError(f"cost must be a TileBytes; got {type(cost).__name__}.")
     for name, v in (
         ("max_parts", max_parts),
         ("max_dst_parts", max_dst_parts),
@@ -600,7 +600,7 @@ def choose_grid(
     raise ValueError(_too_small_message(model, budget, pp, qq, lbf, p_max, q_max))
 
 
-def _one_tile(graph: Graph, cost: TileCost, budget: int) -> GridChoice | None:
+def _one_tile(graph: Graph, cost: TileBytes, budget: int) -> GridChoice | None:
     """The ``1 x 1`` grid when it fits ``budget``, else ``None``: the one candidate, priced
     without the search's per-vertex prefix arrays (a byte a vertex here, where the search
     holds about 80: 670 MB of temporaries at R-MAT 2^23, beside a layer's activations)."""

@@ -1,7 +1,7 @@
 """Running a plan with torch's own parallel APIs.
 
 Inside ranks started by :func:`ngra.distributed.launch` (or ``torchrun``), a
-:class:`~ngra.planner.plan.Plan` runs on a ``(pp, dp, tp)`` device mesh
+:class:`~ngra.planner.plan.ParallelPlan` runs on a ``(pp, dp, tp)`` device mesh
 (``init_device_mesh``; rank ``s * d * t + i * t + j``):
 
 * **tensor parallel**: ``parallelize_module`` on the ``tp`` sub-mesh, one style per
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ngra.distributed.dense import SPLITS, tp_style
-from ngra.planner.plan import Plan
+from ngra.planner.plan import ParallelPlan
 
 __all__ = ["plan_mesh", "apply_plan", "Runner", "Recompute", "mse_loss", "full_grads"]
 
@@ -46,7 +46,7 @@ def mse_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (out - target).square().mean()
 
 
-def plan_mesh(plan: Plan, device: str = "cpu") -> Any:
+def plan_mesh(plan: ParallelPlan, device: str = "cpu") -> Any:
     """The ``(pp, dp, tp)`` mesh of ``plan`` over the default group's ranks.
 
     Raises:
@@ -76,7 +76,7 @@ class Recompute(nn.Module):
         return checkpoint(self.module, *args, use_reentrant=False, **kwargs)
 
 
-def _styles(plan: Plan, stages: Sequence[int], modules: Sequence[str] | None) -> dict:
+def _styles(plan: ParallelPlan, stages: Sequence[int], modules: Sequence[str] | None) -> dict:
     out = {}
     for s in stages:
         st = plan.stages[s]
@@ -91,7 +91,7 @@ def _styles(plan: Plan, stages: Sequence[int], modules: Sequence[str] | None) ->
     return out
 
 
-def _parallelize(module: nn.Module, plan: Plan, mesh: Any, stages: Sequence[int],
+def _parallelize(module: nn.Module, plan: ParallelPlan, mesh: Any, stages: Sequence[int],
                  modules: Sequence[str] | None) -> nn.Module:
     """Tensor parallelism, recomputation and DDP for ``stages`` of ``plan`` on ``module``."""
     from torch.distributed.tensor.parallel import parallelize_module
@@ -120,7 +120,7 @@ def _parallelize(module: nn.Module, plan: Plan, mesh: Any, stages: Sequence[int]
     return module
 
 
-def apply_plan(model: nn.Module, plan: Plan, mesh: Any = None, *,
+def apply_plan(model: nn.Module, plan: ParallelPlan, mesh: Any = None, *,
                modules: Sequence[str] | None = None) -> nn.Module:
     """``model`` parallelized per ``plan`` (no pipeline): its split Linears by torch's tensor
     parallelism on the ``tp`` sub-mesh, recomputation, and DDP over the ``dp`` replicas.
@@ -145,7 +145,7 @@ def apply_plan(model: nn.Module, plan: Plan, mesh: Any = None, *,
     return _parallelize(model, plan, mesh, [0], modules)
 
 
-def _children_of(plan: Plan, stage: int, model: nn.Sequential,
+def _children_of(plan: ParallelPlan, stage: int, model: nn.Sequential,
                  modules: Sequence[str] | None) -> list[str]:
     """The top-level children of ``model`` that run stage ``stage``."""
     st = plan.stages[stage]
@@ -167,7 +167,7 @@ class Runner:
         row_ranges: ``[(lo, hi)] * data``: each replica's rows (default: equal slices).
     """
 
-    def __init__(self, model: nn.Module, plan: Plan, loss_fn: Callable = mse_loss, *,
+    def __init__(self, model: nn.Module, plan: ParallelPlan, loss_fn: Callable = mse_loss, *,
                  optimizer: Callable | None = None, modules: Sequence[str] | None = None,
                  row_ranges: Sequence[tuple[int, int]] | None = None, mesh: Any = None) -> None:
         import torch.distributed as dist

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ngra.planner.chain import Chain
-from ngra.planner.plan import Plan
+from ngra.planner.plan import ParallelPlan
 from ngra.partition.kway import edge_balanced_ranges
 from ngra.memstat import tensor_peak_bytes
 from ngra.distributed import launch
@@ -165,7 +165,7 @@ def row_ranges(chain: Chain, graph: tuple[torch.Tensor, torch.Tensor] | None,
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def _timed_steps(chain: Chain, plan: Plan, graph: Any, steps: int, warmup: int,
+def _timed_steps(chain: Chain, plan: ParallelPlan, graph: Any, steps: int, warmup: int,
                  seed: int, memory: bool) -> tuple[list[float], float]:
     """``(step seconds, peak bytes)``: the slowest rank's step times, and (``memory``) the
     largest rank's peak of live tensors in one more step, counted as the profiler sees
@@ -223,7 +223,7 @@ def _measure_rank(cases: list[tuple[dict, list[dict], Any]], steps: int, warmup:
     out = []
     for chain_json, plans_json, graph in cases:
         chain = Chain.from_json(chain_json)
-        plans = [Plan.from_json(p) for p in plans_json]
+        plans = [ParallelPlan.from_json(p) for p in plans_json]
         times: list[list[float]] = [[] for _ in plans]
         peaks = [0.0] * len(plans)
         for r in range(rounds):
@@ -236,7 +236,7 @@ def _measure_rank(cases: list[tuple[dict, list[dict], Any]], steps: int, warmup:
     return out
 
 
-def measure_cases(cases: Sequence[tuple[Chain, Sequence[Plan], Any]], *, steps: int = 5,
+def measure_cases(cases: Sequence[tuple[Chain, Sequence[ParallelPlan], Any]], *, steps: int = 5,
                   warmup: int = 2, rounds: int = 3, threads: int = 1
                   ) -> list[list[dict[str, Any]]]:
     """Run every case's plans (all for one device count) in one launch of that many gloo

@@ -1,6 +1,6 @@
 """Plans: frozen, JSON-serializable records of how a chain runs on ``K`` devices.
 
-A :class:`Plan` is a :class:`~ngra.planner.cost.Shape` (pipeline stages x data
+A :class:`ParallelPlan` is a :class:`~ngra.planner.cost.Shape` (pipeline stages x data
 replicas x tensor ranks, micro-batches) and one :class:`StagePlan` per stage: its
 contiguous layers, each layer's tensor-parallel configuration
 (:data:`ngra.planner.cost.CONFIGS`) and the module it names, and whether the stage
@@ -19,7 +19,7 @@ from typing import Any
 from ngra.planner.chain import Chain
 from ngra.planner.cost import PARTS, STEP_PARTS, Devices, Shape, StageCost, pipeline_time
 
-__all__ = ["Plan", "StagePlan", "Breakdown", "build_plan", "format_table", "load_plans"]
+__all__ = ["ParallelPlan", "StagePlan", "Breakdown", "build_plan", "format_table", "load_plans"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Breakdown:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ParallelPlan:
     """A ranked candidate: how ``chain`` runs on ``devices`` devices (module docstring)."""
 
     chain: str
@@ -121,7 +121,7 @@ class Plan:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Plan:
+    def from_json(cls, d: dict[str, Any]) -> ParallelPlan:
         try:
             stages = tuple(StagePlan(**{**s, "layers": tuple(s["layers"]),
                                         "modules": tuple(s["modules"]),
@@ -155,8 +155,8 @@ def _short(config: str) -> str:
 
 def build_plan(chain: Chain, devices: Devices, shape: Shape,
                stages: list[tuple[int, int, tuple[str, ...], bool]],
-               costs: list[StageCost]) -> Plan:
-    """A :class:`Plan` from per-stage choices ``(start, stop, configs, recompute)`` and
+               costs: list[StageCost]) -> ParallelPlan:
+    """A :class:`ParallelPlan` from per-stage choices ``(start, stop, configs, recompute)`` and
     their :class:`~ngra.planner.cost.StageCost` s (breakdown and memory per stage)."""
     m, P = shape.micro_batches, shape.pipeline
     path, work = pipeline_time(costs, m)
@@ -177,11 +177,11 @@ def build_plan(chain: Chain, devices: Devices, shape: Shape,
         out.append(StagePlan(i, j, tuple(x.name for x in layers),
                              tuple(x.module for x in layers), tuple(configs), bool(rc),
                              c.forward, c.backward, mem))
-    return Plan(chain.name, devices.count, *shape, chain.rows, tuple(out), time,
+    return ParallelPlan(chain.name, devices.count, *shape, chain.rows, tuple(out), time,
                 Breakdown(**parts), max(s.memory_bytes for s in out))
 
 
-def format_table(plans: list[Plan], top: int | None = None) -> str:
+def format_table(plans: list[ParallelPlan], top: int | None = None) -> str:
     """The ranked plans as a text table (time in ms, memory in MB)."""
     head = (f"{'#':>3}  {'plan':<34} {'time ms':>9} {'compute':>8} {'tp comm':>8} "
             f"{'dp a-r':>8} {'exchange':>8} {'bubble':>8} {'p2p':>7} {'peak MB':>8}")
@@ -198,7 +198,7 @@ def format_table(plans: list[Plan], top: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def load_plans(data: dict[str, Any] | list) -> list[Plan]:
+def load_plans(data: dict[str, Any] | list) -> list[ParallelPlan]:
     """The plans of an ``ngra plan --out`` file's JSON (``{"plans": [...]}``), one plan's
     record, or a list of them; in file order (ranked: best first)."""
     if isinstance(data, dict) and "plans" in data:
@@ -207,4 +207,4 @@ def load_plans(data: dict[str, Any] | list) -> list[Plan]:
         data = [data]
     if not isinstance(data, list) or not data:
         raise ValueError("expected a plan, a list of plans or {\"plans\": [...]}; found none.")
-    return [Plan.from_json(d) for d in data]
+    return [ParallelPlan.from_json(d) for d in data]

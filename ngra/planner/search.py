@@ -39,7 +39,7 @@ from ngra.planner.cost import (
     CONFIGS, PARTS, Devices, Shape, StageCost, finish_stage, layer_configs, layer_cost,
     stage_cost, stage_edges,
 )
-from ngra.planner.plan import Plan, build_plan
+from ngra.planner.plan import ParallelPlan, build_plan
 
 __all__ = ["NoFeasiblePlan", "search", "exhaustive", "evaluate", "shapes", "choose_plan",
            "DEFAULT_MICRO_BATCHES"]
@@ -207,7 +207,7 @@ def _true_cost(entry: tuple, m: int) -> float:
 
 
 def _best_of_shape(chain: Chain, devices: Devices, shape: Shape,
-                   options: dict[tuple[int, int], list[_Option]]) -> Plan | None:
+                   options: dict[tuple[int, int], list[_Option]]) -> ParallelPlan | None:
     table = _Table(options, shape, devices, devices.memory_bytes)
     n, m = len(chain), shape.micro_batches
     free = _dp(n, shape.pipeline, table, float("inf"))
@@ -251,7 +251,7 @@ def _min_memory(chain: Chain, devices: Devices, shape: Shape,
 
 def search(chain: Chain, devices: Devices,
            micro_batches: Iterable[int] = DEFAULT_MICRO_BATCHES,
-           recompute: Iterable[bool] = (False, True)) -> list[Plan]:
+           recompute: Iterable[bool] = (False, True)) -> list[ParallelPlan]:
     """The best plan of every feasible shape, fastest first (module docstring).
 
     Raises:
@@ -262,7 +262,7 @@ def search(chain: Chain, devices: Devices,
 
 
 def _rank(chain: Chain, devices: Devices, micro_batches: Iterable[int],
-          recompute: Iterable[bool], best_of_shape) -> list[Plan]:
+          recompute: Iterable[bool], best_of_shape) -> list[ParallelPlan]:
     recompute = tuple(recompute)
     plans, least = [], (float("inf"), None)
     for shape in shapes(chain, devices, micro_batches):
@@ -295,7 +295,7 @@ def _mb(nbytes: float) -> str:
 
 # ---------------------------------------------------------------- the oracle
 def evaluate(chain: Chain, devices: Devices, shape: Shape,
-             stages: list[tuple[int, int, tuple[str, ...], bool]]) -> Plan:
+             stages: list[tuple[int, int, tuple[str, ...], bool]]) -> ParallelPlan:
     """The plan of explicit per-stage choices ``(start, stop, configs, recompute)``.
 
     Raises:
@@ -314,11 +314,11 @@ def evaluate(chain: Chain, devices: Devices, shape: Shape,
 
 def exhaustive(chain: Chain, devices: Devices,
                micro_batches: Iterable[int] = DEFAULT_MICRO_BATCHES,
-               recompute: Iterable[bool] = (False, True)) -> list[Plan]:
+               recompute: Iterable[bool] = (False, True)) -> list[ParallelPlan]:
     """Like :func:`search`, by enumerating every plan of each shape (small chains only)."""
     recompute = tuple(recompute)
 
-    def best_of_shape(chain, devices, shape, _options) -> Plan | None:
+    def best_of_shape(chain, devices, shape, _options) -> ParallelPlan | None:
         n, best = len(chain), None
         for cuts in itertools.combinations(range(1, n), shape.pipeline - 1):
             bounds = list(zip((0, *cuts), (*cuts, n)))
@@ -342,7 +342,7 @@ def exhaustive(chain: Chain, devices: Devices,
 
 
 def choose_plan(spec: str, chain: Chain, devices: Devices,
-                micro_batches: Iterable[int] = DEFAULT_MICRO_BATCHES) -> Plan:
+                micro_batches: Iterable[int] = DEFAULT_MICRO_BATCHES) -> ParallelPlan:
     """The plan a run uses: ``"auto"`` the top of :func:`search`, else a path to a plans
     file (``ngra plan --out``) whose first plan for ``devices.count`` devices and this
     chain is taken (``ngra train --plan auto|FILE``).

@@ -24,7 +24,7 @@ from typing import Any
 
 from ngra.planner.chain import Chain
 from ngra.planner.cost import Devices, Shape
-from ngra.planner.plan import Plan
+from ngra.planner.plan import ParallelPlan
 from ngra.partition import reorder_dataset
 from ngra.distributed.books import partition_for
 from ngra.partition import load_book
@@ -115,7 +115,7 @@ def default_memory(devices: int) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / devices
 
 
-def runs_in_trainer(plan: Plan) -> bool:
+def runs_in_trainer(plan: ParallelPlan) -> bool:
     """Whether the graph trainer runs ``plan`` as it is: no pipeline, one micro-batch,
     nothing recomputed (module docstring)."""
     return (plan.pipeline == 1 and plan.micro_batches == 1

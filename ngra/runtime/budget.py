@@ -1,7 +1,7 @@
 """Memory budgets: ``with ngra.memory_budget("1GB"): ...`` streams every layer call.
 
 Inside the context the executor describes the layer's per-tile working set as a
-:class:`ngra.partition.TileCost` and asks :func:`ngra.partition.choose_grid` for
+:class:`ngra.partition.TileBytes` and asks :func:`ngra.partition.choose_grid` for
 the smallest grid whose largest tile fits. The coefficients are measured, not
 guessed: the plan's edge stage runs once on a sample tile (the first ~4096
 edges) under autograd with saved-tensor hooks, which count the bytes a tile
@@ -25,9 +25,9 @@ The ``1 x 1`` grid is priced apart and taken whenever it fits: it
 walks the graph's own arrays, so it stages no source rows, copies no edge data and builds
 no tile index arrays (at most the backward's transpose instead: 4 bytes an edge and 4 a
 row, 4 more an edge where the backward reads edge data; the sample tile tells which,
-:class:`_SampleReverse`). It is priced twice: with that transpose (``TileCosts.whole``),
+:class:`_SampleReverse`). It is priced twice: with that transpose (``LayerTileBytes.whole``),
 and with the backward of a sum g-SpMM walking the CSC instead
-(``TileCosts.whole_walk``, :func:`ngra.kernels.transpose.prefer_csc_walk`: no transpose,
+(``LayerTileBytes.whole_walk``, :func:`ngra.kernels.transpose.prefer_csc_walk`: no transpose,
 a slower pass, R-MAT 2^20 GCN epoch 1.12x). The first that fits is run, and only a
 layer that needs the walk (or tiles) runs under it. Its
 accumulator is the layer's output itself, a vertex array like its gradient (outside the
@@ -70,14 +70,14 @@ from ngra.graph import CSR, DeferredReverse, Graph, segment_ids
 from ngra.idtype import idtype_for
 from ngra.kernels.registry import thread_setting
 from ngra.kernels.transpose import prefer_csc_walk
-from ngra.partition import GridChoice, TileCost, choose_grid, default_bounds, parse_bytes
+from ngra.partition import GridChoice, TileBytes, choose_grid, default_bounds, parse_bytes
 from ngra.runtime.staging import GATHER_FRACTION, flatten, plan_parameters, unflatten
 from ngra.runtime.stream import stager_for
-from ngra.runtime.tiles import Grid, lazy_grid, whole_graph_grid
+from ngra.runtime.tiles import WalkGrid, lazy_grid, whole_graph_grid
 from ngra.kernels import transpose_csc
 
 __all__ = ["memory_budget", "current_budget", "grid_shape", "forced_grid", "measure_tile_cost",
-           "TileCosts", "BudgetGrid", "grid_for", "executor_grid", "row_bytes"]
+           "LayerTileBytes", "ChosenGrid", "grid_for", "executor_grid", "row_bytes"]
 
 _state = threading.local()
 SAMPLE_EDGES = 4096
@@ -122,7 +122,7 @@ def grid_shape(num_dst_parts: int, num_src_parts: int) -> Iterator[None]:
         yield
 
 
-def forced_grid(graph: Graph) -> Grid | None:
+def forced_grid(graph: Graph) -> WalkGrid | None:
     """The grid forced by :func:`grid_shape` for ``graph`` (cached on it), or ``None``."""
     shape = getattr(_state, "shape", None)
     if shape is None:
@@ -134,7 +134,7 @@ def forced_grid(graph: Graph) -> Grid | None:
     return graph._cache[key]
 
 
-def executor_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor) -> Grid:
+def executor_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor) -> WalkGrid:
     """The grid the executor walks for these interval bounds.
 
     ``1 x 1`` is :func:`whole_graph_grid` over the graph's own arrays (no copy); any
@@ -329,25 +329,25 @@ def _sample_backward(plan: Plan, st: Any, part: Any) -> None:
         torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
 
 
-class TileCosts(NamedTuple):
+class LayerTileBytes(NamedTuple):
     """A layer's working set on a tile of a grid of several (``tiles``) and on the ``1 x 1``
     grid, with the backward's transpose (``whole``) and with a sum g-SpMM's backward
     walking the CSC instead (``whole_walk``), see the module docstring."""
 
-    tiles: TileCost
-    whole: TileCost
-    whole_walk: TileCost
+    tiles: TileBytes
+    whole: TileBytes
+    whole_walk: TileBytes
 
 
 def measure_tile_cost(plan: Plan, graph: Graph, terms: Any, edata: Any,
-                      params: list[torch.Tensor]) -> TileCosts:
-    """The layer's :class:`TileCosts`, measured on a sample tile (see module docs)."""
+                      params: list[torch.Tensor]) -> LayerTileBytes:
+    """The layer's :class:`LayerTileBytes`, measured on a sample tile (see module docs)."""
     fixed = float(3 * _nbytes(params))
     if graph.num_edges == 0:
-        none = TileCost(0, 0, 0, fixed=fixed)
-        return TileCosts(none, none, none)
+        none = TileBytes(0, 0, 0, fixed=fixed)
+        return LayerTileBytes(none, none, none)
     s = _saved_bytes(plan, graph, terms, edata)
-    tiles = TileCost(
+    tiles = TileBytes(
         bytes_per_src_row=float((row_bytes(terms) + 8) / GATHER_FRACTION),
         bytes_per_dst_row=float(4 * max(_nbytes(s.part) / s.tile.num_dst, s.saved_row)),
         bytes_per_edge=float(2 * s.saved_edge + INDEX_BYTES_PER_EDGE + row_bytes(edata)),
@@ -357,10 +357,10 @@ def measure_tile_cost(plan: Plan, graph: Graph, terms: Any, edata: Any,
     whole = _whole_cost(plan, graph, terms, edata, fixed)
     with prefer_csc_walk():
         walk = _whole_cost(plan, graph, terms, edata, fixed)
-    return TileCosts(tiles, whole, walk)
+    return LayerTileBytes(tiles, whole, walk)
 
 
-def _whole_cost(plan: Plan, graph: Graph, terms: Any, edata: Any, fixed: float) -> TileCost:
+def _whole_cost(plan: Plan, graph: Graph, terms: Any, edata: Any, fixed: float) -> TileBytes:
     """The ``1 x 1`` grid's price, from the first vertices' induced subgraph run whole (its
     fused kernels keep the dst partials that they will keep on the whole graph)."""
     with plan.judged_on(graph.indptr):
@@ -369,24 +369,24 @@ def _whole_cost(plan: Plan, graph: Graph, terms: Any, edata: Any, fixed: float) 
     created = max(s.created_edge - row_bytes(edata), 0.0)
     rev = s.tile.rev  # the whole graph's is made only where the sample's was used
     transpose = (TRANSPOSE_BYTES_PER_EDGE + PERM_BYTES_PER_EDGE * rev.read_perm) * rev.used
-    return TileCost(bytes_per_src_row=0.0,
+    return TileBytes(bytes_per_src_row=0.0,
                     bytes_per_dst_row=float(s.saved_row + TRANSPOSE_BYTES_PER_ROW * rev.used),
                     bytes_per_edge=float(max(created, 2 * s.saved_edge) + transpose),
                     fixed=fixed, prefetch_factor=1)
 
 
-class BudgetGrid(NamedTuple):
+class ChosenGrid(NamedTuple):
     """What :func:`grid_for` picked: the grid, the search's choice, and whether the layer's
     backward must walk the CSC instead of transposing (run it under
     :func:`~ngra.kernels.transpose.prefer_csc_walk`)."""
 
-    grid: Grid
+    grid: WalkGrid
     choice: GridChoice
     walk_csc: bool
 
 
 def grid_for(plan: Plan, graph: Graph, terms: Any, edata: Any, params: list[torch.Tensor],
-             budget: int) -> BudgetGrid:
+             budget: int) -> ChosenGrid:
     """The grid for this layer under ``budget``: the whole graph with its backward's
     transpose, else the whole graph walking the CSC in backward, else the smallest tiling.
 
@@ -407,13 +407,13 @@ def grid_for(plan: Plan, graph: Graph, terms: Any, edata: Any, params: list[torc
     return cache[ckey]
 
 
-def _pick(graph: Graph, cost: TileCosts, budget: int) -> BudgetGrid:
+def _pick(graph: Graph, cost: LayerTileBytes, budget: int) -> ChosenGrid:
     # the whole graph when it fits: nothing to tile, stage or rebuild
     for whole, walk in ((cost.whole, False), (cost.whole_walk, True)):
         try:
             choice = choose_grid(graph, whole, budget, max_parts=1, verify=False)
         except ValueError:
             continue
-        return BudgetGrid(whole_graph_grid(graph), choice, walk)
+        return ChosenGrid(whole_graph_grid(graph), choice, walk)
     choice = choose_grid(graph, cost.tiles, budget, verify=False)
-    return BudgetGrid(executor_grid(graph, choice.dst_bounds, choice.src_bounds), choice, True)
+    return ChosenGrid(executor_grid(graph, choice.dst_bounds, choice.src_bounds), choice, True)

@@ -39,7 +39,7 @@ from ngra.runtime.device_stream import run_streamed_layer, settings_for, wants_s
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, plan_parameters, staging_summary
 from ngra.runtime.stream import walk
-from ngra.runtime.tiles import Grid, whole_graph_grid
+from ngra.runtime.tiles import WalkGrid, whole_graph_grid
 
 __all__ = ["execute", "run_plan", "check_vertex_data", "choose_runtime_grid",
            "default_edge_counter", "edge_data_csc"]
@@ -168,7 +168,7 @@ def _reverse_counters(graph: Graph, counter: torch.Tensor) -> tuple[torch.Tensor
     return perm, rev
 
 
-def run_plan(plan: Plan, graph: Graph, grid: Grid | None, x: Any, edata: Any,
+def run_plan(plan: Plan, graph: Graph, grid: WalkGrid | None, x: Any, edata: Any,
              dropout: float = 0.0, attention_dropout: float = 0.0,
              edge_counter: torch.Tensor | None = None) -> Any:
     """Run ``plan``: ``pre``, the column walk over ``grid``, then ``post``.
@@ -213,7 +213,7 @@ def run_plan(plan: Plan, graph: Graph, grid: Grid | None, x: Any, edata: Any,
 
 
 def _attention_drop(plan: Plan, graph: Graph | Partitioned, p: float,
-                    edge_counter: torch.Tensor | None, grid: Grid | None = None,
+                    edge_counter: torch.Tensor | None, grid: WalkGrid | None = None,
                     device: torch.device | None = None) -> EdgeDropout | None:
     """:func:`run_plan`'s attention dropout (seeds drawn now), or ``None`` at ``p == 0``;
     on the whole-graph ``grid`` with the graph's cached reverse counters. ``device``: where
@@ -245,7 +245,7 @@ def _dropout_vertex(x: Any, p: float) -> Any:
     return kernels.dropout(x, p)
 
 
-def choose_runtime_grid(plan: Plan, graph: Graph, terms: Any, edata: Any) -> tuple[Grid, bool]:
+def choose_runtime_grid(plan: Plan, graph: Graph, terms: Any, edata: Any) -> tuple[WalkGrid, bool]:
     """The 1 x 1 grid, or the budget's grid when ``ngra.memory_budget`` is active, and
     whether the layer's backward walks the CSC instead of transposing (a budget too
     tight for the transpose, see :mod:`ngra.runtime.budget`)."""

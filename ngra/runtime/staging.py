@@ -43,7 +43,7 @@ from ngra.graph import EdgeFactors
 from ngra.kernels.registry import thread_setting
 from ngra.compiler.plan import Plan
 from ngra.compiler.tile import TileView
-from ngra.runtime.tiles import Grid, TileRef
+from ngra.runtime.tiles import WalkGrid, TileRef
 
 __all__ = ["GATHER_FRACTION", "Rows", "Staged", "Stager", "choose_mode", "flatten",
            "forced_mode", "local_view", "plan_parameters", "read_slots", "staging_mode",
@@ -307,7 +307,7 @@ class _Stage(torch.autograd.Function):
         return torch.zeros((), dtype=ctx.token[0], device=ctx.token[1]), None, None, None
 
 
-def staging_summary(grid: Grid, mode: str | None = None) -> str:
+def staging_summary(grid: WalkGrid, mode: str | None = None) -> str:
     """How the cost rule (or a forced ``mode``) stages ``grid``'s tiles, as one line."""
     tiles = [t.build() if isinstance(t, TileRef) else t for col in grid.columns for t in col
              if not isinstance(t, TileView) and t.num_edges]

@@ -54,7 +54,7 @@ from ngra.runtime.staging import (
     plan_parameters,
     unflatten,
 )
-from ngra.runtime.tiles import Grid
+from ngra.runtime.tiles import WalkGrid
 
 __all__ = ["walk", "propagate", "run_streamed", "prefetched", "stager_for",
            "StreamedPropagation", "tile_gradients"]
@@ -118,7 +118,7 @@ def stager_for(plan: Plan, terms: Any, edata: Any, **kw: Any) -> Stager:
     return Stager(terms, edata, plan.edge_reads(), **kw)
 
 
-def walk(plan: Plan, graph: Graph, grid: Grid, terms: Any, edata: Any, drop: Any = None,
+def walk(plan: Plan, graph: Graph, grid: WalkGrid, terms: Any, edata: Any, drop: Any = None,
          walk_csc: bool = False, carry: Any = None) -> Any:
     """Propagate over ``grid``: :func:`run_streamed` for several tiles under autograd, else
     :func:`propagate`. ``walk_csc`` runs it under
@@ -136,7 +136,7 @@ def walk(plan: Plan, graph: Graph, grid: Grid, terms: Any, edata: Any, drop: Any
         return propagate(plan, graph, grid, terms, edata, drop=drop, carry=carry)
 
 
-def propagate(plan: Plan, graph: Graph, grid: Grid, terms: Any, edata: Any,
+def propagate(plan: Plan, graph: Graph, grid: WalkGrid, terms: Any, edata: Any,
               keep_state: bool = False, drop: Any = None, carry: Any = None) -> Any:
     """The column walk: per column, stage and merge tile partials, then finalize.
 
@@ -173,7 +173,7 @@ def propagate(plan: Plan, graph: Graph, grid: Grid, terms: Any, edata: Any,
     return (out, states, rng, stager) if keep_state else out
 
 
-def run_streamed(plan: Plan, graph: Graph, grid: Grid, terms: Any, edata: Any,
+def run_streamed(plan: Plan, graph: Graph, grid: WalkGrid, terms: Any, edata: Any,
                  drop: Any = None) -> torch.Tensor:
     """Propagate over a multi-tile ``grid`` with O(tile) edge memory in backward (``drop``:
     as for :func:`propagate`; backward draws the same masks from its seeds)."""

@@ -1,6 +1,6 @@
 """The tiles the executor walks: one destination interval x the sources it reads.
 
-A :class:`Grid` lists, per column and per row, the tiles to walk: partition
+A :class:`WalkGrid` lists, per column and per row, the tiles to walk: partition
 tiles (:class:`ngra.partition.Tile`, from :func:`grid_from_tiles`) or, for the
 1 x 1 grid of whole-graph execution, one :class:`TileView` over the whole graph
 (:func:`whole_graph_grid`). A grid the executor makes under a memory budget holds
@@ -26,11 +26,11 @@ from ngra.graph import Graph
 from ngra.partition import Tile
 from ngra.partition.tiling import build_columns
 
-__all__ = ["TileView", "TileRef", "Grid", "whole_graph_grid", "grid_from_tiles", "lazy_grid",
+__all__ = ["TileView", "TileRef", "WalkGrid", "whole_graph_grid", "grid_from_tiles", "lazy_grid",
            "empty_tile", "tile_counts"]
 
 @dataclass(frozen=True)
-class Grid:
+class WalkGrid:
     """A P x Q grid of tiles, walked by columns (forward) and by rows (backward).
 
     ``columns[p]`` and ``rows[q]`` hold the tiles of that column or row, each a
@@ -50,7 +50,7 @@ class Grid:
         return sum(len(c) for c in self.columns)
 
 
-def whole_graph_grid(graph: Graph) -> Grid:
+def whole_graph_grid(graph: Graph) -> WalkGrid:
     """The 1 x 1 grid: one tile holding every edge, with global ids (cached on the graph)."""
     key = "ngra.whole-grid"
     if key not in graph._cache:
@@ -58,7 +58,7 @@ def whole_graph_grid(graph: Graph) -> Grid:
         # a sum g-SpMM's backward walks the CSC instead); its perm only for edge data
         tile = TileView(0, graph.num_nodes, graph.indptr, graph.indices, None,
                         graph.deferred_csr(), whole=True)
-        graph._cache[key] = Grid(((tile,),), ((tile,),), (1, 1))
+        graph._cache[key] = WalkGrid(((tile,),), ((tile,),), (1, 1))
     return graph._cache[key]
 
 
@@ -71,7 +71,7 @@ def empty_tile(col: int, dst_lo: int, dst_hi: int) -> Tile:
                 csr_indices=z, csr_perm=z)
 
 
-def grid_from_tiles(graph: Graph, tiles: Any) -> Grid:
+def grid_from_tiles(graph: Graph, tiles: Any) -> WalkGrid:
     """The executor's view of an :class:`ngra.partition.TileGrid` built on ``graph``."""
     p, q = tiles.shape
     columns = []
@@ -81,7 +81,7 @@ def grid_from_tiles(graph: Graph, tiles: Any) -> Grid:
             col = (empty_tile(c, *tiles.dst_interval(c)),)
         columns.append(tuple(col))
     rows = tuple(tuple(tiles.row(r)) for r in range(q))
-    return Grid(tuple(columns), rows, (p, q), tiles)
+    return WalkGrid(tuple(columns), rows, (p, q), tiles)
 
 
 class TileRef:
@@ -139,7 +139,7 @@ def tile_counts(graph: Graph, dst_bounds: Any, src_bounds: Any) -> tuple[np.ndar
 
 
 def lazy_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor,
-              index_dtype: torch.dtype) -> Grid:
+              index_dtype: torch.dtype) -> WalkGrid:
     """The grid of these bounds with tiles built on the fly (see :class:`TileRef`).
 
     One ``O(E)`` counting pass finds the non-empty tiles and their sizes; nothing else
@@ -154,4 +154,4 @@ def lazy_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor,
                     (empty_tile(c, int(dst_bounds[c]), int(dst_bounds[c + 1])),)
                     for c, col in enumerate(refs))
     by_row = tuple(tuple(t for col in refs for t in col if t.row == r) for r in range(q))
-    return Grid(columns, by_row, (p, q))
+    return WalkGrid(columns, by_row, (p, q))

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ngra.characterize.cli import _datasets
+from ngra.characterize.command import _datasets
 from ngra.characterize.report import read_csv
 from ngra.cli import main
 

@@ -9,7 +9,7 @@ import torch
 
 import ngra
 from ngra.partition import (
-    TileCost,
+    TileBytes,
     choose_grid,
     cost_bounds,
     format_bytes,
@@ -22,7 +22,7 @@ from ngra.partition import grid_choice as budget_mod
 from partition_cases import CASES
 
 
-def brute_peak(g: ngra.Graph, cost: TileCost, p: int, q: int) -> int:
+def brute_peak(g: ngra.Graph, cost: TileBytes, p: int, q: int) -> int:
     """Peak of grid p x q straight from built tiles and the documented formula."""
     d_b, s_b = cost_bounds(g, p, q, cost)
     grid = tile_graph(g, dst_bounds=d_b, src_bounds=s_b)
@@ -43,7 +43,7 @@ def brute_peak(g: ngra.Graph, cost: TileCost, p: int, q: int) -> int:
 
 
 def brute_choice(
-    g: ngra.Graph, cost: TileCost, budget: int, max_parts: int
+    g: ngra.Graph, cost: TileBytes, budget: int, max_parts: int
 ) -> tuple[int, int] | None:
     n = max(g.num_nodes, 1)
     cands = [
@@ -56,9 +56,9 @@ def brute_choice(
 
 
 def test_tile_bytes_formula_by_hand():
-    cost = TileCost(bytes_per_src_row=512, bytes_per_dst_row=1024, bytes_per_edge=16, fixed=1000)
+    cost = TileBytes(bytes_per_src_row=512, bytes_per_dst_row=1024, bytes_per_edge=16, fixed=1000)
     assert cost.tile_bytes(src_rows=10, dst_rows=4, edges=30) == 15816  # the docstring example
-    assert TileCost(512, 1024, 16, 1000, prefetch_factor=1).tile_bytes(10, 4, 30) == 10696
+    assert TileBytes(512, 1024, 16, 1000, prefetch_factor=1).tile_bytes(10, 4, 30) == 10696
     t = cost.tile_bytes(
         torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0]), torch.tensor([0.0, 2.0])
     )
@@ -66,14 +66,14 @@ def test_tile_bytes_formula_by_hand():
 
 
 def test_with_index_arrays():
-    c = TileCost(100, 200, 10, 5).with_index_arrays(torch.int64)
+    c = TileBytes(100, 200, 10, 5).with_index_arrays(torch.int64)
     assert (c.bytes_per_src_row, c.bytes_per_dst_row, c.bytes_per_edge, c.fixed) == (
         116,
         216,
         74,
         5,
     )
-    c32 = TileCost(100, 200, 10, 5, prefetch_factor=1).with_index_arrays(torch.int32)
+    c32 = TileBytes(100, 200, 10, 5, prefetch_factor=1).with_index_arrays(torch.int32)
     assert (c32.bytes_per_src_row, c32.bytes_per_dst_row, c32.bytes_per_edge) == (108, 204, 26)
 
 
@@ -83,7 +83,7 @@ def test_grid_peak_on_hand_made_tiles():
         torch.tensor([[0, 0, 1, 3, 2, 2], [1, 2, 2, 2, 3, 3]]), num_nodes=4
     )
     grid = tile_graph(g, dst_bounds=[0, 2, 4], src_bounds=[0, 2, 4])
-    cost = TileCost(bytes_per_src_row=10, bytes_per_dst_row=100, bytes_per_edge=1, fixed=1000)
+    cost = TileBytes(bytes_per_src_row=10, bytes_per_dst_row=100, bytes_per_edge=1, fixed=1000)
     # 1000 + 2*10*2 + 100*2 + 1*3 = 1243 (tile (1,1)); (0,0): 1221, (1,0): 1242
     assert grid_peak_bytes(grid, cost) == 1243
     # a column without edges still holds its accumulator: dst rows 0..2 have no in-edges
@@ -96,7 +96,7 @@ def test_grid_peak_on_hand_made_tiles():
 def test_choose_grid_on_a_ring_by_hand():
     # 4-cycle: every vertex has in- and out-degree 1.
     g = ngra.Graph.from_edge_index(torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]))
-    cost = TileCost(bytes_per_src_row=10, bytes_per_dst_row=100, bytes_per_edge=1)
+    cost = TileBytes(bytes_per_src_row=10, bytes_per_dst_row=100, bytes_per_edge=1)
     # 1x1: 2*10*4 + 100*4 + 4 = 484; 2x1: 2*10*2 + 100*2 + 2 = 242; 1x2: 40 + 400 + 2 = 442;
     # 3x1 (intervals [0,1) [1,3) [3,4)): 242; 4x1: 20 + 100 + 1 = 121; 2x2: 20 + 200 + 1 = 221.
     assert choose_grid(g, cost, 484).shape == (1, 1)
@@ -114,9 +114,9 @@ def test_choose_grid_on_a_ring_by_hand():
 @pytest.mark.parametrize(
     "cost",
     [
-        TileCost(bytes_per_src_row=64, bytes_per_dst_row=64, bytes_per_edge=8),
-        TileCost(bytes_per_src_row=256, bytes_per_dst_row=16, bytes_per_edge=4, fixed=100),
-        TileCost(bytes_per_src_row=0, bytes_per_dst_row=32, bytes_per_edge=64, prefetch_factor=1),
+        TileBytes(bytes_per_src_row=64, bytes_per_dst_row=64, bytes_per_edge=8),
+        TileBytes(bytes_per_src_row=256, bytes_per_dst_row=16, bytes_per_edge=4, fixed=100),
+        TileBytes(bytes_per_src_row=0, bytes_per_dst_row=32, bytes_per_edge=64, prefetch_factor=1),
     ],
     ids=["even", "src-heavy", "edge-heavy"],
 )
@@ -138,7 +138,7 @@ def test_choose_grid_is_the_smallest_fitting_grid(cost):
 
 
 def test_choose_grid_on_power_law(power_law):
-    cost = TileCost(bytes_per_src_row=128, bytes_per_dst_row=256, bytes_per_edge=24, fixed=1 << 10)
+    cost = TileBytes(bytes_per_src_row=128, bytes_per_dst_row=256, bytes_per_edge=24, fixed=1 << 10)
     full = brute_peak(power_law, cost, 1, 1)
     c = choose_grid(power_law, cost, full // 6, max_parts=16)
     assert c.predicted_peak_bytes <= full // 6 and c.proven_minimal
@@ -166,7 +166,7 @@ def test_choose_grid_on_power_law(power_law):
 
 
 def test_lower_bounds_are_sound(graph_case):
-    cost = TileCost(bytes_per_src_row=40, bytes_per_dst_row=24, bytes_per_edge=8, fixed=7)
+    cost = TileBytes(bytes_per_src_row=40, bytes_per_dst_row=24, bytes_per_edge=8, fixed=7)
     model = budget_mod._GridModel(graph_case, cost)
     n = max(graph_case.num_nodes, 1)
     lb = model.lower_bounds(min(6, n), min(6, n))
@@ -178,7 +178,7 @@ def test_lower_bounds_are_sound(graph_case):
 def test_estimate_path_still_fits(power_law, monkeypatch):
     # Force the large-graph behavior: candidates estimated over budget are skipped.
     monkeypatch.setattr(budget_mod, "_EXACT_WORK", 0)
-    cost = TileCost(bytes_per_src_row=128, bytes_per_dst_row=256, bytes_per_edge=24)
+    cost = TileBytes(bytes_per_src_row=128, bytes_per_dst_row=256, bytes_per_edge=24)
     budget = brute_peak(power_law, cost, 1, 1) // 5
     c = choose_grid(power_law, cost, budget, max_parts=16)
     assert c.predicted_peak_bytes <= budget
@@ -191,7 +191,7 @@ def test_estimate_path_still_fits(power_law, monkeypatch):
 
 def test_too_small_error_names_the_minimal_budget(graph_case):
     g = graph_case
-    cost = TileCost(bytes_per_src_row=16, bytes_per_dst_row=8, bytes_per_edge=4, fixed=3)
+    cost = TileBytes(bytes_per_src_row=16, bytes_per_dst_row=8, bytes_per_edge=4, fixed=3)
     with pytest.raises(ValueError) as err:
         choose_grid(g, cost, 2, max_parts=6)
     msg = str(err.value)
@@ -205,9 +205,9 @@ def test_too_small_error_names_the_minimal_budget(graph_case):
 def test_too_small_error_reasons():
     g = CASES["hub"]
     with pytest.raises(ValueError, match="fixed cost alone"):
-        choose_grid(g, TileCost(1, 1, 1, fixed=10_000), "5KB")
+        choose_grid(g, TileBytes(1, 1, 1, fixed=10_000), "5KB")
     with pytest.raises(ValueError, match=r"vertex 0, has in-degree 40"):
-        choose_grid(g, TileCost(0, 0, bytes_per_edge=100), 1000, max_parts=40, max_src_parts=1)
+        choose_grid(g, TileBytes(0, 0, bytes_per_edge=100), 1000, max_parts=40, max_src_parts=1)
 
 
 def test_parse_bytes():
@@ -246,19 +246,19 @@ def test_format_bytes():
 
 def test_tile_cost_validation():
     with pytest.raises(ValueError, match="bytes_per_edge"):
-        TileCost(1, 1, -1)
+        TileBytes(1, 1, -1)
     with pytest.raises(ValueError, match="prefetch_factor"):
-        TileCost(1, 1, 1, prefetch_factor=0.5)
+        TileBytes(1, 1, 1, prefetch_factor=0.5)
     with pytest.raises(TypeError):
-        TileCost("1", 1, 1)
+        TileBytes("1", 1, 1)
     with pytest.raises(ValueError, match="max_parts"):
-        choose_grid(CASES["hub"], TileCost(1, 1, 1), "1MB", max_parts=0)
-    with pytest.raises(TypeError, match="TileCost"):
+        choose_grid(CASES["hub"], TileBytes(1, 1, 1), "1MB", max_parts=0)
+    with pytest.raises(TypeError, match="TileBytes"):
         choose_grid(CASES["hub"], (1, 1, 1), "1MB")
 
 
-@pytest.mark.parametrize("cost", [TileCost(16, 8, 4, fixed=3), TileCost(0, 4, 4, prefetch_factor=1),
-                                  TileCost(0, 0, 0)])
+@pytest.mark.parametrize("cost", [TileBytes(16, 8, 4, fixed=3), TileBytes(0, 4, 4, prefetch_factor=1),
+                                  TileBytes(0, 0, 0)])
 def test_the_one_tile_grid_is_priced_without_the_search(graph_case, cost, monkeypatch):
     """``max_parts=1`` without ``verify`` prices the one candidate directly (no per-vertex
     prefix arrays): the same choice and peak as the search and as built tiles, and at one

@@ -48,10 +48,10 @@ def _mlp_reference() -> list[tuple[torch.Tensor, dict]]:
 
 
 def _check_mlp(record: dict, ref: list) -> dict:
-    from ngra.planner import Plan
+    from ngra.planner import ParallelPlan
     from ngra.planner.execute import Runner
 
-    plan = Plan.from_json(record)
+    plan = ParallelPlan.from_json(record)
     runner = Runner(mlp(), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=LR))
     err_out = err_grad = 0.0
     for step, (ref_out, ref_grads) in enumerate(ref):
@@ -80,14 +80,14 @@ def _gnn_data() -> tuple:
 def _check_gnn(record: dict) -> dict:
     """A zoo GNN parallelized by apply_plan: every replica runs the whole graph and takes
     the loss of its own rows (the row split a partitioned run makes)."""
-    from ngra.planner import Plan
+    from ngra.planner import ParallelPlan
     from ngra.planner.execute import apply_plan, full_grads, mse_loss, plan_mesh
 
     model, graph, x, edge_data, target = _gnn_data()
     out = model(graph, x, edge_data)
     mse_loss(out, target).backward()
     ref = {n: p.grad.clone() for n, p in model.named_parameters()}
-    plan = Plan.from_json(record)
+    plan = ParallelPlan.from_json(record)
     mesh = plan_mesh(plan)
     model, graph, x, edge_data, target = _gnn_data()
     wrapped = apply_plan(model, plan, mesh)

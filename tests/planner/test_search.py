@@ -9,7 +9,8 @@ import random
 import pytest
 
 from ngra.planner import (
-    Chain, Devices, Layer, NoFeasiblePlan, Plan, Shape, evaluate, exhaustive, load_plans, search,
+    Chain, Devices, Layer, NoFeasiblePlan, ParallelPlan, Shape, evaluate, exhaustive, load_plans,
+    search,
 )
 from ngra.planner.search import shapes
 
@@ -54,7 +55,7 @@ def test_plans_are_json_and_sorted(tmp_path):
     path.write_text(json.dumps({"plans": [p.to_json() for p in plans]}))
     back = load_plans(json.loads(path.read_text()))
     assert back == plans
-    assert all(isinstance(p, Plan) for p in back)
+    assert all(isinstance(p, ParallelPlan) for p in back)
     top = plans[0]
     assert top.breakdown.total == pytest.approx(top.predicted_time_s)
     assert len(top.memory_per_device) == 4
