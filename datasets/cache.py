@@ -51,12 +51,14 @@ from ngra.mapped import register_mapped, release_mapped
 from ngra.settings import get
 
 from .base import NodeDataset, writable
+from .base import data_root as resolve_data_root
 
 __all__ = [
     "CACHE_ENV",
     "CACHE_VERSION",
     "CacheError",
     "EntryWriter",
+    "book_folder",
     "cache_key",
     "cache_root",
     "load_cached",
@@ -102,6 +104,15 @@ def cache_root(data_root: Path) -> Path:
     fallback = Path(USER_CACHE).expanduser()
     log.info("data root %s is read-only; caching datasets in %s", data_root, fallback)
     return fallback
+
+
+def book_folder(spec: str, parts: int, *, method: str, reorder: str, seed: int,
+                data_root: str | os.PathLike[str] | None) -> Path:
+    """Where the cached partition book of dataset ``spec`` in ``parts`` parts lives
+    (made with ``method`` and METIS ``seed``, on the dataset relabeled by ``reorder``):
+    ``<cache root>/partitions/<key>``."""
+    name = f"{cache_key(spec)}-{reorder}-{method}-k{parts}-s{seed}"
+    return cache_root(resolve_data_root(data_root)) / "partitions" / name
 
 
 def source_stamp(paths: list[Path]) -> list[list[Any]]:

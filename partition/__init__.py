@@ -16,8 +16,10 @@ See :mod:`ngra.partition.tiling` for the tile index conventions.
 
 from ngra.partition.book import (
     BOOK_METHODS,
+    BOOK_SEED,
     BookError,
     PartitionBook,
+    book_for,
     build_book,
     check_book,
     load_book,
@@ -56,6 +58,8 @@ from ngra.partition.tiling import Summary, Tile, TileGrid, TileStats, default_bo
 __all__ = [
     # book
     "BOOK_METHODS",
+    "BOOK_SEED",
+    "book_for",
     "BookError",
     "PartitionBook",
     "build_book",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +42,15 @@ from ngra.graph import Graph
 from ngra.partition.kway import _check_k, edge_balanced_ranges, metis_parts
 from ngra.partition.reorder import Reordering, permute_graph
 
-__all__ = ["BOOK_METHODS", "BookError", "PartitionBook", "build_book", "check_book",
-           "graph_fingerprint", "load_book", "save_book"]
+__all__ = ["BOOK_METHODS", "BOOK_SEED", "BookError", "PartitionBook", "book_for", "build_book",
+           "check_book", "graph_fingerprint", "load_book", "save_book"]
 
 BOOK_METHODS = ("metis", "range")
+#: The METIS seed of cached books (independent of a run's seed: one book serves every run).
+BOOK_SEED = 0
 BOOK_VERSION = 1
+
+log = logging.getLogger(__name__)
 _ARRAYS = ("order", "bounds", "edge_bounds", "halo_ptr", "halo")
 
 
@@ -307,3 +312,41 @@ def load_book(folder: str | os.PathLike[str]) -> PartitionBook:
     except (KeyError, TypeError, ValueError) as exc:
         raise BookError(f"partition book in {folder} is inconsistent ({exc}); {fix}.") from None
     return book
+
+
+def book_for(graph: Graph, parts: int, *, spec: str, cache: str | os.PathLike[str],
+             book_dir: str | os.PathLike[str] | None = None, method: str = "metis",
+             asked: str | None = None) -> tuple[PartitionBook, Path]:
+    """``(book, folder)`` of ``graph`` (dataset ``spec``) in ``parts`` parts, the book a
+    run of several processes trains with (and the planner prices): the book in
+    ``book_dir`` (``ngra partition --out``), checked against the graph, else the one cached
+    in ``cache`` (its folder, from :func:`ngra.datasets.cache.book_folder`), built with
+    ``method`` and :data:`BOOK_SEED` when missing, damaged or stale. ``asked`` says where
+    ``parts`` came from, for the error when ``book_dir``'s part count differs.
+
+    Raises:
+        BookError: ``book_dir`` holds a book of another graph, or a stale one.
+        ValueError: ``book_dir``'s book has another part count.
+    """
+    if book_dir:
+        folder = Path(book_dir)
+        book = load_book(folder)
+        check_book(book, graph, spec, where=f"the partition book in {folder}")
+        if book.num_parts != parts:
+            raise ValueError(f"the partition book in {folder} has {book.num_parts} parts; "
+                             f"{asked or '--nprocs is'} {parts}. Make one with `ngra partition "
+                             f"--dataset {spec} --parts {parts}`.")
+        return book, folder
+    folder = Path(cache)
+    try:
+        book = load_book(folder)
+        check_book(book, graph, spec)
+        return book, folder
+    except FileNotFoundError:
+        pass
+    except BookError as exc:
+        log.info("rebuilding the cached partition book: %s", exc)
+    book = build_book(graph, parts, method, BOOK_SEED, spec=spec)
+    save_book(book, folder)
+    log.info("partition book cached in %s:\n%s", folder, book.describe())
+    return book, folder

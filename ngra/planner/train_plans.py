@@ -4,7 +4,7 @@ the plan ``ngra train --nprocs K --plan auto|FILE`` runs.
 The graph exchange of a ``d``-way data-parallel plan is the halo of the busiest rank of
 a ``d``-way partition book: ``--partition DIR`` for its part count, else the book
 ``ngra train --nprocs d`` caches beside the dataset (built and cached here if missing;
-:func:`ngra.distributed.books.partition_for`), so that the planner and the run read
+:func:`ngra.partition.book_for`), so that the planner and the run read
 the same figures.
 
 Full-graph training (:mod:`ngra.training.ranks`) runs plans without a pipeline:
@@ -22,16 +22,14 @@ import logging
 import os
 from typing import Any
 
+from ngra.datasets import load
+from ngra.datasets.cache import book_folder
+from ngra.distributed.link import calibrate, calibration_path, load_link
+from ngra.models import MODELS, build_model, prepare
+from ngra.partition import BOOK_SEED, book_for, load_book, parse_bytes, reorder_dataset
 from ngra.planner.chain import Chain
 from ngra.planner.cost import Devices, Shape
 from ngra.planner.plan import ParallelPlan
-from ngra.partition import reorder_dataset
-from ngra.distributed.books import partition_for
-from ngra.partition import load_book
-from ngra.datasets import load
-from ngra.models import MODELS, build_model, prepare
-from ngra.distributed.link import calibrate, calibration_path, load_link
-from ngra.partition import parse_bytes
 
 __all__ = ["book_halos", "default_memory", "device_link", "runs_in_trainer", "training_plan",
            "zoo_chain"]
@@ -62,9 +60,11 @@ def book_halos(ds: Any, dataset: str, parts: list[int], *, partition: str | None
                              f"a multiple of {given} devices, or another book.")
     halo = {}
     for p in parts:
-        book, folder = partition_for(ds, p, spec=ds.info.get("spec", dataset),
-                                     book_dir=partition if p == given else None,
-                                     method=method, reorder=reorder, data_root=data_root)
+        spec = ds.info.get("spec", dataset)
+        cache = book_folder(spec, p, method=method, reorder=reorder, seed=BOOK_SEED,
+                            data_root=data_root)
+        book, folder = book_for(ds.graph, p, spec=spec, cache=cache,
+                                book_dir=partition if p == given else None, method=method)
         halo[p] = book_halo(book)
         log.info("%d-way partition (%s, %s): busiest rank's halo %d rows", p, book.method,
                  folder, halo[p])

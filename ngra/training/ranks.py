@@ -57,8 +57,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ngra.datasets.base import data_root, writable
-from ngra.datasets.cache import cache_root
-from ngra.distributed.books import partition_for
+from ngra.datasets.cache import book_folder, cache_root
 from ngra.distributed.dense import DenseLayout, rank_groups, split_linears
 from ngra.distributed.gradsync import GradientSync
 from ngra.distributed.launch import in_worker, init_process_group, launch
@@ -66,6 +65,7 @@ from ngra.distributed.link import link_model
 from ngra.distributed.shards import build_shards, load_shard, shards_current
 from ngra.kernels import dropout_rows
 from ngra.memstat import io_read_bytes, mapped_from, peak_rss_bytes, release_large_frees, rss_bytes
+from ngra.partition import BOOK_SEED, book_for
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.explain import explain
 from ngra.training.config import TrainConfig
@@ -167,10 +167,11 @@ def prepare_shards(cfg: TrainConfig, ds: Any = None) -> Path:
     # the plan's row partitions (default: --nprocs)
     parts = DenseLayout.of(cfg.nprocs, cfg.extra.get("plan")).data
     spec = ds.info.get("spec") or f"memory:{fingerprint(ds)}"
-    book, folder = partition_for(
-        ds, parts, spec=spec, book_dir=cfg.partition, method=cfg.partition_method,
-        reorder=cfg.reorder, data_root=cfg.data_root,
-        asked=None if parts == cfg.nprocs
+    cache = book_folder(spec, parts, method=cfg.partition_method, reorder=cfg.reorder,
+                        seed=BOOK_SEED, data_root=cfg.data_root)
+    book, folder = book_for(
+        ds.graph, parts, spec=spec, cache=cache, book_dir=cfg.partition,
+        method=cfg.partition_method, asked=None if parts == cfg.nprocs
         else f"the plan splits the rows of {cfg.nprocs} processes")
     shards = folder / "shards" / key
     if not writable(folder):
