@@ -51,7 +51,8 @@ def _losses(summary):
     return [h["loss"] for h in summary["history"]]
 
 
-@pytest.mark.parametrize("k", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 processes
+@pytest.mark.slow  # over 20 s; 2-rank runs against one process stay in the default run
+@pytest.mark.parametrize("k", [2, 4])
 def test_ranks_train_as_one_process(data, single, k):
     jobs, keys = [], []
     for model in MODELS:
@@ -170,6 +171,7 @@ def _cli(*args, data):
                           capture_output=True, text=True, env=os.environ.copy())
 
 
+@pytest.mark.slow  # over 20 s (a process per refusal); tests/training refuses in-process
 def test_bad_input_is_refused_before_training(data, tmp_path):
     r = _cli("train", "--dataset", "cora", "--nprocs", "0", data=data)
     assert r.returncode == 2 and "--nprocs must be an int >= 1" in r.stderr

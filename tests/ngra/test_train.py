@@ -16,14 +16,21 @@ from ngra.training.run import train
 
 @pytest.mark.parametrize(
     "model, dataset, floor",
-    # 200 epochs each (30-50 s on a busy 2-core machine): one case in the default run
-    [pytest.param("gcn", "cora", 0.79, marks=pytest.mark.slow),
-     pytest.param("gat", "cora", 0.80, marks=pytest.mark.slow), ("gcn", "citeseer", 0.68)],
+    # 200 epochs each (over 20 s): slow; test_gcn_learns_cora_quickly is the default run's
+    [("gcn", "cora", 0.79), ("gat", "cora", 0.80), ("gcn", "citeseer", 0.68)],
 )
+@pytest.mark.slow
 def test_accuracy_parity(shared_data, model, dataset, floor):
     s = train(TrainConfig(model=model, dataset=dataset, epochs=200, seed=0,
                           data_root=str(shared_data), progress=False))
     assert s["test_acc"] >= floor, s["test_acc"]
+
+
+def test_gcn_learns_cora_quickly(shared_data):
+    """60 of the paper's 200 epochs already reach most of its accuracy (0.815)."""
+    s = train(TrainConfig(model="gcn", dataset="cora", epochs=60, seed=0,
+                          data_root=str(shared_data), progress=False))
+    assert s["test_acc"] >= 0.75, s["test_acc"]
 
 
 def test_storage_is_checked_before_loading():

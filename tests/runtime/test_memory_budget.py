@@ -45,8 +45,8 @@ def _run(model: str, budget: str, f: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("model, width, budget_mib", [  # three child runs each: one is slow
-    pytest.param("mpnn", 16, 96, marks=pytest.mark.slow), ("gat", 64, 96)])
+@pytest.mark.slow  # three child runs each, over 20 s; test_fused_layer_chunked_peak_... stays
+@pytest.mark.parametrize("model, width, budget_mib", [("mpnn", 16, 96), ("gat", 64, 96)])
 def test_peak_rss_within_budget(model, width, budget_mib):
     budget = budget_mib * MIB
     bound = budget + 8 * N * width * 4 + 160 * E + 96 * MIB
