@@ -194,12 +194,17 @@ def _find(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def _need(folder: Path, stem: str, dataset: Path) -> Path:
+_NODE_LAYOUT = ("the raw layout raw/{edge,node-feat,node-label}.csv.gz and "
+                "split/<type>/{train,valid,test}.csv.gz")
+
+
+def _need(folder: Path, stem: str, dataset: Path, what: str = "OGB dataset",
+          expected: str = _NODE_LAYOUT) -> Path:
+    """``folder/stem.csv.gz`` (or ``.csv``); a missing one names ``expected``."""
     p = _find(folder, stem)
     if p is None:
         raise DatasetNotFoundError(
-            f"OGB dataset {dataset}: missing {folder / (stem + '.csv.gz')} "
-            "(expected the raw layout raw/{edge,node-feat,node-label}.csv.gz and split/<type>/{train,valid,test}.csv.gz)."
+            f"{what} {dataset}: missing {folder / (stem + '.csv.gz')} (expected {expected})."
         )
     return p
 

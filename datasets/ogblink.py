@@ -45,6 +45,7 @@ from .base import DatasetError, DatasetNotFoundError, csc_graph
 from .linksplit import LinkSplit
 from .negatives import is_edge
 from .ogb import _add_inverse_edge, _find, _split_dir
+from .ogb import _need as _need_file
 
 __all__ = ["OGB_LINK_ADD_INVERSE_EDGE", "load_ogb_link"]
 
@@ -126,13 +127,9 @@ def load_ogb_link(path: str | Path, *, split: str | None = None,
 
 
 def _need(folder: Path, stem: str, dataset: Path) -> Path:
-    p = _find(folder, stem)
-    if p is None:
-        raise DatasetNotFoundError(
-            f"OGB link folder {dataset}: missing {folder / (stem + '.csv.gz')} (expected "
-            "raw/edge.csv.gz and split/<type>/{train,valid,test}.csv.gz; see "
-            "ngra.datasets.ogblink for the CSV layout).")
-    return p
+    return _need_file(folder, stem, dataset, "OGB link folder",
+                      "raw/edge.csv.gz and split/<type>/{train,valid,test}.csv.gz; see "
+                      "ngra.datasets.ogblink for the CSV layout")
 
 
 def _table(path: Path, columns: int | None, as_float: bool = False) -> np.ndarray:

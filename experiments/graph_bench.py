@@ -21,8 +21,8 @@ batches of the same graphs with ``global_add_pool``, in the same order. Writes
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +33,9 @@ from torch import nn
 
 from ngra.datasets import GraphLoader, load_tu
 from ngra.models import GINConv, readout
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench_util as bu  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WIDTH, EPOCHS, BATCH, LR = 32, 100, 32, 0.01
@@ -146,18 +149,16 @@ def main() -> None:
                      "seconds": time.perf_counter() - t0})
         print(rows[-1])
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "graph.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    bu.write_csv(rows, RESULTS / "graph.csv")
+    table = bu.markdown_table(
+        [{**r, "acc": f"{r['test_acc_mean']:.4f} +- {r['test_acc_std']:.4f}",
+          "s": f"{r['seconds']:.0f}"} for r in rows],
+        [("framework", "framework"), ("seeds", "seeds"), ("folds", "folds"),
+         ("acc", "test accuracy (mean +- std over folds)"), ("s", "seconds")])
     lines = ["# Graph classification on MUTAG: ngra GIN vs PyG GINConv, 10-fold CV", "",
              "Same folds, model, batches (in the same order), optimizer and epochs (module "
              "docstring of `experiments/graph_bench.py`); 2 threads, a shared machine.", "",
-             "| framework | seeds | folds | test accuracy (mean +- std over folds) | seconds |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['framework']} | {r['seeds']} | {r['folds']} | {r['test_acc_mean']:.4f} +- "
-              f"{r['test_acc_std']:.4f} | {r['seconds']:.0f} |" for r in rows]
-    lines += ["", f"Regenerate: `python experiments/graph_bench.py --seeds {args.seeds}`"]
+             table, "", f"Regenerate: `python experiments/graph_bench.py --seeds {args.seeds}`"]
     (RESULTS / "graph.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -21,12 +21,15 @@ seeds, and the median epoch time, per framework::
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench_util as bu  # noqa: E402
 
 import ngra
 from ngra.datasets import load, split_edges
@@ -114,18 +117,16 @@ def main() -> None:
                      "epoch_ms_median": 1e3 * statistics.median(r[1] for r in runs)})
         print(rows[-1])
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "link.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    bu.write_csv(rows, RESULTS / "link.csv")
+    table = bu.markdown_table(
+        [{**r, "auc": f"{r['test_auc_mean']:.4f} +- {r['test_auc_std']:.4f}",
+          "ms": f"{r['epoch_ms_median']:.1f}"} for r in rows],
+        [("framework", "framework"), ("seeds", "seeds"), ("epochs", "epochs"),
+         ("auc", "test ROC-AUC (mean +- std)"), ("ms", "epoch (median ms)")])
     lines = ["# Link prediction on Cora: ngra vs PyG (examples/link_pred.py definition)", "",
              "Same split, model, optimizer and selection for both (module docstring of "
              "`experiments/link_bench.py`); 2 threads, this machine shared and noisy.", "",
-             "| framework | seeds | epochs | test ROC-AUC (mean +- std) | epoch (median ms) |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['framework']} | {r['seeds']} | {r['epochs']} | {r['test_auc_mean']:.4f} "
-              f"+- {r['test_auc_std']:.4f} | {r['epoch_ms_median']:.1f} |" for r in rows]
-    lines += ["", f"Regenerate: `python experiments/link_bench.py --seeds {args.seeds} "
+             table, "", f"Regenerate: `python experiments/link_bench.py --seeds {args.seeds} "
               f"--epochs {args.epochs}`"]
     (RESULTS / "link.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

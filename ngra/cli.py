@@ -331,7 +331,7 @@ def explain_model(model: str, dataset: str, *, hidden: int | None = None,
     ds = load(dataset, root=data_root)
     graph, edge_data = source.prepare(ds.graph, ds.edge_type, ds.num_edge_types)
     net = source.build(ds.x.shape[1], ds.num_classes, hyper=resolved,
-                       num_layers=resolved["num_layers"] if source.zoo else num_layers,
+                       num_layers=resolved["num_layers"],
                        num_edge_types=ds.num_edge_types)
     dev = resolve_device(device)
     x, ctx, where = ds.x, contextlib.nullcontext(), ""

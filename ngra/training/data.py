@@ -49,7 +49,7 @@ def as_dataset(data: Any, *, root: str | None = None, storage: str = "memory",
     elif isinstance(data, NodeDataset):
         ds, label = data, data.info.get("spec", data.name)
     elif isinstance(data, dict):
-        ds, label = _from_tensors(data), "tensors"
+        ds, label = _from_tensors(data, labels=check), "tensors"
     elif hasattr(data, "ndata") and hasattr(data, "edata"):
         ds, label = from_dgl(data), "dgl"
     elif hasattr(data, "edge_index") and hasattr(data, "x"):
@@ -68,21 +68,24 @@ def dataset_label(data: Any, ds: NodeDataset) -> str:
     return data if isinstance(data, str) else ds.info.get("spec", ds.name)
 
 
-def _from_tensors(d: dict[str, Any]) -> NodeDataset:
-    """A dataset from ``{"edge_index", "x", "y", "train_mask", ...}`` tensors."""
-    missing = [k for k in ("edge_index", "x", "y") if k not in d]
+def _from_tensors(d: dict[str, Any], labels: bool = True) -> NodeDataset:
+    """A dataset from ``{"edge_index", "x", "y", "train_mask", ...}`` tensors. Without
+    ``labels`` (data to predict on, or to embed) ``y`` and the masks may be left out: every
+    vertex is then unlabeled (``-1``)."""
+    missing = [k for k in ("edge_index", "x", "y") if k not in d and (labels or k != "y")]
     if missing:
         raise DatasetError(f"a dict of tensors needs edge_index, x and y (masks optional); "
                            f"it lacks {missing}; its keys are {sorted(d)}.")
     x = torch.as_tensor(d["x"])
     n = int(d.get("num_nodes", x.shape[0]))
     graph = Graph.from_edge_index(torch.as_tensor(d["edge_index"]), num_nodes=n)
-    y = torch.as_tensor(d["y"]).long()
+    y = (torch.as_tensor(d["y"]).long() if "y" in d
+         else torch.full((n,), -1, dtype=torch.int64))
     masks = {}
     for m in _MASKS:
         masks[m] = (torch.as_tensor(d[m]).bool() if d.get(m) is not None
                     else torch.zeros(n, dtype=torch.bool))
-    if not masks["train_mask"].any():
+    if labels and not masks["train_mask"].any():
         raise DatasetError("the dict of tensors has no train_mask (or selects no vertex); give "
                            "train_mask, val_mask and test_mask ([N] bool).")
     labelled = y[y >= 0]

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ngra.distributed.shards import prep_key
 from ngra.models import HYPER_PARAMETERS, MODELS, Hyper, build_model, hyper_parameters
 from ngra.models import param_groups as zoo_param_groups
 from ngra.models import prepare as zoo_prepare
@@ -238,10 +239,7 @@ class ModelSource:
 
     def prep_key(self) -> str:
         """What :meth:`prepare` depends on (shards are cached per key)."""
-        if not self.zoo:
-            return "raw"
-        spec = MODELS[self.name]
-        return f"{spec.edge_data}{'+self_loops' if spec.self_loops else ''}"
+        return prep_key(self.name) if self.zoo else "raw"
 
     def param_groups(self, model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         """Optimizer groups (GCN decays its first layer only, as its paper)."""

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ngra.datasets import NodeDataset
 from ngra.errors import CheckpointError, DatasetError
 from ngra.graph import Graph
 from ngra.training.checkpoint import FORMAT_VERSION, load_latest_checkpoint
@@ -53,14 +52,7 @@ class Predictor:
         """``(graph, x, edge_data)`` of ``data`` (a spec string, a ``NodeDataset``, PyG
         ``Data``, DGL graph, or a dict with ``edge_index`` and ``x``) as the model trained
         on such data."""
-        if isinstance(data, dict) and "y" not in data:  # no labels needed to predict
-            x = torch.as_tensor(data["x"]).float()
-            n = int(data.get("num_nodes", x.shape[0]))
-            graph = Graph.from_edge_index(torch.as_tensor(data["edge_index"]), num_nodes=n)
-            ds = NodeDataset("data", graph, x, torch.zeros(n, dtype=torch.int64),
-                             *(torch.zeros(n, dtype=torch.bool),) * 3, num_classes=1)
-        else:
-            ds = as_dataset(data, root=root, check=False)
+        ds = as_dataset(data, root=root, check=False)  # no labels needed to predict
         want = self.meta.get("num_features")
         if want is not None and ds.num_features != want:
             raise DatasetError(f"the model was trained on {want} features a vertex; this data "

@@ -326,8 +326,7 @@ def run_rank(cfg: TrainConfig, folder: Path,
 
     def session(seed: int) -> RankSession:  # one run's model, seeded by fit_runs
         model = cfg.source.build(sizes["num_features"], sizes["num_classes"], hyper=resolved,
-                                 num_layers=resolved["num_layers"] if cfg.source.zoo
-                                 else cfg.num_layers,
+                                 num_layers=resolved["num_layers"],
                                  num_edge_types=sizes["num_edge_types"])
         model = split_linears(model.to(shard.x.device), layout, groups.tp)
         return RankSession(model, shard, cfg.memory_budget, groups.gradients, layout)

@@ -112,7 +112,8 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
                 r.update(loaded.get("about", {}), device=str(cfg.device), storage="memory")
             if state is not None and (cfg.source.kind != "factory" or cfg.source.importable
                                       or callable(cfg.source.factory)):
-                model = _build(cfg, _Sizes(meta))
+                model = _build(cfg, meta["num_features"], meta["num_classes"],
+                               meta["num_edge_types"])
                 model.load_state_dict(state)
         outcome = Outcome(summary, model, meta or {})
     if cfg.out and main:
@@ -125,20 +126,12 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
     """A link-prediction or graph-classification run (:mod:`ngra.training.tasks`)."""
     say = echo or log.info
     r = cfg.resolved()
-    layers = r["num_layers"] if cfg.source.zoo else cfg.num_layers
 
     def encoder(num_features: int) -> nn.Module:
-        return cfg.source.build(num_features, cfg.embedding_dim, hyper=r, num_layers=layers)
+        return _build(cfg, num_features, cfg.embedding_dim)
 
-    meta: dict[str, Any] = {"model": cfg.source.record(), "task": cfg.task,
-                            "embedding_dim": cfg.embedding_dim, "decoder": cfg.decoder,
-                            "readout": cfg.readout, "hyper": {k: r[k] for k in (
-                                "hidden", "heads", "dropout", "attention_dropout", "lr",
-                                "weight_decay", "num_layers")},
-                            "factory_kwargs": ModelSource.factory_kwargs(r, None if
-                                                                         cfg.source.zoo
-                                                                         else cfg.num_layers),
-                            "normalize_features": bool(r["normalize_features"])}
+    meta = {**_model_meta(cfg), "embedding_dim": cfg.embedding_dim, "decoder": cfg.decoder,
+            "readout": cfg.readout}
     if cfg.task == "graph":
         gds = graph_dataset(cfg.dataset, root=cfg.data_root)
         say(describe_run(cfg, []))
@@ -191,28 +184,33 @@ def plan_for(cfg: TrainConfig, can_measure: bool = True) -> dict[str, Any]:
                          memory_budget=cfg.memory_budget, can_measure=can_measure)
 
 
-def _meta(cfg: TrainConfig, ds: Any, label: str) -> dict[str, Any]:
-    """What a checkpoint keeps to rebuild the model and say what it was trained on."""
+def _model_meta(cfg: TrainConfig) -> dict[str, Any]:
+    """What a checkpoint keeps to rebuild ``cfg``'s model, whatever the task."""
     r = cfg.resolved()
-    return {"model": cfg.source.record(),
+    return {"model": cfg.source.record(), "task": cfg.task,
             "factory_kwargs": ModelSource.factory_kwargs(
-                {k: r[k] for k in ("hidden", "heads", "dropout", "attention_dropout")},
-                None if r["num_layers"] is None or cfg.source.zoo else r["num_layers"]),
+                r, None if cfg.source.zoo else r["num_layers"]),
             "hyper": {k: r[k] for k in ("hidden", "heads", "dropout", "attention_dropout",
                                         "lr", "weight_decay", "num_layers")},
+            "normalize_features": bool(r["normalize_features"])}
+
+
+def _meta(cfg: TrainConfig, ds: Any, label: str) -> dict[str, Any]:
+    """:func:`_model_meta`, and the node dataset's sizes and fingerprint."""
+    return {**_model_meta(cfg),
             "num_features": ds.num_features, "num_classes": ds.num_classes,
             "num_edge_types": ds.num_edge_types,
-            "normalize_features": bool(r["normalize_features"]),
-            "task": cfg.task,
             "dataset": {"name": label, "fingerprint": fingerprint(ds),
                         "num_nodes": ds.num_nodes, "num_edges": ds.num_edges}}
 
 
-def _build(cfg: TrainConfig, ds: Any) -> nn.Module:
+def _build(cfg: TrainConfig, num_features: int, num_outputs: int,
+           num_edge_types: int = 1) -> nn.Module:
+    """A fresh model of ``cfg`` (``resolved()["num_layers"]`` is the zoo's 2 when unset,
+    and a factory's own default, ``None``, for a user's model)."""
     r = cfg.resolved()
-    return cfg.source.build(ds.num_features, ds.num_classes, hyper=r,
-                            num_layers=cfg.num_layers if not cfg.source.zoo else r["num_layers"],
-                            num_edge_types=ds.num_edge_types)
+    return cfg.source.build(num_features, num_outputs, hyper=r, num_layers=r["num_layers"],
+                            num_edge_types=num_edge_types)
 
 
 def _train_here(cfg: TrainConfig, ds: Any, echo: Callable[[str], None] | None,
@@ -228,7 +226,7 @@ def _train_here(cfg: TrainConfig, ds: Any, echo: Callable[[str], None] | None,
     about["storage"] = ds.info.get("storage", "memory")
 
     def session(seed: int) -> Session:  # one run's model, seeded by fit_runs
-        model = _build(cfg, _Sizes(meta))
+        model = _build(cfg, meta["num_features"], meta["num_classes"], meta["num_edge_types"])
         if not source.zoo:
             check_model_output(model, graph, ds.x, edge_data, ds.num_classes, source.name)
         placement = _placement(device, cfg, graph, ds.x, model,
@@ -246,25 +244,6 @@ def _train_here(cfg: TrainConfig, ds: Any, echo: Callable[[str], None] | None,
 
     summary, best = fit_runs(cfg, session, echo, meta=meta)
     return Outcome(summary, best, meta)
-
-
-@dataclass
-class _Sizes:
-    """The sizes :func:`_build` reads, from a run's metadata."""
-
-    meta: dict[str, Any]
-
-    @property
-    def num_features(self) -> int:
-        return self.meta["num_features"]
-
-    @property
-    def num_classes(self) -> int:
-        return self.meta["num_classes"]
-
-    @property
-    def num_edge_types(self) -> int:
-        return self.meta["num_edge_types"]
 
 
 @torch.no_grad()
@@ -292,7 +271,7 @@ def check_partitionable(cfg: TrainConfig, ds: Any) -> None:
     the graph: a parameter or buffer with one row per vertex of the whole graph, or a
     forward that fails (or returns other rows) on an induced subgraph of other size, as
     it would on a rank (e.g. one that adds a tensor held outside the model)."""
-    model = _build(cfg, ds)
+    model = _build(cfg, ds.num_features, ds.num_classes, ds.num_edge_types)
     n = ds.num_nodes
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if n > max(ds.num_features, ds.num_classes) and n in t.shape:
