@@ -27,7 +27,7 @@ __all__ = ["TASKS", "TrainConfig", "check_config", "check_run_files", "describe_
 
 #: What a run can learn: node classification, link prediction, graph classification.
 TASKS = ("node", "link", "graph")
-#: Link-prediction decoders, and graph readouts, by name (:mod:`ngra.training.tasks`).
+#: Link-prediction decoders, and graph readouts, by name (:mod:`ngra.training.link_task`, :mod:`ngra.training.graph_task`).
 DECODERS = ("dot", "mlp")
 READOUTS = ("sum", "mean", "max", "attention")
 

@@ -26,7 +26,8 @@ from ngra.training.checkpoint import FORMAT_VERSION, load_latest_checkpoint
 from ngra.training.data import as_dataset, normalize_features
 from ngra.datasets import GraphLoader
 from ngra.training.model_source import ModelSource, call_model
-from ngra.training.tasks import GraphModel, LinkModel, graph_dataset, make_decoder
+from ngra.training.graph_task import GraphModel, graph_dataset
+from ngra.training.link_task import LinkModel, make_decoder
 
 __all__ = ["OUTPUTS", "Predictor", "load_model"]
 

@@ -36,8 +36,8 @@ from ngra.training.data import as_dataset, fingerprint, prepare_dataset
 from ngra.training.loop import Session, fit_runs
 from ngra.training.model_source import ModelSource, call_model
 from ngra.training.ranks import train_distributed
-from ngra.training.tasks import (GraphModel, GraphSession, LinkModel, LinkSession,
-                                 graph_dataset, link_split, make_decoder, split_graphs)
+from ngra.training.graph_task import GraphModel, GraphSession, graph_dataset, split_graphs
+from ngra.training.link_task import LinkModel, LinkSession, link_split, make_decoder
 
 __all__ = ["Outcome", "check_model_output", "check_partitionable", "check_predictions_vary",
            "plan_for", "run", "train"]
@@ -123,7 +123,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
 
 
 def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome:
-    """A link-prediction or graph-classification run (:mod:`ngra.training.tasks`)."""
+    """A link-prediction or graph-classification run (:mod:`ngra.training.link_task`, :mod:`ngra.training.graph_task`)."""
     say = echo or log.info
     r = cfg.resolved()
 

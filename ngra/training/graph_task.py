@@ -1,0 +1,136 @@
+"""Graph classification as a session of the one training loop.
+
+**Graph classification** (``task="graph"``): a :class:`~ngra.datasets.GraphDataset`
+(``tu:PATH``, ``from_pyg_list``) split at random into train/val/test graphs by seed;
+batches of ``batch_size`` graphs are one block-diagonal graph each
+(:class:`~ngra.datasets.GraphLoader`, reshuffled every epoch from ``(seed, epoch)``); the
+encoder's node embeddings are read out per graph (``readout``: sum, mean, max,
+attention) and a Linear gives class scores. Loss cross-entropy, metric accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ngra.datasets import GraphDataset, GraphLoader, from_pyg_list, load
+from ngra.errors import DatasetError
+from ngra.models import AttentionPool, readout
+from ngra.runtime.explain import explain
+from ngra.training.config import READOUTS
+from ngra.training.model_source import call_model
+from ngra.training.task_base import TaskSession
+
+__all__ = ["GraphModel", "GraphSession", "graph_dataset", "split_graphs"]
+
+
+class GraphModel(nn.Module):
+    """A node encoder, a per-graph readout and a Linear head:
+    ``forward(graph, x, ptr) -> [B, C]`` class scores."""
+
+    def __init__(self, encoder: nn.Module, dim: int, num_classes: int,
+                 kind: str = "sum") -> None:
+        super().__init__()
+        if kind not in READOUTS:
+            raise ValueError(f"readout must be one of {READOUTS}; got {kind!r}.")
+        self.encoder, self.kind = encoder, kind
+        self.pool = AttentionPool(dim) if kind == "attention" else None
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, graph: Any, x: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
+        h = call_model(self.encoder, graph, x)
+        pooled = self.pool(h, ptr) if self.pool is not None else readout(h, ptr, self.kind)
+        return self.head(pooled)
+
+
+def split_graphs(num_graphs: int, val: float, test: float,
+                 seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A random ``(train, val, test)`` split of graph ids, from ``seed``."""
+    if not (0 <= val < 1 and 0 <= test < 1 and val + test < 1):
+        raise ValueError(f"val and test must be fractions in [0, 1) summing below 1; got "
+                         f"val={val}, test={test}.")
+    order = np.random.default_rng(seed).permutation(num_graphs)
+    n_val, n_test = round(val * num_graphs), round(test * num_graphs)
+    if num_graphs - n_val - n_test < 1:
+        raise ValueError(f"{num_graphs} graphs leave none to train on with val={val}, "
+                         f"test={test}.")
+    return (np.sort(order[n_val + n_test:]), np.sort(order[:n_val]),
+            np.sort(order[n_val:n_val + n_test]))
+
+
+class GraphSession(TaskSession):
+    """Graph classification over a :class:`~ngra.datasets.GraphDataset` (module docstring)."""
+
+    task = "graph"
+    metric = "accuracy"
+
+    def __init__(self, model: GraphModel, ds: GraphDataset, parts: dict[str, np.ndarray], *,
+                 batch_size: int, seed: int, budget: str | None,
+                 info: dict[str, Any]) -> None:
+        super().__init__(model, budget, info)
+        self.net, self.encoder = model, model.encoder
+        self.parts = {k: ds.subset(v) for k, v in parts.items()}
+        self.train_loader = GraphLoader(self.parts["train"], batch_size, shuffle=True,
+                                        seed=seed)
+        self.eval_loaders = {k: GraphLoader(d, batch_size) for k, d in self.parts.items()}
+        self.num_nodes, self.num_edges = int(ds.node_ptr[-1]), int(ds.indices.numel())
+        first = next(iter(GraphLoader(ds, min(batch_size, len(ds)))))
+        self.graph, self.x, self.edge_data = first.graph, first.x, None  # for explain
+        self.last_metrics: dict[str, float] = {}
+
+    def batches(self, epoch: int) -> Iterable[Any]:
+        self.train_loader.set_epoch(epoch)
+        return iter(self.train_loader)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.model(batch.graph, batch.x, batch.ptr)
+
+    def loss(self, out: torch.Tensor, batch: Any) -> tuple[torch.Tensor, float]:
+        loss = F.cross_entropy(out, batch.y)
+        return loss, float(loss.detach())
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[dict[str, float], float]:
+        self.model.eval()
+        acc, val_loss = {}, float("nan")
+        for part, loader in self.eval_loaders.items():
+            correct = total = 0
+            loss_sum = 0.0
+            with self.context():
+                for batch in loader:
+                    out = self.model(batch.graph, batch.x, batch.ptr)
+                    correct += int((out.argmax(-1) == batch.y).sum())
+                    total += batch.num_graphs
+                    loss_sum += float(F.cross_entropy(out, batch.y, reduction="sum"))
+            acc[part] = correct / total if total else float("nan")
+            if part == "val":
+                val_loss = loss_sum / total if total else math.nan
+        return acc, val_loss
+
+    def explain(self) -> str:
+        with self.context():
+            return explain(self.model.encoder, self.graph, self.x)
+
+
+def graph_dataset(data: Any, root: str | None = None) -> GraphDataset:
+    """The graphs of a graph-classification run: a spec (``tu:PATH``), a
+    :class:`~ngra.datasets.GraphDataset`, or a list of PyG ``Data``."""
+    if isinstance(data, str):
+        ds = load(data, root=root)
+    elif isinstance(data, (list, tuple)):
+        ds = from_pyg_list(list(data))
+    else:
+        ds = data
+    if not isinstance(ds, GraphDataset):
+        raise DatasetError(f"task graph classifies a collection of graphs (tu:PATH, a "
+                           f"GraphDataset, a list of PyG Data); {data!r} is one graph "
+                           f"({type(ds).__name__}). Use task node or link for it.")
+    if len(ds) < 3:
+        raise DatasetError(f"task graph needs at least 3 graphs (train, val, test); "
+                           f"{data!r} has {len(ds)}.")
+    return ds

@@ -1,0 +1,120 @@
+"""Link prediction as a session of the one training loop.
+
+**Link prediction** (``task="link"``): the dataset's edges are split
+(:func:`ngra.datasets.split_edges`: message-passing edges, training supervision pairs,
+validation and test positives with fixed negatives; both directions of a held-out
+undirected edge leave the message-passing graph). The model is a node **encoder** (a zoo
+model or your factory, built with ``embedding_dim`` outputs) run full-graph on the
+message-passing graph, and a **decoder** (``dot`` or ``mlp`` on the Hadamard product,
+:mod:`ngra.models.decoders`) scores pairs in chunks. Each epoch draws its own uniform
+negatives, one per supervision pair, seeded by ``(seed, epoch)``
+(:func:`ngra.datasets.sample_negatives`). The loss is binary cross-entropy; the metric
+ROC-AUC, with Hits@20/50/100 (OGB's definition, :mod:`ngra.metrics`) reported beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ngra.datasets import NodeDataset, split_edges
+from ngra.datasets.linksplit import LinkSplit
+from ngra.metrics import hits_at_k, roc_auc
+from ngra.models import DotDecoder, HadamardMLPDecoder
+from ngra.runtime.explain import explain
+from ngra.training.config import DECODERS, TrainConfig
+from ngra.training.model_source import call_model
+from ngra.training.task_base import TaskSession
+
+__all__ = ["LinkModel", "LinkSession", "link_split", "make_decoder"]
+
+#: Hits@K reported for link prediction (OGB's ogbl-collab/ppa/ddi Ks).
+HITS_KS = (20, 50, 100)
+
+
+class LinkModel(nn.Module):
+    """A node encoder and a pair decoder; ``forward(graph, x[, edge_data])`` embeds."""
+
+    def __init__(self, encoder: nn.Module, decoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+
+    def forward(self, graph: Any, x: torch.Tensor, edge_data: Any = None) -> torch.Tensor:
+        return call_model(self.encoder, graph, x, edge_data)
+
+
+def make_decoder(name: str, dim: int) -> nn.Module:
+    if name == "dot":
+        return DotDecoder()
+    if name == "mlp":
+        return HadamardMLPDecoder(dim, dim)
+    raise ValueError(f"decoder must be one of {DECODERS}; got {name!r}.")
+
+
+class LinkSession(TaskSession):
+    """Link prediction over a :class:`~ngra.datasets.linksplit.LinkSplit` (module docstring)."""
+
+    task = "link"
+    metric = "roc_auc"
+
+    def __init__(self, model: LinkModel, split: LinkSplit, graph: Any, x: torch.Tensor,
+                 edge_data: Any, *, seed: int, budget: str | None,
+                 info: dict[str, Any]) -> None:
+        super().__init__(model, budget, info)
+        self.net = self.encoder = model.encoder
+        self.split, self.graph, self.x, self.edge_data = split, graph, x, edge_data
+        self.seed = seed
+        self.num_nodes, self.num_edges = split.num_nodes, split.graph.num_edges
+        self.last_metrics: dict[str, float] = {}
+
+    def batches(self, epoch: int) -> Iterable[Any]:
+        return (epoch,)  # one full-graph step, its negatives drawn for this epoch
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return call_model(self.net, self.graph, self.x, self.edge_data)
+
+    def loss(self, z: torch.Tensor, epoch: Any = 0) -> tuple[torch.Tensor, float]:
+        neg = self.split.train_negatives(int(epoch or 0), seed=self.seed)
+        loss = _pair_loss(self.model.decoder, z, self.split.train_pos, neg)
+        return loss, float(loss.detach())
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[dict[str, float], float]:
+        self.model.eval()
+        with self.context():
+            z = call_model(self.net, self.graph, self.x, self.edge_data)
+        dec = self.model.decoder
+        s = self.split
+        out: dict[str, float] = {"train": float("nan")}
+        for part, pos, neg in (("val", s.val_pos, s.val_neg), ("test", s.test_pos, s.test_neg)):
+            if pos.shape[1] == 0 or neg is None or neg.shape[1] == 0:
+                out[part] = float("nan")
+                continue
+            p, n = dec(z, pos), dec(z, neg)
+            out[part] = roc_auc(p, n)
+            for k in HITS_KS:
+                self.last_metrics[f"{part}_hits@{k}"] = hits_at_k(p, n, k)
+            self.last_metrics[f"{part}_roc_auc"] = out[part]
+        val_loss = (float(_pair_loss(dec, z, s.val_pos, s.val_neg))
+                    if s.val_pos.shape[1] and s.val_neg is not None else float("nan"))
+        return out, val_loss
+
+    def explain(self) -> str:
+        with self.context():
+            return explain(self.net, self.graph, self.x, self.edge_data)
+
+
+def _pair_loss(decoder: nn.Module, z: torch.Tensor, pos: torch.Tensor,
+               neg: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy of positive pairs (label 1) and negative pairs (label 0)."""
+    scores = torch.cat([decoder(z, pos), decoder(z, neg)])
+    labels = torch.cat([scores.new_ones(pos.shape[1]), scores.new_zeros(neg.shape[1])])
+    return F.binary_cross_entropy_with_logits(scores, labels)
+
+
+def link_split(cfg: TrainConfig, ds: NodeDataset) -> LinkSplit:
+    """The edge split of a link-prediction run (``val``/``test`` fractions, ``seed``)."""
+    return split_edges(ds, val=cfg.val, test=cfg.test, seed=cfg.seed)
