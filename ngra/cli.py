@@ -136,6 +136,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--exchange", default="auto", choices=["auto", "halo", "ring"],
                    help="how remote source rows arrive: halo all_to_all, ring streaming, or "
                         "the cost model's pick per layer (default: auto)")
+    d.add_argument("--halo-overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="the halo exchange travels while a rank computes the edges whose "
+                        "sources it owns, forward and backward; --no-halo-overlap: it "
+                        "blocks (default: overlap)")
     d.add_argument("--partition", default=None, metavar="DIR",
                    help="a partition book from `ngra partition` (default: partition on the "
                         "fly, cached beside the dataset cache)")

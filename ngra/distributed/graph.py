@@ -7,17 +7,26 @@ rows (remote sources its edges read), which have no in-edges of their own. It is
 ``pre`` stage on the owned rows and hands the terms to :meth:`DistGraph.propagate`,
 which, per layer (:mod:`ngra.distributed.cost`):
 
-* **halo**: exchanges the terms the edge stage reads on the source side
+* **halo**, overlapped (the default, ``overlap=True``): starts the exchange of the terms
+  the edge stage reads on the source side and computes the edges whose sources the rank
+  owns while it travels (:mod:`ngra.distributed.overlap`; backward likewise);
+* **halo**, blocking (``overlap=False``, or under a memory budget or a forced grid, or
+  for an accumulator that is a dict of fields): exchanges those terms
   (:func:`~ngra.distributed.halo.exchange_rows`: one ``all_to_all``), pads the others
   (read only at destinations, all owned) with zero halo rows, walks the local graph with
   the ordinary executor (the 1 x 1 grid, or under a memory budget the grid that fits it:
   the budget holds within the rank, halo rows included) and keeps the owned rows;
 * **ring**: streams source chunks around the ranks (:mod:`ngra.distributed.ring`).
+
+Each layer's exchange is recorded per training call (bytes sent, seconds blocked
+waiting: :class:`~ngra.distributed.halo.ExchangeRecord`); :meth:`DistGraph.exchange_stats`
+and :func:`exchange_table` put them in the run's summary.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -27,16 +36,22 @@ import torch
 from ngra.compiler.ir import format_key
 from ngra.compiler.plan import Plan
 from ngra.distributed.cost import ExchangeChoice, PartitionStats, choose_exchange
-from ngra.distributed.halo import HaloPlan, Traffic, exchange_rows
+from ngra.distributed.halo import ExchangeRecord, HaloPlan, Traffic, exchange_rows
 from ngra.distributed.link import LinkModel
+from ngra.distributed.overlap import NotTensorAccumulator, SplitPlan, build_split, \
+    overlapped_propagate
 from ngra.distributed.ring import RingPlan, build_ring, ring_propagate
 from ngra.graph import EdgeFactors, Graph
+from ngra.runtime.budget import current_budget, forced_grid
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import flatten, read_slots, unflatten
 from ngra.runtime.executor import choose_runtime_grid
 from ngra.runtime.stream import walk
 
-__all__ = ["DistGraph"]
+__all__ = ["DistGraph", "exchange_table"]
+
+#: Training calls a layer's exchange record keeps (the summary's medians read them).
+RECORDS_KEPT = 1000
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +73,15 @@ class DistGraph(Partitioned):
         traffic: where sent bytes are counted.
         edge_ids: ``[E]`` each local edge's id in the whole (prepared) graph's edge order
             (attention dropout's counters; default: the local ids, ``local.perm``).
+        overlap: the halo exchange overlaps the inner edges' compute (module docs);
+            ``False``: it blocks.
     """
 
     def __init__(self, local: Graph, num_own: int, halo_ids: torch.Tensor,
                  bounds: torch.Tensor, halo: HaloPlan, stats: PartitionStats, *, rank: int,
                  world_size: int, group: Any = None, exchange: str = "auto",
                  link: LinkModel | None = None, traffic: Traffic | None = None,
-                 edge_ids: torch.Tensor | None = None) -> None:
+                 edge_ids: torch.Tensor | None = None, overlap: bool = True) -> None:
         self.local = local
         self.edge_ids = local.perm if edge_ids is None else edge_ids
         self.num_nodes = int(num_own)
@@ -77,6 +94,11 @@ class DistGraph(Partitioned):
         halo.group = group
         self.halo = halo
         self._ring: RingPlan | None = None
+        self.overlap = bool(overlap)
+        self._split: SplitPlan | None = None
+        self._blocking: set[int] = set()  # layers whose dict accumulator cannot overlap
+        self._records: dict[tuple[int, int], list[ExchangeRecord]] = {}
+        self._how: dict[tuple[int, int], str] = {}  # each layer's last exchange as run
         self._weights: torch.Tensor | None = None  # factored weights per edge, for the ring
         self._choices: dict[tuple[int, int], tuple[Any, ExchangeChoice]] = {}
         self._order: list[tuple[int, int]] = []  # first-call order of (layer, width)
@@ -111,7 +133,7 @@ class DistGraph(Partitioned):
                       self.halo.to(device), self.stats, rank=self.rank,
                       world_size=self.world_size, group=self.group, exchange=self.exchange,
                       link=self.link, traffic=self.traffic,
-                      edge_ids=self.edge_ids.to(device))
+                      edge_ids=self.edge_ids.to(device), overlap=self.overlap)
         return g
 
     def __repr__(self) -> str:
@@ -129,6 +151,15 @@ class DistGraph(Partitioned):
                                     self.group, self.traffic).to(device)
         return self._ring
 
+    @property
+    def split(self) -> SplitPlan:
+        """The inner and boundary tiles of the overlapped halo (built once)."""
+        if self._split is None:
+            ip = self.local.indptr[: self.num_nodes + 1]
+            self._split = build_split(self.num_nodes, self.num_halo, ip.cpu(),
+                                      self.local.indices.cpu()).to(self.local.indptr.device)
+        return self._split
+
     def choice(self, plan: Plan, terms: Any) -> ExchangeChoice:
         """The exchange of ``plan``'s layer for terms like ``terms`` (cached per layer)."""
         layer = plan.layer
@@ -138,6 +169,8 @@ class DistGraph(Partitioned):
             attention = plan.runs_attention_aggregate()
             choice = choose_exchange(self.stats, key[1], self.link, self.exchange, attention)
             self._choices[key] = (weakref.ref(layer), choice)
+            self._records.pop(key, None)  # a dead layer's, whose id this one took
+            self._how.pop(key, None)
             if key not in self._order:
                 self._order.append(key)
             log.info("%s: exchange %s", type(layer).__name__, choice.describe())
@@ -154,23 +187,85 @@ class DistGraph(Partitioned):
                         **choice.as_dict()})
         return out
 
+    def exchange_stats(self) -> list[dict[str, Any]]:
+        """This rank's exchange of each layer over its training calls, in first-call
+        order: how it ran (``halo``, ``halo (blocking)``, ``ring``), the calls recorded,
+        the last call's bytes sent forward and backward, and the median seconds blocked
+        waiting per call (forward, backward, both)."""
+        out = []
+        for key in self._order:
+            ref, _ = self._choices[key]
+            layer = ref()
+            recs = self._records.get(key, [])
+            if layer is None and not recs:
+                continue
+            last = recs[-1] if recs else ExchangeRecord()
+
+            def med(f: Any) -> float | None:
+                return statistics.median(f(r) for r in recs) if recs else None
+
+            out.append({"layer": type(layer).__name__ if layer is not None else "?",
+                        "how": self._how.get(key), "calls": len(recs),
+                        "forward_bytes": last.forward_bytes,
+                        "backward_bytes": last.backward_bytes,
+                        "forward_wait_s": med(lambda r: r.forward_wait_s),
+                        "backward_wait_s": med(lambda r: r.backward_wait_s),
+                        "wait_s": med(lambda r: r.wait_s)})
+        return out
+
+    def _record(self, key: tuple[int, int]) -> ExchangeRecord | None:
+        """A new record of a training call (``None`` outside autograd: evaluation)."""
+        if not torch.is_grad_enabled():
+            return None
+        recs = self._records.setdefault(key, [])
+        recs.append(ExchangeRecord())
+        del recs[:-RECORDS_KEPT]
+        return recs[-1]
+
     # ------------------------------------------------------------ propagation
     def propagate(self, plan: Plan, terms: Any, edata: Any, drop: Any = None) -> Any:
         choice = self.choice(plan, terms)
+        key = (id(plan.layer), choice.row_bytes)
         if choice.strategy == "ring":
-            if isinstance(edata, EdgeFactors):  # the ring's tiles take edge data by position
-                if self._weights is None:
-                    self._weights = self.local.edge_weight  # once: [E] products
-                edata = self._weights
-            return ring_propagate(self.ring, plan, terms, edata, self.in_degrees(), drop)
-        return self._halo_propagate(plan, terms, edata, drop)
+            self._how[key] = "ring"
+            return ring_propagate(self.ring, plan, terms, self._per_edge(edata),
+                                  self.in_degrees(), drop)
+        if self.overlap and id(plan.layer) not in self._blocking and current_budget() is None \
+                and forced_grid(self.local) is None:
+            rng = torch.get_rng_state()
+            record = self._record(key)
+            try:
+                out = overlapped_propagate(self.halo, self.split, plan, terms,
+                                           self._per_edge(edata), self.in_degrees(), drop,
+                                           record)
+                self._how[key] = "halo"
+                return out
+            except NotTensorAccumulator as err:  # every rank raises here alike
+                log.info("%s: its accumulator is a %s, not one tensor: the halo exchange "
+                         "blocks", type(plan.layer).__name__, err)
+                self._blocking.add(id(plan.layer))
+                if record is not None:
+                    self._records[key].pop()
+                torch.set_rng_state(rng)
+        self._how[key] = "halo (blocking)"
+        return self._halo_propagate(plan, terms, edata, drop, self._record(key))
 
-    def _halo_propagate(self, plan: Plan, terms: Any, edata: Any, drop: Any) -> Any:
+    def _per_edge(self, edata: Any) -> Any:
+        """Edge data a tile takes by position: factored weights as ``[E]`` products."""
+        if isinstance(edata, EdgeFactors):
+            if self._weights is None:
+                self._weights = self.local.edge_weight  # once: [E] products
+            return self._weights
+        return edata
+
+    def _halo_propagate(self, plan: Plan, terms: Any, edata: Any, drop: Any,
+                        record: ExchangeRecord | None = None) -> Any:
         leaves, spec = flatten(terms)
         src, dst = read_slots(plan, spec, len(leaves))
         order = sorted(src)
         full = list(leaves)
-        for i, t in zip(order, exchange_rows(self.halo, [leaves[i] for i in order])):
+        for i, t in zip(order, exchange_rows(self.halo, [leaves[i] for i in order],
+                                             record=record)):
             full[i] = t
         for i in range(len(full)):
             if i in src:
@@ -194,10 +289,13 @@ class DistGraph(Partitioned):
                           f"{str(leaves[i].dtype).replace('torch.', '')}" for i in sorted(src))
         k, r = self.world_size, self.rank
         if choice.strategy == "halo":
+            inner = self.split.inner.num_edges if self.overlap else 0
             how = (f"halo: one all_to_all after pre, rank {r} receives {self.num_halo:,} rows "
                    f"({self.num_halo * choice.row_bytes:,} bytes) and sends "
                    f"{self.halo.num_send:,} ({self.halo.num_send * choice.row_bytes:,} bytes); "
-                   "backward the same in reverse")
+                   "backward the same in reverse; " +
+                   (f"overlapped: the {inner:,} inner edges (of {self.num_edges:,}) compute "
+                    "while it travels, in both directions" if self.overlap else "blocking"))
         else:
             how = (f"ring: {k} steps, each tile's compute overlapping the next source chunk's "
                    f"transfer; rank {r} sends {choice.ring_bytes:,} bytes at most forward")
@@ -224,3 +322,19 @@ def _owned(acc: Any, d: int) -> Any:
     if isinstance(acc, tuple):
         return tuple(_owned(a, d) for a in acc)
     return acc[:d]
+
+
+def exchange_table(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every rank's :meth:`DistGraph.exchange_stats` as one entry per layer with a list
+    per figure, rank by rank (the run summary's ``exchange_per_layer``)."""
+    if not per_rank or not per_rank[0]:
+        return []
+    out = []
+    for n, first in enumerate(per_rank[0]):
+        row: dict[str, Any] = {"layer": first["layer"], "how": first["how"],
+                               "calls": first["calls"]}
+        for f in ("forward_bytes", "backward_bytes", "forward_wait_s", "backward_wait_s",
+                  "wait_s"):
+            row[f"{f}_per_rank"] = [r[n][f] if n < len(r) else None for r in per_rank]
+        out.append(row)
+    return out

@@ -10,18 +10,26 @@ which add them into the owned rows they came from (``index_add_``).
 
 Terms of different dtypes travel in one exchange per dtype; terms that are not floating
 point travel without a backward.
+
+:func:`start_exchange` and :func:`start_reverse` are the same two exchanges started
+asynchronously (gloo's work queue moves the bytes while the caller computes): the
+overlapped halo (:mod:`ngra.distributed.overlap`) runs its inner edges meanwhile and
+waits only for what is left. Each exchange can report to an :class:`ExchangeRecord`
+(bytes sent, seconds blocked waiting) for the run's summary.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["HaloPlan", "Traffic", "exchange_rows"]
+__all__ = ["ExchangeRecord", "HaloPlan", "PendingRows", "Traffic", "exchange_rows",
+           "start_exchange", "start_reverse"]
 
 
 @dataclass
@@ -37,6 +45,34 @@ class Traffic:
         """The counts so far, and start again from zero."""
         out, self.sent = self.sent, {}
         return out
+
+
+@dataclass
+class ExchangeRecord:
+    """One layer call's exchange on this rank: bytes it sent and seconds its compute
+    thread was blocked waiting for the exchange (the whole transfer when it blocks; what
+    the transfer took beyond the overlapped compute otherwise), forward and backward."""
+
+    forward_bytes: int = 0
+    backward_bytes: int = 0
+    forward_wait_s: float = 0.0
+    backward_wait_s: float = 0.0
+
+    def add(self, phase: str, nbytes: int, wait_s: float) -> None:
+        if phase == "forward":
+            self.forward_bytes += int(nbytes)
+            self.forward_wait_s += wait_s
+        else:
+            self.backward_bytes += int(nbytes)
+            self.backward_wait_s += wait_s
+
+    @property
+    def bytes(self) -> int:
+        return self.forward_bytes + self.backward_bytes
+
+    @property
+    def wait_s(self) -> float:
+        return self.forward_wait_s + self.backward_wait_s
 
 
 @dataclass
@@ -89,17 +125,23 @@ def _pack(rows: list[torch.Tensor], idx: torch.Tensor | None, n: int) -> torch.T
 
 
 def _all_to_all(plan: HaloPlan, send: torch.Tensor, out_rows: int, out_counts: list[int],
-                in_counts: list[int]) -> torch.Tensor:
+                in_counts: list[int], record: ExchangeRecord | None = None,
+                phase: str = "forward") -> torch.Tensor:
     recv = send.new_empty((out_rows, send.shape[1]))
+    t0 = time.perf_counter()
     dist.all_to_all_single(recv, send, output_split_sizes=out_counts,
                            input_split_sizes=in_counts, group=plan.group)
-    plan.traffic.add("halo", send.numel() * send.element_size())
+    nbytes = send.numel() * send.element_size()
+    plan.traffic.add("halo", nbytes)
+    if record is not None:
+        record.add(phase, nbytes, time.perf_counter() - t0)
     return recv
 
 
-def _exchange(plan: HaloPlan, own: list[torch.Tensor]) -> list[torch.Tensor]:
+def _exchange(plan: HaloPlan, own: list[torch.Tensor],
+              record: ExchangeRecord | None = None) -> list[torch.Tensor]:
     send = _pack(own, plan.send_idx, plan.num_send)
-    recv = _all_to_all(plan, send, plan.num_halo, plan.recv_counts, plan.send_counts)
+    recv = _all_to_all(plan, send, plan.num_halo, plan.recv_counts, plan.send_counts, record)
     outs, off = [], 0
     for t in own:
         w = _width(t)
@@ -111,10 +153,11 @@ def _exchange(plan: HaloPlan, own: list[torch.Tensor]) -> list[torch.Tensor]:
 
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, plan: HaloPlan, *own: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.plan = plan
+    def forward(ctx: Any, plan: HaloPlan, record: ExchangeRecord | None,
+                *own: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.plan, ctx.record = plan, record
         ctx.like = [(t.shape, t.dtype) for t in own]
-        return tuple(_exchange(plan, list(own)))
+        return tuple(_exchange(plan, list(own), record))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
@@ -124,7 +167,8 @@ class _HaloExchange(torch.autograd.Function):
                                                     dtype=dt, device=device)
                 for g, (s, dt) in zip(grads, ctx.like)]
         g_halo = _pack([g[d:] for g in full], None, plan.num_halo)
-        g_send = _all_to_all(plan, g_halo, plan.num_send, plan.send_counts, plan.recv_counts)
+        g_send = _all_to_all(plan, g_halo, plan.num_send, plan.send_counts, plan.recv_counts,
+                             ctx.record, "backward")
         outs, off = [], 0
         for g in full:
             w = _width(g)
@@ -132,15 +176,16 @@ class _HaloExchange(torch.autograd.Function):
             own.reshape(d, w).index_add_(0, plan.send_idx, g_send[:, off:off + w])
             outs.append(own)
             off += w
-        return (None, *outs)
+        return (None, None, *outs)
 
 
-def exchange_rows(plan: HaloPlan, own: list[torch.Tensor]) -> list[torch.Tensor]:
+def exchange_rows(plan: HaloPlan, own: list[torch.Tensor], *,
+                  record: ExchangeRecord | None = None) -> list[torch.Tensor]:
     """Each ``[D, ...]`` tensor of ``own`` as ``[D + H, ...]``: owned rows, then halo rows.
 
     Differentiable in the floating-point tensors (backward: the reverse exchange). Every
     rank of the group must call it with the same number of tensors of the same dtypes
-    and trailing shapes.
+    and trailing shapes. ``record``: where the bytes and the blocked seconds are added.
     """
     plan = plan.to(own[0].device) if own else plan
     out: list[torch.Tensor | None] = [None] * len(own)
@@ -150,10 +195,78 @@ def exchange_rows(plan: HaloPlan, own: list[torch.Tensor]) -> list[torch.Tensor]
     for (_, floating), idx in groups.items():
         ts = [own[i].contiguous() for i in idx]
         if floating and torch.is_grad_enabled() and any(t.requires_grad for t in ts):
-            res = _HaloExchange.apply(plan, *ts)
+            res = _HaloExchange.apply(plan, record, *ts)
         else:
             with torch.no_grad():
-                res = _exchange(plan, ts)
+                res = _exchange(plan, ts, record)
         for i, r in zip(idx, res):
             out[i] = r
     return out  # type: ignore[return-value]
+
+
+class PendingRows:
+    """An exchange under way (:func:`start_exchange`, :func:`start_reverse`): :meth:`wait`
+    blocks until it is done and returns the rows received, one tensor per one sent."""
+
+    def __init__(self, works: list[Any], parts: list[tuple[torch.Tensor, list[int]]],
+                 like: list[torch.Tensor], rows: int, nbytes: int,
+                 record: ExchangeRecord | None, phase: str) -> None:
+        self._works, self._parts, self._like, self._rows = works, parts, like, rows
+        self.nbytes, self._record, self._phase = nbytes, record, phase
+
+    def wait(self) -> list[torch.Tensor]:
+        """``[rows, ...]`` per tensor sent, shaped like it past the first dimension."""
+        t0 = time.perf_counter()
+        for w in self._works:
+            w.wait()
+        if self._record is not None:
+            self._record.add(self._phase, self.nbytes, time.perf_counter() - t0)
+        out: list[torch.Tensor | None] = [None] * len(self._like)
+        for recv, idx in self._parts:
+            off = 0
+            for i in idx:
+                t = self._like[i]
+                w = _width(t)
+                out[i] = recv[:, off:off + w].reshape((self._rows,) + tuple(t.shape[1:]))
+                off += w
+        return out  # type: ignore[return-value]
+
+
+def _start(plan: HaloPlan, ts: list[torch.Tensor], idx: torch.Tensor | None, n_send: int,
+           n_recv: int, recv_counts: list[int], send_counts: list[int],
+           record: ExchangeRecord | None, phase: str) -> PendingRows:
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(ts):
+        groups.setdefault(t.dtype, []).append(i)
+    works, parts, nbytes = [], [], 0
+    for dtype, members in groups.items():
+        send = _pack([ts[i].detach() for i in members], idx, n_send)
+        recv = send.new_empty((n_recv, send.shape[1]))
+        works.append(dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,
+                                            input_split_sizes=send_counts, group=plan.group,
+                                            async_op=True))
+        nbytes += send.numel() * send.element_size()
+        parts.append((recv, members))
+    plan.traffic.add("halo", nbytes)
+    return PendingRows(works, parts, ts, n_recv, nbytes, record, phase)
+
+
+def start_exchange(plan: HaloPlan, own: list[torch.Tensor], *,
+                   record: ExchangeRecord | None = None) -> PendingRows:
+    """Start sending the rows of each ``[D, ...]`` tensor of ``own`` that the peers read;
+    the result's ``wait()`` gives each tensor's ``[H, ...]`` halo rows (no owned rows, no
+    autograd: the caller differentiates, see :func:`start_reverse`). Collective, like
+    :func:`exchange_rows`."""
+    plan = plan.to(own[0].device) if own else plan
+    return _start(plan, own, plan.send_idx, plan.num_send, plan.num_halo, plan.recv_counts,
+                  plan.send_counts, record, "forward")
+
+
+def start_reverse(plan: HaloPlan, halo: list[torch.Tensor], *,
+                  record: ExchangeRecord | None = None) -> PendingRows:
+    """Start returning each ``[H, ...]`` tensor of ``halo`` (the halo rows' gradients) to
+    the ranks that own those rows; the result's ``wait()`` gives ``[S, ...]`` per tensor,
+    row ``i`` to be added into owned row ``plan.send_idx[i]``. Collective."""
+    plan = plan.to(halo[0].device) if halo else plan
+    return _start(plan, halo, None, plan.num_halo, plan.num_send, plan.send_counts,
+                  plan.recv_counts, record, "backward")

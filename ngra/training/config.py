@@ -78,6 +78,8 @@ class TrainConfig:
     cuda_graphs: str = "auto"
     nprocs: int = 1
     exchange: str = "auto"
+    #: the halo exchange overlaps the edges whose sources a rank owns (else it blocks)
+    halo_overlap: bool = True
     partition: str | None = None
     partition_method: str = "metis"
     dist_timeout: float = 300.0
@@ -221,6 +223,9 @@ def check_config(cfg: TrainConfig) -> None:
                          f"got {cfg.nprocs!r}.")
     if cfg.exchange not in STRATEGIES:
         raise ValueError(f"--exchange must be one of {STRATEGIES}; got {cfg.exchange!r}.")
+    if not isinstance(cfg.halo_overlap, bool):
+        raise ValueError(f"halo_overlap must be True or False (--halo-overlap / "
+                         f"--no-halo-overlap); got {cfg.halo_overlap!r}.")
     if cfg.partition_method not in BOOK_METHODS:
         raise ValueError(f"--partition-method must be one of {BOOK_METHODS}; "
                          f"got {cfg.partition_method!r}.")

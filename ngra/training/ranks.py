@@ -60,6 +60,7 @@ from ngra.datasets.base import data_root, writable
 from ngra.datasets.cache import book_folder, cache_root
 from ngra.distributed.dense import DenseLayout, rank_groups, split_linears
 from ngra.distributed.gradsync import GradientSync
+from ngra.distributed.graph import exchange_table
 from ngra.distributed.launch import in_worker, init_process_group, launch
 from ngra.distributed.link import link_model
 from ngra.distributed.shards import build_shards, load_shard, shards_current
@@ -279,13 +280,15 @@ class RankSession:
                 "peak_device_mb": (torch.cuda.max_memory_allocated() / 2**20
                                    if self.x.is_cuda else None),
                 "epoch_time_s": statistics.median(times) if times else float("nan"),
-                "large_frees_released": mapped_from() is not None}
+                "large_frees_released": mapped_from() is not None,
+                "exchange": self.graph.exchange_stats()}
         everyone: list[Any] = [None] * self.world
         dist.all_gather_object(everyone, mine)
         link = self.graph.link
         return {
             "world_size": self.world,
             "exchange": self.graph.choices(),
+            "exchange_per_layer": exchange_table([e["exchange"] for e in everyone]),
             "bytes_sent_per_epoch": {"per_rank": [e["bytes"] for e in everyone],
                                      "total": sum(e["bytes"]["total"] for e in everyone),
                                      "note": "one training step (forward, backward, gradient "
@@ -318,7 +321,7 @@ def run_rank(cfg: TrainConfig, folder: Path,
     groups = rank_groups(layout, device)  # the exchange's own group, apart from gradients'
     link = link_model(device=device)  # forced strategies still report both predictions
     shard = load_shard(folder, layout.replica(rank), layout.data, group=groups.exchange,
-                       exchange=cfg.exchange, link=link)
+                       exchange=cfg.exchange, link=link, overlap=cfg.halo_overlap)
     if device == "cuda":  # NCCL: this rank's GPU (launch set it from LOCAL_RANK)
         shard = shard.to(torch.device("cuda", torch.cuda.current_device()))
     resolved = cfg.resolved()

@@ -74,6 +74,10 @@ FIELDS: dict[str, str] = {
     "epoch_over_transfer_bound": "streamed: the median step over the transfer bound",
     "world_size": "processes the run trained on (1 for one)",
     "exchange": "several processes: each layer's graph exchange (halo or ring)",
+    "exchange_per_layer": "several processes: per layer, how its exchange ran (halo, halo "
+                          "(blocking), ring), training calls recorded and, rank by rank, "
+                          "the last call's bytes sent forward and backward and the median "
+                          "seconds a call was blocked waiting for the exchange",
     "bytes_sent_per_epoch": "several processes: bytes each rank sent in a training step",
     "partition": "several processes: the partition's figures (edge cut, halo, balance)",
     "partition_stats": "several processes: the cost model's inputs",
@@ -92,7 +96,8 @@ FIELDS: dict[str, str] = {
 #: Keys a run of several seeds takes from its first run.
 _SHARED = ("metric", "config", "config_sources", "num_nodes", "num_edges", "device", "placement",
            "reciprocity", "dataset_summary", "synthesized", "storage", "resident_mb", "task",
-           "world_size", "exchange", "partition", "partition_stats", "link", "dense_layout",
+           "world_size", "exchange", "exchange_per_layer", "partition", "partition_stats", "link",
+           "dense_layout",
            "cuda_graph", "copy_bandwidth_gbs")
 
 

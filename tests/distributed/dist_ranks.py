@@ -190,3 +190,48 @@ def train_and_inspect(jobs: list) -> list:
     dist.all_gather_object(gathered, [s for _, s in out])
     return [(summary, [g[i] for g in gathered]) for i, (summary, _) in enumerate(out)] \
         if dist.get_rank() == 0 else None
+
+
+def overlap_steps(jobs: list, seed: int) -> list:
+    """For each ``(model, shard folder)``: one training-mode forward and backward with the
+    halo blocking, then overlapped (``model``: a zoo name or ``"user"``, :class:`UserNet`),
+    as :func:`model_step` returns them, with each layer's exchange stats; rank 0's list of
+    ``{False: blocking, True: overlapped}``, the outputs gathered from every rank."""
+    import torch.nn.functional as F
+
+    from ngra.distributed.shards import load_shard
+    from ngra.kernels import dropout_rows
+    from ngra.models import build_model
+
+    r, k = dist.get_rank(), dist.get_world_size()
+    out = []
+    for model, folder in jobs:
+        both = {}
+        for overlap in (False, True):
+            sh = load_shard(folder, r, k, exchange="halo", overlap=overlap)
+            m = sh.meta
+            torch.manual_seed(seed)
+            if model == "user":
+                net = UserNet(m["num_features"], 16, m["num_classes"])
+            else:
+                net = build_model(model, m["num_features"], m["num_classes"],
+                                  num_edge_types=m["num_edge_types"])
+            net.train()
+            torch.manual_seed(seed + 1)
+            with dropout_rows(sh.row_ids):
+                logits = net(sh.graph, sh.x, sh.edge_data)
+            mask = sh.masks["train"]
+            loss = F.cross_entropy(logits[mask], sh.y[mask], reduction="sum")
+            loss.backward()
+            grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+            for g in grads.values():
+                dist.all_reduce(g)
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            rows: list = [None] * k
+            dist.all_gather_object(rows, (sh.row_ids, logits.detach()))
+            both[overlap] = {"ids": torch.cat([i for i, _ in rows]),
+                             "out": torch.cat([o for _, o in rows]), "loss": float(total),
+                             "grads": grads, "stats": sh.graph.exchange_stats()}
+        out.append(both)
+    return out if r == 0 else None

@@ -1,0 +1,145 @@
+"""The overlapped halo exchange equals the blocking one and one process: the inner /
+boundary split of a rank's edges, one training step of GCN, GAT, G-GCN and a user layer
+on 2 gloo ranks over METIS and range partitions, and ``--no-halo-overlap`` in a run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dist_ranks
+from ngra.distributed import launch
+from ngra.distributed.overlap import build_split
+from ngra.kernels import dropout_rows
+from ngra.models import build_model, prepare
+from ngra.training import TrainConfig
+from ngra.training.data import as_dataset, prepare_dataset
+from ngra.training.ranks import prepare_shards
+from ngra.training.run import train
+
+MODELS = ("gcn", "gat", "ggcn", "user")
+METHODS = ("metis", "range")
+
+
+@pytest.fixture(scope="module")
+def data(shared_data, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NGRA_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield str(shared_data)
+
+
+def _cfg(data, model, **kw):
+    # the user layer reads no edge data: shards of a model prepared the same way (sage's)
+    return TrainConfig(model="sage" if model == "user" else model, dataset="cora",
+                       data_root=data, seed=0, progress=False, **kw)
+
+
+def test_split_holds_each_local_edge_once():
+    """Inner sources are owned rows, boundary sources halo rows, CSC order kept."""
+    g = torch.Generator().manual_seed(0)
+    d, h, e = 9, 5, 70
+    dst = torch.randint(0, d, (e,), generator=g).sort().values
+    src = torch.randint(0, d + h, (e,), generator=g)
+    dst[-4:] = d - 1
+    src[-4:] = torch.tensor([0, d, d + h - 1, d - 1])  # both kinds into one destination
+    indptr = torch.zeros(d + 1, dtype=torch.int64)
+    indptr[1:] = torch.bincount(dst, minlength=d).cumsum(0)
+    split = build_split(d, h, indptr.to(torch.int32), src.to(torch.int32))
+    seen = torch.zeros(e, dtype=torch.int64)
+    for view, base, rows in ((split.inner, 0, d), (split.boundary, d, h)):
+        pos = view.edge_ids.long()
+        seen[pos] += 1
+        tile_dst = torch.repeat_interleave(torch.arange(d), torch.diff(view.indptr.long()))
+        assert torch.equal(tile_dst, dst[pos])
+        assert torch.equal(view.src_idx.long() + base, src[pos])
+        assert int(view.src_idx.max()) < rows
+        rev_ip, rev_ix, rev_perm = (t.long() for t in view.rev)
+        assert torch.equal(torch.diff(rev_ip),
+                           torch.bincount(view.src_idx.long(), minlength=rows))
+        assert torch.equal(rev_ix, tile_dst[rev_perm])
+    assert torch.equal(seen, torch.ones_like(seen))
+    # a rank without halo rows: an empty boundary tile
+    split = build_split(d, 0, indptr, src.clamp(max=d - 1))
+    assert split.boundary.num_edges == 0 and split.inner.num_edges == e
+
+
+def _one_process(data, model, seed):
+    """One training-mode step of ``model`` on the whole prepared graph, as the ranks
+    take it (:func:`dist_ranks.overlap_steps`)."""
+    cfg = _cfg(data, model)
+    ds = prepare_dataset(as_dataset("cora", root=data), reorder="none", seed=0,
+                         normalize=cfg.resolved()["normalize_features"])
+    graph, edata = prepare(cfg.model_name, ds.graph, ds.edge_type, ds.num_edge_types)
+    torch.manual_seed(seed)
+    if model == "user":
+        net = dist_ranks.UserNet(ds.x.shape[1], 16, ds.num_classes)
+    else:
+        net = build_model(model, ds.x.shape[1], ds.num_classes,
+                          num_edge_types=ds.num_edge_types)
+    net.train()
+    torch.manual_seed(seed + 1)
+    with dropout_rows(torch.arange(ds.graph.num_nodes)):
+        out = net(graph, ds.x, edata)
+    m = ds.train_mask
+    loss = F.cross_entropy(out[m], ds.y[m], reduction="sum")
+    loss.backward()
+    return out.detach(), float(loss.detach()), {n: p.grad for n, p in net.named_parameters()}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_overlapped_equals_blocking_and_one_process(data):
+    jobs = [(model, str(prepare_shards(_cfg(data, model, nprocs=2, partition_method=method))))
+            for model in MODELS for method in METHODS]
+    got = launch(dist_ranks.overlap_steps, 2, jobs, 5, threads=1)[0]
+    for (model, folder), both in zip(jobs, got):
+        where = f"{model} ({folder.split('/shards')[0].rsplit('-', 3)[1]})"
+        ref_out, ref_loss, ref_grads = _one_process(data, model, 5)
+        for overlap, res in both.items():
+            at = f"{where}, {'overlapped' if overlap else 'blocking'}"
+            torch.testing.assert_close(res["out"], ref_out[res["ids"]], rtol=1e-4, atol=1e-5,
+                                       msg=at)
+            assert res["loss"] == pytest.approx(ref_loss, rel=1e-5), at
+            for n, g in ref_grads.items():
+                torch.testing.assert_close(res["grads"][n], g, rtol=1e-4, atol=1e-5,
+                                           msg=f"{at}: {n}")
+            stats = res["stats"]
+            assert [s["how"] for s in stats] == [
+                "halo" if overlap else "halo (blocking)"] * 2, at
+            assert all(s["calls"] == 1 and s["forward_bytes"] > 0 and s["backward_bytes"] > 0
+                       and s["wait_s"] >= 0 for s in stats), at
+        off, on = both[False], both[True]
+        torch.testing.assert_close(on["out"], off["out"], rtol=1e-5, atol=1e-6, msg=where)
+        # the same rows travel; a term without a gradient sends none back when overlapped
+        for a, b in zip(off["stats"], on["stats"]):
+            assert a["forward_bytes"] == b["forward_bytes"], where
+            assert b["backward_bytes"] <= a["backward_bytes"], where
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_halo_overlap_flag_in_a_run(data):
+    base = _cfg(data, "gat", nprocs=2, epochs=3, exchange="halo")
+    folder = str(prepare_shards(base))
+    jobs = [(dataclasses.replace(base, halo_overlap=on), folder) for on in (True, False)]
+    on, off = launch(dist_ranks.train_configs, 2, jobs, threads=1)[0]
+    one = train(_cfg(data, "gat", epochs=3))
+    for s in (on, off):
+        torch.testing.assert_close([h["loss"] for h in s["history"]],
+                                   [h["loss"] for h in one["history"]], rtol=1e-4, atol=1e-5)
+    for s, how in ((on, "halo"), (off, "halo (blocking)")):
+        layers = s["exchange_per_layer"]
+        assert [lay["how"] for lay in layers] == [how, how]
+        assert all(lay["calls"] == 3 and len(lay["wait_s_per_rank"]) == 2
+                   and all(b > 0 for b in lay["forward_bytes_per_rank"]) for lay in layers)
+        assert s["config"]["halo_overlap"] is (how == "halo") or "halo_overlap" not in s["config"]
+
+
+def test_halo_overlap_must_be_a_bool():
+    from ngra.training.config import check_config
+
+    with pytest.raises(ValueError, match="halo_overlap must be True or False"):
+        check_config(TrainConfig(model="gcn", dataset="cora", halo_overlap="yes"))
