@@ -7,10 +7,15 @@ joins two graphs, the edges ``edge_ptr[g]:edge_ptr[g+1]`` with ``edge_ptr =
 indptr[node_ptr]``. No per-graph objects exist; a batch or a subset is one vectorized
 gather (:mod:`~ngra.datasets.batching`).
 
-Built by :func:`~ngra.datasets.tu.load_tu` (TU text files), :func:`from_pyg_list` (a list
-of PyG ``Data``) or :meth:`GraphDataset.from_edges` (edge arrays with a node-to-graph
-offset vector). Labels are remapped to ``[0, C)``; ``label_values[c]`` is the original
-label of class ``c``.
+Built by :func:`~ngra.datasets.tu.load_tu` (TU text files),
+:func:`~ngra.datasets.ogbgraph.load_ogb_graph` (an OGB graph-property folder),
+:func:`from_pyg_list` (a list of PyG ``Data``) or :meth:`GraphDataset.from_edges` (edge
+arrays with a node-to-graph offset vector). Labels are remapped to ``[0, C)``;
+``label_values[c]`` is the original label of class ``c``.
+
+A dataset may carry its own split (``split``: train/val/test graph ids, an OGB folder's
+``split/<type>/``); graph classification trains on it instead of a random one. A subset
+has none (its ids would name other graphs).
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ from ngra.graph import Graph
 from .batching import GraphBatch, Selection, collate, gather_graphs
 from .direction import reciprocity
 
-__all__ = ["GraphDataset", "from_pyg_list"]
+__all__ = ["SPLIT_PARTS", "GraphDataset", "from_pyg_list"]
+
+#: The parts of a graph dataset's own split.
+SPLIT_PARTS = ("train", "val", "test")
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:
@@ -59,11 +67,15 @@ class GraphDataset:
         edge_label: ``[E]`` (or ``[E, K]``) int64 raw edge labels, or ``None``.
         node_label: ``[N]`` (or ``[N, K]``) int64 raw node labels, or ``None``.
         info: provenance: ``x`` (``"node_attributes"``, ``"one_hot_node_labels"``,
-            ``"constant"`` or ``"given"``), ``edge_attr`` (``"edge_attributes"``,
-            ``"one_hot_edge_labels"``, ``"given"`` or ``None``), loader notes.
+            ``"constant"``, ``"node_feat"`` or ``"given"``), ``edge_attr``
+            (``"edge_attributes"``, ``"one_hot_edge_labels"``, ``"edge_feat"``, ``"given"``
+            or ``None``), loader notes.
+        split: the dataset's own split, ``{"train", "val", "test"}`` -> ``[G_part]`` int64
+            graph ids, or ``None`` (a random split is drawn where one is needed).
 
     Raises:
-        DatasetError: inconsistent shapes or offsets, an edge joining two graphs.
+        DatasetError: inconsistent shapes or offsets, an edge joining two graphs, a split
+            without all three parts or with ids out of range.
     """
 
     name: str
@@ -78,6 +90,7 @@ class GraphDataset:
     edge_label: torch.Tensor | None = None
     node_label: torch.Tensor | None = None
     info: dict[str, Any] = field(default_factory=dict, repr=False)
+    split: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n, e, g = self.indptr.numel() - 1, self.indices.numel(), self.node_ptr.numel() - 1
@@ -114,6 +127,21 @@ class GraphDataset:
                 f"{self.name}: edge {k} (node {int(src[k])} -> {int(dst[k])}) joins graph "
                 f"{int(node_graph[src[k]])} and graph {int(node_graph[dst[k]])}; every edge "
                 f"must stay inside one graph ({cross.size} edges do not).")
+        if self.split is not None:
+            self._check_split(g)
+
+    def _check_split(self, g: int) -> None:
+        if sorted(self.split) != sorted(SPLIT_PARTS):
+            raise DatasetError(f"{self.name}: split must have the parts {list(SPLIT_PARTS)}; "
+                               f"got {sorted(self.split)}.")
+        for part, ids in self.split.items():
+            if ids.dim() != 1 or ids.dtype != torch.int64:
+                raise DatasetError(f"{self.name}: split[{part!r}] must be [G_part] int64 graph "
+                                   f"ids; got {list(ids.shape)} {ids.dtype}.")
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= g):
+                raise DatasetError(f"{self.name}: split[{part!r}] holds graph ids in "
+                                   f"[{int(ids.min())}, {int(ids.max())}]; there are {g} "
+                                   f"graphs, ids in [0, {g}).")
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -130,10 +158,12 @@ class GraphDataset:
         edge_label: np.ndarray | None = None,
         node_label: np.ndarray | None = None,
         info: dict[str, Any] | None = None,
+        split: dict[str, np.ndarray] | None = None,
     ) -> GraphDataset:
         """Build from ``[E]`` global ``src -> dst`` ids in any order (sorted here to CSC by
         ``(dst, src)``, stably: multi-edges kept in input order, edge data permuted alike),
-        ``[G + 1]`` node offsets and ``[G]`` raw graph labels (remapped to ``[0, C)``)."""
+        ``[G + 1]`` node offsets and ``[G]`` raw graph labels (remapped to ``[0, C)``);
+        ``split`` (optional): train/val/test graph ids."""
         src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
         node_ptr = np.asarray(node_ptr, dtype=np.int64)
         n = int(node_ptr[-1])
@@ -157,6 +187,9 @@ class GraphDataset:
             edge_label=edges(edge_label, torch.int64),
             node_label=None if node_label is None else torch.as_tensor(node_label).long(),
             info=dict(info or {}),
+            split=None if split is None else {
+                k: torch.as_tensor(np.asarray(v, dtype=np.int64).reshape(-1))
+                for k, v in split.items()},
         )
 
     # ------------------------------------------------------------ properties
@@ -217,7 +250,8 @@ class GraphDataset:
         return self.subset(t.numpy())
 
     def subset(self, idx: Sequence[int] | np.ndarray) -> GraphDataset:
-        """Graphs ``idx`` (in that order) as a new dataset with the same classes."""
+        """Graphs ``idx`` (in that order) as a new dataset with the same classes (and no
+        ``split``: its ids name graphs of this dataset)."""
         sel = self.selection(np.asarray(idx, dtype=np.int64).reshape(-1))
         node_sel, edge_sel = torch.from_numpy(sel.node_sel), torch.from_numpy(sel.edge_sel)
 
@@ -251,6 +285,8 @@ class GraphDataset:
             "num_classes": self.num_classes,
             "class_counts": torch.bincount(self.y, minlength=self.num_classes).tolist(),
             "label_values": self.label_values.tolist(),
+            "split": None if self.split is None else {
+                k: int(self.split[k].numel()) for k in SPLIT_PARTS},
         }
 
     def __repr__(self) -> str:

@@ -40,6 +40,7 @@ from .direction import loading_spec, symmetric_spec, warn_if_one_direction
 from .edgelist import TWITTER_FILE, load_edgelist, load_twitter
 from .graphs import GraphDataset
 from .ogb import load_ogb, ogb_source_files
+from .ogbgraph import load_ogb_graph, ogb_graph_source_files
 from .planetoid import load_planetoid
 from .store import STORAGES, choose_storage, entry_bytes
 from .synthetic import rmat, sbm
@@ -232,6 +233,12 @@ def _build_tu(
     return load_tu(_resolve(path, root))
 
 
+def _build_ogb_graph(
+    root: Path, download: bool, progress: bool | None, path: str, **kw: Any
+) -> GraphDataset:
+    return load_ogb_graph(_resolve(path, root), **kw)
+
+
 _SYNTH_LABELED = (
     Param("feat", "int", 64, "feature width"),
     Param("classes", "int", 8, "number of synthetic classes"),
@@ -370,6 +377,23 @@ _REGISTRY: dict[str, Entry] = {
             cacheable=False,  # small text files: parsing them is as fast as reading a cache
             sources=lambda root, path, **_: tu_source_files(_resolve(path, root)),
         ),
+        Entry(
+            name="ogbg",
+            help="OGB graph-property folder (raw/*.csv.gz, edges per graph + "
+                 "split/<type>/): a GraphDataset of many graphs carrying the folder's split",
+            params=(
+                Param("path", "path", None, "the dataset folder"),
+                Param("split", "str", None, "split type under split/ (default: the only one)"),
+                Param("symmetric", "auto-bool", None,
+                      "list each edge's reverse after it (auto: add_inverse_edge of a "
+                      "master.csv in or beside the folder, or OGB's value for its name: yes "
+                      "for ogbg-mol*; else edges as listed)"),
+            ),
+            build=_build_ogb_graph,
+            positional="path",
+            cacheable=False,  # per-graph text files parse in seconds; no graph cache format
+            sources=lambda root, path, **_: ogb_graph_source_files(_resolve(path, root)),
+        ),
     )
 }
 _ALIASES = {
@@ -467,8 +491,9 @@ def load(
     Examples: ``cora``, ``citeseer``, ``pubmed:structure``,
     ``rmat:scale=18,edge_factor=16,feat=64,classes=8,seed=0``, ``sbm``,
     ``sbm:nodes=2000,blocks=7,p_in=0.03,p_out=0.002``, ``edgelist:graph.txt.gz,feat=32``,
-    ``ogb:/data/ogbn_arxiv``, ``twitter``, ``tu:data/MUTAG`` (a
-    :class:`~ngra.datasets.graphs.GraphDataset` of many graphs). Call :func:`describe` for
+    ``ogb:/data/ogbn_arxiv``, ``twitter``, ``tu:data/MUTAG`` and
+    ``ogbg:/data/ogbg_molhiv`` (a :class:`~ngra.datasets.graphs.GraphDataset` of many
+    graphs). Call :func:`describe` for
     every key.
 
     Args:
@@ -489,8 +514,8 @@ def load(
     rebuilt.
 
     Returns:
-        The :class:`NodeDataset` (``tu:``: a :class:`GraphDataset`); ``info["spec"]``
-        holds the canonical spec,
+        The :class:`NodeDataset` (``tu:``, ``ogbg:``: a :class:`GraphDataset`);
+        ``info["spec"]`` holds the canonical spec,
         ``info["cache"]`` is ``"hit"``, ``"miss"`` or ``"off"``, and ``info["storage"]``
         says whether the arrays are in memory or mapped from disk.
 

@@ -1,7 +1,9 @@
 """Graph classification as a session of the one training loop.
 
 **Graph classification** (``task="graph"``): a :class:`~ngra.datasets.GraphDataset`
-(``tu:PATH``, ``from_pyg_list``) split at random into train/val/test graphs by seed;
+(``tu:PATH``, ``ogbg:PATH``, ``from_pyg_list``) split into train/val/test graphs
+(:func:`graph_parts`: the dataset's own split when it carries one, an OGB folder's, else
+at random by seed);
 batches of ``batch_size`` graphs are one block-diagonal graph each
 (:class:`~ngra.datasets.GraphLoader`, reshuffled every epoch from ``(seed, epoch)``); the
 encoder's node embeddings are read out per graph (``readout``: sum, mean, max,
@@ -10,6 +12,7 @@ attention) and a Linear gives class scores. Loss cross-entropy, metric accuracy.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Iterable
 
@@ -26,7 +29,9 @@ from ngra.training.config import READOUTS
 from ngra.training.model_source import call_model
 from ngra.training.task_base import TaskSession
 
-__all__ = ["GraphModel", "GraphSession", "graph_dataset", "split_graphs"]
+__all__ = ["GraphModel", "GraphSession", "graph_dataset", "graph_parts", "split_graphs"]
+
+log = logging.getLogger(__name__)
 
 
 class GraphModel(nn.Module):
@@ -61,6 +66,22 @@ def split_graphs(num_graphs: int, val: float, test: float,
                          f"test={test}.")
     return (np.sort(order[n_val + n_test:]), np.sort(order[:n_val]),
             np.sort(order[n_val:n_val + n_test]))
+
+
+def graph_parts(ds: GraphDataset, val: float, test: float,
+                seed: int) -> dict[str, np.ndarray]:
+    """``{"train", "val", "test"}`` -> graph ids: the dataset's own split when it carries
+    one (``ds.split``; ``val`` and ``test`` are then not used), else
+    :func:`split_graphs` ``(len(ds), val, test, seed)``."""
+    if ds.split is None:
+        return dict(zip(("train", "val", "test"), split_graphs(len(ds), val, test, seed)))
+    parts = {k: ds.split[k].numpy() for k in ("train", "val", "test")}
+    if parts["train"].size == 0:
+        raise DatasetError(f"{ds.name}: its split ({ds.info.get('split')}) has no training "
+                           "graphs; a graph classifier needs some.")
+    log.info("%s: the dataset's own split (%s): %s graphs", ds.name, ds.info.get("split"),
+             {k: int(v.size) for k, v in parts.items()})
+    return parts
 
 
 class GraphSession(TaskSession):
@@ -118,7 +139,7 @@ class GraphSession(TaskSession):
 
 
 def graph_dataset(data: Any, root: str | None = None) -> GraphDataset:
-    """The graphs of a graph-classification run: a spec (``tu:PATH``), a
+    """The graphs of a graph-classification run: a spec (``tu:PATH``, ``ogbg:PATH``), a
     :class:`~ngra.datasets.GraphDataset`, or a list of PyG ``Data``."""
     if isinstance(data, str):
         ds = load(data, root=root)
@@ -127,8 +148,8 @@ def graph_dataset(data: Any, root: str | None = None) -> GraphDataset:
     else:
         ds = data
     if not isinstance(ds, GraphDataset):
-        raise DatasetError(f"task graph classifies a collection of graphs (tu:PATH, a "
-                           f"GraphDataset, a list of PyG Data); {data!r} is one graph "
+        raise DatasetError(f"task graph classifies a collection of graphs (tu:PATH, "
+                           f"ogbg:PATH, a GraphDataset, a list of PyG Data); {data!r} is one graph "
                            f"({type(ds).__name__}). Use task node or link for it.")
     if len(ds) < 3:
         raise DatasetError(f"task graph needs at least 3 graphs (train, val, test); "

@@ -1,0 +1,126 @@
+"""load_ogb_graph / ``ogbg:PATH``: a tiny OGB graph-property folder written in tmp_path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ngra.datasets import DamagedFileError, DatasetError, DatasetNotFoundError, load
+from ngra.datasets.ogbgraph import load_ogb_graph
+from ngra.training.graph_task import graph_parts
+from ogbg_folder import ogbg_folder, write_csv
+
+
+def _edges(ds) -> set[tuple[int, int, float]]:
+    g = ds.graph
+    dst = np.repeat(np.arange(g.num_nodes), np.diff(ds.indptr.numpy()))
+    return {(int(s), int(d), float(a)) for s, d, a in
+            zip(ds.indices.numpy(), dst, ds.edge_attr[:, 0].numpy())}
+
+
+def test_reads_graphs_features_labels_and_split(tmp_path):
+    ds = load_ogb_graph(ogbg_folder(tmp_path))
+    assert len(ds) == 4 and ds.node_ptr.tolist() == [0, 3, 5, 9, 10]
+    assert ds.num_edges == 6 and ds.info["direction"] == "unstated (edges as listed)"
+    # local ids shifted by each graph's node offset; edge features follow their edge
+    assert _edges(ds) == {(0, 1, 0.0), (1, 2, 1.0), (3, 4, 2.0), (5, 6, 3.0), (7, 8, 4.0),
+                          (8, 5, 5.0)}
+    assert ds.x.dtype == torch.float32 and ds.x[:, 1].tolist() == [10.0 * i for i in range(10)]
+    assert ds.info["x"] == "node_feat" and ds.info["edge_attr"] == "edge_feat"
+    assert ds.y.tolist() == [0, 1, 0, 1] and ds.num_classes == 2
+    assert {k: v.tolist() for k, v in ds.split.items()} == {"train": [0, 2], "val": [1],
+                                                            "test": [3]}
+    assert ds.info["split"] == "scaffold" and ds.summary()["split"] == {"train": 2, "val": 1,
+                                                                        "test": 1}
+    assert ds[1:3].split is None  # a subset's ids would name other graphs
+
+
+def test_direction_follows_ogb_for_molecules_and_is_a_choice(tmp_path):
+    mol = load_ogb_graph(ogbg_folder(tmp_path, "ogbg_molhiv"))
+    assert mol.num_edges == 12 and "add_inverse_edge=True" in mol.info["direction"]
+    # each edge's reverse carries the same edge features (as the ogb package lists them)
+    assert (1, 0, 0.0) in _edges(mol) and (5, 8, 5.0) in _edges(mol)
+    assert load_ogb_graph(ogbg_folder(tmp_path, "ogbg_molhiv2"), symmetric=False).num_edges == 6
+    assert load_ogb_graph(ogbg_folder(tmp_path / "a"), symmetric=True).num_edges == 12
+
+
+def test_spec_and_graph_parts_use_the_folders_split(tmp_path):
+    ds = load(f"ogbg:{ogbg_folder(tmp_path)},split=scaffold")
+    assert ds.info["spec"].startswith("ogbg:") and len(ds) == 4
+    parts = graph_parts(ds, val=0.5, test=0.25, seed=0)  # val/test fractions not used
+    assert {k: v.tolist() for k, v in parts.items()} == {"train": [0, 2], "val": [1],
+                                                         "test": [3]}
+    plain = load_ogb_graph(ogbg_folder(tmp_path / "b", split=False))
+    assert plain.split is None and plain.info["split"] is None
+    assert sum(v.size for v in graph_parts(plain, 0.25, 0.25, 0).values()) == 4
+
+
+# ----------------------------------------------------------------------------- errors
+def test_missing_folder_and_files(tmp_path):
+    with pytest.raises(DatasetNotFoundError, match="does not exist"):
+        load_ogb_graph(tmp_path / "nowhere")
+    f = ogbg_folder(tmp_path)
+    (f / "raw" / "graph-label.csv.gz").unlink()
+    with pytest.raises(DatasetNotFoundError, match=r"missing .*graph-label\.csv\.gz"):
+        load_ogb_graph(f)
+    g = ogbg_folder(tmp_path / "s")
+    (g / "split" / "scaffold" / "valid.csv.gz").unlink()
+    with pytest.raises(DatasetNotFoundError, match=r"valid\.csv\.gz"):
+        load_ogb_graph(g)
+
+
+@pytest.mark.parametrize("file, rows, match", [
+    ("num-edge-list.csv", [2, 1, 3], "num-node-list.csv.gz has 4 lines but "
+                                     "num-edge-list.csv.gz has 3"),
+    ("num-edge-list.csv", [2, 1, 2, 0], "6 edge lines, but num-edge-list.csv.gz sums to 5"),
+    ("node-feat.csv", [[0, 0]] * 9, "9 lines, but num-node-list.csv.gz sums to 10 nodes"),
+    ("graph-label.csv", [0, 1, 0], "3 lines, but num-node-list has 4 graphs"),
+    ("graph-label.csv", [[0, 1]] * 4, "2 label columns"),
+    ("graph-label.csv", [0, "nan", 0, 1], "line 2: label nan"),
+    ("graph-label.csv", [0, 0.5, 0, 1], "line 2: label 0.5"),
+    ("edge.csv", [[0, 1], [1, 2], [0, 1], [0, 1], [2, 3], [3, 4]],
+     r"edge.csv.gz, line 6: edge \[3, 4\] of graph 2 names a node outside \[0, 4\)"),
+    ("num-node-list.csv", [3, 2, -4, 1], "line 3: count -4"),
+])
+def test_inconsistent_files(tmp_path, file, rows, match):
+    f = ogbg_folder(tmp_path)
+    write_csv(f / "raw" / file, rows, gz=not file.startswith("edge-feat"))
+    with pytest.raises(DatasetError, match=match):
+        load_ogb_graph(f)
+
+
+def test_edge_features_must_match_edges(tmp_path):
+    f = ogbg_folder(tmp_path)
+    write_csv(f / "raw" / "edge-feat.csv", [[0]] * 5, gz=False)
+    with pytest.raises(DatasetError, match="edge-feat.csv: 5 lines, .* sums to 6 edges"):
+        load_ogb_graph(f)
+
+
+def test_empty_gz_is_damage(tmp_path):
+    f = ogbg_folder(tmp_path)
+    (f / "raw" / "edge.csv.gz").write_bytes(b"")
+    with pytest.raises(DamagedFileError, match=r"edge\.csv\.gz is empty \(0 bytes\)"):
+        load_ogb_graph(f)
+
+
+@pytest.mark.parametrize("part, ids, match", [
+    ("test", [4], "test.csv.gz, line 1: graph id 4; there are 4 graphs"),
+    ("test", [1], "graph 1 is already in valid"),
+    ("train", [0, 2, 0], "graph 0 is listed 2 times"),
+])
+def test_bad_split(tmp_path, part, ids, match):
+    f = ogbg_folder(tmp_path)
+    write_csv(f / "split" / "scaffold" / f"{part}.csv", ids)
+    with pytest.raises(DatasetError, match=match):
+        load_ogb_graph(f)
+
+
+def test_split_choice(tmp_path):
+    f = ogbg_folder(tmp_path)
+    write_csv(f / "split" / "random" / "train.csv", [0])
+    with pytest.raises(DatasetNotFoundError, match="exactly one split folder"):
+        load_ogb_graph(f)
+    assert load_ogb_graph(f, split="scaffold").info["split"] == "scaffold"
+    with pytest.raises(DatasetNotFoundError, match="no split 'time'"):
+        load_ogb_graph(f, split="time")
