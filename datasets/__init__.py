@@ -18,6 +18,11 @@ Link prediction: :func:`split_edges` holds out val/test pairs (a :class:`LinkSpl
 :func:`load_ogb_link` reads an OGB link-property folder in CSV form, and
 :func:`sample_negatives` draws each epoch's negative pairs (the same set on any number
 of processes).
+
+Graph classification: a :class:`GraphDataset` of many small graphs from a TU folder
+(:func:`load_tu`, ``tu:PATH``), an OGB graph-property folder (:func:`load_ogb_graph`,
+``ogbg:PATH``, with its split) or a list of PyG ``Data`` (:func:`from_pyg_list`), batched
+by a :class:`GraphLoader`.
 """
 
 from .batching import GraphBatch, GraphLoader, collate
@@ -39,6 +44,7 @@ from .edgelist import load_edgelist, load_twitter, read_edgelist
 from .linksplit import LinkSplit, split_edges
 from .negatives import sample_negatives
 from .ogb import load_ogb
+from .ogbgraph import load_ogb_graph
 from .ogblink import load_ogb_link
 from .planetoid import load_planetoid
 from .spec import DatasetSpec, available, describe, load, parse_spec
@@ -72,6 +78,7 @@ __all__ = [
     "load",
     "load_edgelist",
     "load_ogb",
+    "load_ogb_graph",
     "load_ogb_link",
     "load_planetoid",
     "load_tu",
