@@ -333,13 +333,21 @@ def from_pyg_list(data_list: Sequence[Any], name: str = "pyg") -> GraphDataset:
         ts = []
         for i, (p, r) in enumerate(zip(parts, rows)):
             t = torch.as_tensor(p)
-            t = t.unsqueeze(1) if t.dim() == 1 else t.reshape(t.shape[0], -1)
+            t = t.reshape(-1, 1) if t.dim() <= 1 else t.flatten(1)  # [rows] or [rows, *D]
             if t.shape[0] != r:
                 per = "node" if key == "x" else "edge"
                 raise DatasetError(f"{name}: graph {i} has {key} with {t.shape[0]} rows; "
                                    f"expected {int(r)} (one per {per}).")
             ts.append(t.float())
-        return torch.cat(ts)
+        # graphs with rows set the width; one without (no edges) may be [0] or [0, any]
+        wide = [(i, t.shape[1]) for i, t in enumerate(ts) if t.shape[0]]
+        odd = [(i, w) for i, w in wide if w != wide[0][1]]
+        if odd:
+            raise DatasetError(f"{name}: graph {odd[0][0]} has {key} {odd[0][1]} wide but graph "
+                               f"{wide[0][0]} has {wide[0][1]}; every graph's {key} must be as "
+                               "wide.")
+        width = wide[0][1] if wide else ts[0].shape[1]
+        return torch.cat([t if t.shape[0] else t.new_zeros(0, width) for t in ts])
 
     x = stacked("x", [d.x for d in data_list], counts)
     edge_attr = stacked("edge_attr", [d.edge_attr for d in data_list],
