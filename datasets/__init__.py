@@ -42,7 +42,7 @@ from .download import DownloadError
 from .graphs import GraphDataset, from_pyg_list
 from .edgelist import load_edgelist, load_twitter, read_edgelist
 from .linksplit import LinkSplit, split_edges
-from .negatives import sample_negatives
+from .negatives import degree_weights, sample_negatives
 from .ogb import load_ogb
 from .ogbgraph import load_ogb_graph
 from .ogblink import load_ogb_link
@@ -71,6 +71,7 @@ __all__ = [
     "check_trainable",
     "collate",
     "data_root",
+    "degree_weights",
     "describe",
     "from_dgl",
     "from_pyg",

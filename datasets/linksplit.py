@@ -37,7 +37,7 @@ from ngra.graph import Graph
 
 from .base import NodeDataset, rng_for
 from .direction import reciprocity
-from .negatives import sample_negatives
+from .negatives import degree_weights, sample_negatives
 
 __all__ = ["LinkSplit", "split_edges"]
 
@@ -116,15 +116,25 @@ class LinkSplit:
         return Graph.from_edge_index(ei, num_nodes=self.num_nodes, edge_weight=w)
 
     def train_negatives(self, epoch: int, seed: int | None = None, ratio: float = 1.0,
-                        dst_range: tuple[int, int] | None = None) -> torch.Tensor:
-        """Epoch ``epoch``'s ``round(ratio * E_train)`` training negatives ``[2, M]``: uniform
-        pairs that are no edge of :attr:`graph` nor a self-loop (PyG's per-epoch
-        ``negative_sampling``), from :func:`~ngra.datasets.negatives.sample_negatives`, so
-        a rank owning destinations ``dst_range`` gets its share of the same set.
-        ``seed`` defaults to the split's."""
+                        dst_range: tuple[int, int] | None = None, *, kind: str = "uniform",
+                        degrees: np.ndarray | None = None) -> torch.Tensor:
+        """Epoch ``epoch``'s ``round(ratio * E_train)`` training negatives ``[2, M]``: pairs
+        that are no edge of :attr:`graph` nor a self-loop, uniform (PyG's per-epoch
+        ``negative_sampling``) or ``kind="degree"`` (in proportion to ``degrees``, default
+        :func:`~ngra.datasets.negatives.degree_weights` of :attr:`graph`), from
+        :func:`~ngra.datasets.negatives.sample_negatives`, so a rank owning destinations
+        ``dst_range`` gets its share of the same set. ``seed`` defaults to the split's."""
         seed = int(self.info.get("seed", 0)) if seed is None else seed
-        return sample_negatives(self.num_nodes, round(ratio * self.train_pos.shape[1]), seed,
-                                epoch=epoch, exclude=self.graph, dst_range=dst_range)
+        if kind == "degree" and degrees is None:
+            degrees = degree_weights(self.graph)
+        return sample_negatives(self.num_nodes, self.num_train_negatives(ratio), seed,
+                                epoch=epoch, kind=kind, degrees=degrees, exclude=self.graph,
+                                dst_range=dst_range)
+
+    def num_train_negatives(self, ratio: float = 1.0) -> int:
+        """How many training negatives an epoch draws (before any dropped; see
+        :func:`~ngra.datasets.negatives.sample_negatives`)."""
+        return round(ratio * self.train_pos.shape[1])
 
     def summary(self) -> dict[str, Any]:
         """Sizes of each part, as a flat dict."""

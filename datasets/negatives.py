@@ -9,9 +9,10 @@ each endpoint is a splitmix64 hash of the counter ``i`` in a stream keyed by
 ``degree``: the inverse of the cumulative ``degrees``, so a vertex is drawn in proportion
 to its weight). Nothing is sequential, so any subset of indices can be computed alone:
 
-* **Ranks.** A rank owning destinations ``[lo, hi)`` passes ``dst_range=(lo, hi)``: it
-  hashes every index's destination (tens of ns an index, in chunks that stay in
-  cache), keeps those in its range and draws only their sources. The union over ranks of their
+* **Ranks.** A rank owning destinations ``[lo, hi)`` passes ``dst_range=(lo, hi)`` (or,
+  owning any set of vertices, ``dst_owned``, a ``[N]`` bool mask): it hashes every
+  index's destination (tens of ns an index, in chunks that stay in cache), keeps those
+  it owns and draws only their sources. The union over ranks of their
   negatives, in index order, is the single-process set; no process count changes it.
 * **Rejection** (``exclude=graph``): a pair that is an edge of ``exclude`` (or a
   self-loop, unless ``self_loops=True``) redraws its **source** only, in the next round's
@@ -37,10 +38,14 @@ from ngra.graph import Graph
 
 from .direction import _sources_sorted
 
-__all__ = ["MAX_ROUNDS", "NegativeSampler", "is_edge", "sample_negatives", "sorted_sources"]
+__all__ = ["DEGREE_POWER", "MAX_ROUNDS", "NegativeSampler", "degree_weights", "is_edge",
+           "sample_negatives", "sorted_sources"]
 
 log = logging.getLogger(__name__)
 
+#: ``kind="degree"`` draws a vertex in proportion to its degree to this power (word2vec's
+#: unigram**0.75: frequent vertices more often than uniform, less than their degree).
+DEGREE_POWER = 0.75
 #: Redraw rounds for rejected sources before the remaining ones are dropped.
 MAX_ROUNDS = 64
 _MASK = (1 << 64) - 1
@@ -115,6 +120,12 @@ class NegativeSampler:
         return np.minimum(np.searchsorted(self.cdf, u, side="right"), self.num_nodes - 1)
 
 
+def degree_weights(graph: Graph, power: float = DEGREE_POWER) -> np.ndarray:
+    """``[N]`` float64 weights for ``kind="degree"``: ``(in-degree + out-degree) ** power``."""
+    deg = (graph.in_degrees() + graph.out_degrees()).to(torch.float64).numpy()
+    return deg ** power
+
+
 def is_edge(graph: Graph, src: np.ndarray, dst: np.ndarray,
             sorted_indices: np.ndarray | None = None) -> np.ndarray:
     """``[len(src)]`` bool: whether ``src[i] -> dst[i]`` is an edge of ``graph``.
@@ -158,6 +169,7 @@ def sample_negatives(
     exclude: Graph | None = None,
     self_loops: bool = False,
     dst_range: tuple[int, int] | None = None,
+    dst_owned: np.ndarray | None = None,
     return_index: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Draw epoch ``epoch``'s ``num`` negative pairs (see the module docstring).
@@ -174,6 +186,8 @@ def sample_negatives(
         self_loops: allow ``v -> v`` pairs (default: ``False``, they are redrawn).
         dst_range: ``(lo, hi)``: return only the negatives whose destination is in
             ``[lo, hi)`` (a rank's share); default: all.
+        dst_owned: ``[N]`` bool: return only the negatives whose destination is marked
+            (a rank's share when it owns no range); not with ``dst_range``.
         return_index: also return each returned negative's global index ``[M]``.
 
     Returns:
@@ -188,21 +202,28 @@ def sample_negatives(
     if n == 1 and not self_loops and num:
         raise DatasetError("a 1-vertex graph has no pair other than a self-loop; pass "
                            "self_loops=True or use a larger graph.")
+    if dst_range is not None and dst_owned is not None:
+        raise ValueError("sample_negatives: give dst_range or dst_owned, not both.")
+    if dst_owned is not None:
+        dst_owned = np.asarray(dst_owned, dtype=bool)
+        if dst_owned.shape != (n,):
+            raise DatasetError(f"dst_owned must be a [{n}] bool mask; got shape "
+                               f"{list(dst_owned.shape)}.")
     if exclude is not None and exclude.num_nodes != n:
         raise DatasetError(f"exclude has {exclude.num_nodes} vertices; expected "
                            f"num_nodes={n}.")
     draw = NegativeSampler(n, kind, degrees)
     dkey = _stream_key(seed, epoch, "dst", 0)
-    if dst_range is None:
+    if dst_range is None and dst_owned is None:
         index = np.arange(num, dtype=np.int64)
         dst = draw.ids(_uniform(dkey, index))
     else:
-        lo, hi = int(dst_range[0]), int(dst_range[1])
+        lo, hi = (0, n) if dst_range is None else (int(dst_range[0]), int(dst_range[1]))
         keep_i, keep_d = [], []
         for c in range(0, num, _CHUNK):
             i = np.arange(c, min(c + _CHUNK, num), dtype=np.int64)
             d = draw.ids(_uniform(dkey, i))
-            mine = (d >= lo) & (d < hi)
+            mine = dst_owned[d] if dst_owned is not None else (d >= lo) & (d < hi)
             keep_i.append(i[mine])
             keep_d.append(d[mine])
         index = np.concatenate(keep_i) if keep_i else np.empty(0, np.int64)

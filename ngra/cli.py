@@ -121,6 +121,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--decoder", default="dot", choices=["dot", "mlp"],
                    help="link: score pairs by dot product or an MLP on their Hadamard "
                         "product (default: dot)")
+    t.add_argument("--negatives", default="uniform", choices=["uniform", "degree"],
+                   help="link: draw each epoch's training negatives uniformly or in "
+                        "proportion to degree**0.75 (default: uniform)")
     t.add_argument("--readout", default="sum", choices=["sum", "mean", "max", "attention"],
                    help="graph: how node embeddings are pooled per graph (default: sum)")
     t.add_argument("--batch-size", type=int, default=128,

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+#: The folder of ``user_models.py``, the user's module of the training tests.
+USER_MODELS = REPO / "tests" / "training"
 
 # Without a GPU the gpu backend's Triton kernels run on CPU tensors in Triton's
 # interpreter; triton.jit reads this when ngra.kernels.gpu is first imported.
@@ -56,3 +58,13 @@ def _strict_passes():
 
     with compiler.strict():
         yield
+
+
+@pytest.fixture
+def user_path(monkeypatch) -> str:
+    """``PYTHONPATH`` with :data:`USER_MODELS` first: ``user_models:build_model`` imports
+    in spawned processes (ranks, the CLI) as it does here."""
+    path = os.pathsep.join(p for p in (str(USER_MODELS), os.environ.get("PYTHONPATH")) if p)
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.syspath_prepend(str(USER_MODELS))
+    return path

@@ -23,12 +23,15 @@ from ngra.partition import BOOK_METHODS
 from ngra.runtime.cuda_graph import MODES as CUDA_GRAPH_MODES
 from ngra.training.model_source import ModelSource
 
-__all__ = ["TASKS", "TrainConfig", "check_config", "check_run_files", "describe_run"]
+__all__ = ["NEGATIVES", "TASKS", "TrainConfig", "check_config", "check_run_files",
+           "describe_run"]
 
 #: What a run can learn: node classification, link prediction, graph classification.
 TASKS = ("node", "link", "graph")
 #: Link-prediction decoders, and graph readouts, by name (:mod:`ngra.training.link_task`, :mod:`ngra.training.graph_task`).
 DECODERS = ("dot", "mlp")
+#: How link prediction draws its training negatives (:mod:`ngra.datasets.negatives`).
+NEGATIVES = ("uniform", "degree")
 READOUTS = ("sum", "mean", "max", "attention")
 
 @dataclass
@@ -50,6 +53,7 @@ class TrainConfig:
     test: float = 0.1
     embedding_dim: int = 64
     decoder: str = "dot"
+    negatives: str = "uniform"
     readout: str = "sum"
     batch_size: int = 128
     epochs: int = 200
@@ -185,11 +189,18 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.task not in TASKS:
         raise ValueError(f"task {cfg.task!r}: ngra trains {', '.join(TASKS)} tasks.")
     if cfg.task != "node":
-        for name, why in (("nprocs", cfg.nprocs != 1), ("device", str(cfg.device) != "cpu"),
-                          ("storage", cfg.storage != "memory"), ("plan", cfg.plan is not None)):
+        for name, why, where in (
+                ("nprocs", cfg.nprocs != 1 and cfg.task == "graph",
+                 "--task graph trains on one process"),
+                ("device", str(cfg.device) != "cpu", f"--task {cfg.task} trains on the CPU"),
+                ("storage", cfg.storage != "memory" and cfg.task == "graph",
+                 "--task graph keeps its graphs in memory"),
+                ("plan", cfg.plan is not None,
+                 f"--task {cfg.task} trains its dense layers data-parallel")):
             if why:
-                raise ValueError(f"--task {cfg.task} trains on one process on the CPU with the "
-                                 f"data in memory for now; drop --{name}.")
+                raise ValueError(f"{where} for now; drop --{name}.")
+        if cfg.negatives not in NEGATIVES:
+            raise ValueError(f"--negatives must be one of {NEGATIVES}; got {cfg.negatives!r}.")
         if cfg.decoder not in DECODERS:
             raise ValueError(f"--decoder must be one of {DECODERS}; got {cfg.decoder!r}.")
         if cfg.readout not in READOUTS:

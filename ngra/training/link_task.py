@@ -6,9 +6,12 @@ validation and test positives with fixed negatives; both directions of a held-ou
 undirected edge leave the message-passing graph). The model is a node **encoder** (a zoo
 model or your factory, built with ``embedding_dim`` outputs) run full-graph on the
 message-passing graph, and a **decoder** (``dot`` or ``mlp`` on the Hadamard product,
-:mod:`ngra.models.decoders`) scores pairs in chunks. Each epoch draws its own uniform
-negatives, one per supervision pair, seeded by ``(seed, epoch)``
-(:func:`ngra.datasets.sample_negatives`). The loss is binary cross-entropy; the metric
+:mod:`ngra.models.decoders`) scores pairs in chunks. Each epoch draws its own negatives,
+one per supervision pair, seeded by ``(seed, epoch)``
+(:func:`ngra.datasets.sample_negatives`): uniform, or with ``negatives="degree"`` in
+proportion to ``degree ** 0.75`` (word2vec's unigram distribution; harder negatives on
+power-law graphs). On several processes each rank scores the pairs whose destination
+it owns (:mod:`ngra.training.link_ranks`). The loss is binary cross-entropy; the metric
 ROC-AUC, with Hits@20/50/100 (OGB's definition, :mod:`ngra.metrics`) reported beside it.
 """
 
@@ -20,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ngra.datasets import NodeDataset, split_edges
+from ngra.datasets import NodeDataset, degree_weights, split_edges
 from ngra.datasets.linksplit import LinkSplit
 from ngra.metrics import hits_at_k, roc_auc
 from ngra.models import DotDecoder, HadamardMLPDecoder
@@ -61,9 +64,11 @@ class LinkSession(TaskSession):
     metric = "roc_auc"
 
     def __init__(self, model: LinkModel, split: LinkSplit, graph: Any, x: torch.Tensor,
-                 edge_data: Any, *, seed: int, budget: str | None,
-                 info: dict[str, Any]) -> None:
+                 edge_data: Any, *, seed: int, budget: str | None, info: dict[str, Any],
+                 negatives: str = "uniform") -> None:
         super().__init__(model, budget, info)
+        self.kind = negatives
+        self.degrees = degree_weights(split.graph) if negatives == "degree" else None
         self.net = self.encoder = model.encoder
         self.split, self.graph, self.x, self.edge_data = split, graph, x, edge_data
         self.seed = seed
@@ -77,7 +82,8 @@ class LinkSession(TaskSession):
         return call_model(self.net, self.graph, self.x, self.edge_data)
 
     def loss(self, z: torch.Tensor, epoch: Any = 0) -> tuple[torch.Tensor, float]:
-        neg = self.split.train_negatives(int(epoch or 0), seed=self.seed)
+        neg = self.split.train_negatives(int(epoch or 0), seed=self.seed, kind=self.kind,
+                                         degrees=self.degrees)
         loss = _pair_loss(self.model.decoder, z, self.split.train_pos, neg)
         return loss, float(loss.detach())
 

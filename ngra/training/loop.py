@@ -72,7 +72,7 @@ from ngra.training.model_source import call_model
 from ngra.training.summary import finish_summary, summarize_runs
 
 __all__ = ["CHECKPOINT_KEYS", "EarlyStop", "Session", "check_finite", "evaluate", "fit",
-           "fit_runs", "grid_report", "resume_from_checkpoint"]
+           "fit_runs", "host_context", "grid_report", "resume_from_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +239,19 @@ class EarlyStop:
         return self.patience is not None and st["wait"] >= self.patience
 
 
+def host_context(budget: str | None, mapped_x: torch.Tensor | None = None) -> Any:
+    """Around a forward on the host: the memory ``budget``; with features ``mapped_x``
+    read from disk (``storage="disk"``), the saved activations go to disk beside them
+    (:func:`ngra.spill.saved_on_disk`) and freed vertex arrays back to the OS."""
+    stack = contextlib.ExitStack()
+    if budget:
+        stack.enter_context(memory_budget(budget))
+    if mapped_x is not None:
+        release_large_frees()  # freed vertex arrays go back to the OS, as under a budget
+        stack.enter_context(saved_on_disk(near=mapped_x))
+    return stack
+
+
 class Session:
     """What the training loop runs on: one process's whole dataset and model.
 
@@ -281,13 +294,7 @@ class Session:
         activations go to disk too (:func:`ngra.spill.saved_on_disk`)."""
         if self.device.type == "cuda" and self.placement is not None:
             return placed(self.placement)
-        stack = contextlib.ExitStack()
-        if self.budget:
-            stack.enter_context(memory_budget(self.budget))
-        if self.info.get("storage") == "disk":
-            release_large_frees()  # freed vertex arrays go back to the OS, as under a budget
-            stack.enter_context(saved_on_disk(near=self.x))
-        return stack
+        return host_context(self.budget, self.x if self.info.get("storage") == "disk" else None)
 
     def batches(self, epoch: int) -> tuple[None]:
         """An epoch's steps: one, over the whole graph."""

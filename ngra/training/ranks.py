@@ -74,7 +74,8 @@ from ngra.training.data import as_dataset, fingerprint, prepare_dataset
 from ngra.training.loop import fit_runs, grid_report
 from ngra.training.model_source import call_model
 
-__all__ = ["RankSession", "prepare_shards", "run_rank", "train_distributed"]
+__all__ = ["RankSession", "open_shard", "prepare_shards", "rank_threads", "run_rank",
+           "train_distributed"]
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,17 @@ def train_distributed(cfg: TrainConfig, load: Callable[[], tuple[Any, dict[str, 
     ds, meta = load()
     folder = prepare_shards(cfg, ds)
     del ds
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.nprocs)
     results = launch(_rank_main, cfg.nprocs, cfg, str(folder), meta,
-                     timeout_s=cfg.dist_timeout, threads=threads, device=_device(cfg))
+                     timeout_s=cfg.dist_timeout, threads=rank_threads(cfg), device=_device(cfg))
     summary, state = results[0]
     if echo is not None and cfg.explain and summary.get("explain"):
         echo(summary["explain"])
     return summary, state, meta
+
+
+def rank_threads(cfg: TrainConfig) -> int:
+    """Threads a rank computes with: ``--threads``, else the cores shared out."""
+    return cfg.threads or max(1, (os.cpu_count() or 1) // cfg.nprocs)
 
 
 def _device(cfg: TrainConfig) -> str:
@@ -310,10 +315,10 @@ class RankSession:
         }
 
 
-def run_rank(cfg: TrainConfig, folder: Path,
-             meta: dict[str, Any] | None = None) -> tuple[dict[str, Any], torch.nn.Module]:
-    """Train on this rank's shard (the default group initialized); returns the summary and
-    the model (holding the selected weights). ``meta`` goes into checkpoints."""
+def open_shard(cfg: TrainConfig, folder: Path) -> tuple[Any, DenseLayout, Any]:
+    """This rank's shard from ``folder`` (on its GPU under NCCL), the dense layout of
+    ``cfg``'s plan and the rank's process groups; large frees released as the module
+    docstring says."""
     rank = dist.get_rank()
     release_large_frees(RANK_LARGE_FREE_BYTES)  # a peak bounded over epochs
     device = _device(cfg)
@@ -324,6 +329,14 @@ def run_rank(cfg: TrainConfig, folder: Path,
                        exchange=cfg.exchange, link=link, overlap=cfg.halo_overlap)
     if device == "cuda":  # NCCL: this rank's GPU (launch set it from LOCAL_RANK)
         shard = shard.to(torch.device("cuda", torch.cuda.current_device()))
+    return shard, layout, groups
+
+
+def run_rank(cfg: TrainConfig, folder: Path,
+             meta: dict[str, Any] | None = None) -> tuple[dict[str, Any], torch.nn.Module]:
+    """Train on this rank's shard (the default group initialized); returns the summary and
+    the model (holding the selected weights). ``meta`` goes into checkpoints."""
+    shard, layout, groups = open_shard(cfg, folder)
     resolved = cfg.resolved()
     sizes = shard.meta
 

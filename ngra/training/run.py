@@ -36,7 +36,8 @@ from ngra.training.data import as_dataset, fingerprint, prepare_dataset
 from ngra.training.loop import Session, fit_runs
 from ngra.training.model_source import ModelSource, call_model
 from ngra.training.ranks import train_distributed
-from ngra.training.graph_task import GraphModel, GraphSession, graph_dataset, split_graphs
+from ngra.training.graph_task import GraphModel, GraphSession, graph_dataset, graph_parts
+from ngra.training.link_ranks import train_link_distributed
 from ngra.training.link_task import LinkModel, LinkSession, link_split, make_decoder
 
 __all__ = ["Outcome", "check_model_output", "check_partitionable", "check_predictions_vary",
@@ -135,8 +136,7 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
     if cfg.task == "graph":
         gds = graph_dataset(cfg.dataset, root=cfg.data_root)
         say(describe_run(cfg, []))
-        parts = dict(zip(("train", "val", "test"),
-                         split_graphs(len(gds), cfg.val, cfg.test, cfg.seed)))
+        parts = graph_parts(gds, cfg.val, cfg.test, cfg.seed)
         info = {"dataset_summary": gds.summary(), "reciprocity": None, "synthesized": [],
                 "storage": "memory", "resident_mb": rss_bytes() / 2**20}
         meta.update(num_features=gds.num_features, num_classes=gds.num_classes,
@@ -148,24 +148,37 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
             return GraphSession(model, gds, parts, batch_size=cfg.batch_size, seed=seed,
                                 budget=cfg.memory_budget, info=info)
     else:
-        ds = as_dataset(cfg.dataset, root=cfg.data_root, check=False)
+        budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
+        ds = as_dataset(cfg.dataset, root=cfg.data_root, check=False, storage=cfg.storage,
+                        budget=budget)
         synthesized = list(ds.info.get("synthesized", []))
         say(describe_run(cfg, [s for s in synthesized if s != "labels"]))
         ds = prepare_dataset(ds, reorder=cfg.reorder, seed=cfg.seed,
                              normalize=r["normalize_features"])
         split = link_split(cfg, ds)
-        graph, edge_data = cfg.source.prepare(split.graph, None, 1)
         info = {"dataset_summary": {**ds.summary(), "link_split": split.summary()},
                 "reciprocity": ds.reciprocity, "synthesized": synthesized,
-                "storage": "memory", "resident_mb": rss_bytes() / 2**20}
+                "storage": ds.info.get("storage", "memory"), "resident_mb": rss_bytes() / 2**20}
         meta.update(num_features=ds.num_features, num_classes=None,
                     dataset={"name": cfg.dataset_name, "fingerprint": fingerprint(ds)})
 
+        def link_model() -> LinkModel:
+            return LinkModel(encoder(ds.num_features),
+                             make_decoder(cfg.decoder, cfg.embedding_dim))
+
+        if cfg.nprocs > 1:
+            summary, state = train_link_distributed(cfg, ds, split, meta, echo)
+            info.pop("resident_mb")
+            for part in [summary, *(summary["results"] or [])]:
+                part.update(info, device=str(cfg.device))
+            model = link_model()
+            model.load_state_dict(state)
+            return Outcome(summary, model, meta)
+        graph, edge_data = cfg.source.prepare(split.graph, None, 1)
+
         def session(seed: int) -> LinkSession:
-            model = LinkModel(encoder(ds.num_features),
-                              make_decoder(cfg.decoder, cfg.embedding_dim))
-            return LinkSession(model, split, graph, ds.x, edge_data, seed=seed,
-                               budget=cfg.memory_budget, info=info)
+            return LinkSession(link_model(), split, graph, ds.x, edge_data, seed=seed,
+                               negatives=cfg.negatives, budget=cfg.memory_budget, info=info)
 
     summary, best = fit_runs(cfg, session, echo, meta=meta)
     return Outcome(summary, best, meta)

@@ -11,14 +11,13 @@ The tasks themselves: :mod:`ngra.training.link_task`, :mod:`ngra.training.graph_
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 from torch import nn
 
 from ngra.memstat import io_read_bytes
-from ngra.runtime.budget import memory_budget
+from ngra.training.loop import host_context
 
 __all__ = ["TaskSession"]
 
@@ -37,7 +36,8 @@ class TaskSession:
         self.read_start = io_read_bytes()
 
     def context(self) -> Any:
-        return memory_budget(self.budget) if self.budget else contextlib.nullcontext()
+        on_disk = self.info.get("storage") == "disk"
+        return host_context(self.budget, self.x if on_disk else None)
 
     def capture_refusal(self) -> str | None:
         return f"a {self.task} task trains in eager steps (no CUDA graph)"

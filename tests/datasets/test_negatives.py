@@ -46,6 +46,34 @@ def test_union_over_ranks_is_the_single_process_set(ranks, kind):
     assert torch.equal(got_i[order], index) and torch.equal(got_p[:, order], whole)
 
 
+@pytest.mark.parametrize("kind", ["uniform", "degree"])
+def test_owned_masks_with_owned_columns_only_give_the_single_process_set(kind):
+    # a rank of a METIS book owns no range, and holds only its own vertices' in-edges
+    graph = _graph()
+    deg = (graph.in_degrees() + graph.out_degrees()).double()
+    kw = dict(seed=3, epoch=2, kind=kind, degrees=deg if kind == "degree" else None)
+    whole, index = sample_negatives(50, 2000, exclude=graph, return_index=True, **kw)
+    owner = np.random.default_rng(0).integers(0, 3, 50)
+    ei = graph.edge_index()
+    got_i, got_p = [], []
+    for r in range(3):
+        mine = owner == r
+        cols = torch.from_numpy(mine)[ei[1]]
+        own_graph = Graph.from_edge_index(ei[:, cols], num_nodes=50)
+        p, i = sample_negatives(50, 2000, exclude=own_graph, dst_owned=mine,
+                                return_index=True, **kw)
+        assert bool(torch.from_numpy(mine)[p[1]].all())
+        got_i.append(i)
+        got_p.append(p)
+    got_i, got_p = torch.cat(got_i), torch.cat(got_p, 1)
+    order = torch.argsort(got_i)
+    assert torch.equal(got_i[order], index) and torch.equal(got_p[:, order], whole)
+    with pytest.raises(ValueError, match="not both"):
+        sample_negatives(50, 10, 0, dst_range=(0, 5), dst_owned=owner == 0)
+    with pytest.raises(DatasetError, match=r"\[50\] bool mask"):
+        sample_negatives(50, 10, 0, dst_owned=np.ones(49, bool))
+
+
 def test_exclude_rejects_every_edge():
     graph = _graph(n=30, e=300)
     neg = sample_negatives(30, 5000, seed=0, exclude=graph)
