@@ -15,7 +15,9 @@ a block starting at flat index ``k`` takes seed ``s1 + k`` (see
 ``dropout_mask`` op; on the CPU packed bits, 1/32 of the dropped copy), so backward
 applies it (``dropout_apply``) instead of hashing every element again. An ``x`` memory-
 mapped from the on-disk store has each block's pages dropped once read
-(:func:`ngra.mapped.release_mapped`), so it streams from disk at one block of RSS.
+(:func:`ngra.mapped.release_mapped`), so it streams from disk at one block of RSS;
+without dropout (``p == 0``) such an ``x`` still goes a block at a time, forward and
+for the weight gradients (plain Linears would read it whole, and autograd keep it).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from torch.autograd.function import once_differentiable
 from ngra.kernels.checks import check_feat
 from ngra.kernels.dropout import check_p, draw_seeds, row_base, seed_device
 from ngra.kernels.registry import current_backend, lookup, use_backend
-from ngra.mapped import release_mapped
+from ngra.mapped import is_mapped, release_mapped
 
 __all__ = ["DropoutMasks", "dropout_linear", "dropout_masks"]
 
@@ -66,6 +68,8 @@ def dropout_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
     biases = [None] * len(weights) if biases is None else list(biases)
     _check(x, weights, biases)
     if not training or p == 0:
+        if is_mapped(x) and torch.is_grad_enabled():  # x on disk: one block resident
+            return list(_StreamedLinear.apply(x, len(weights), *weights, *biases))
         return [torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases)]
     if p == 1:
         return [torch.nn.functional.linear(x * 0, w, b) for w, b in zip(weights, biases)]
@@ -225,3 +229,49 @@ class _DropoutLinear(torch.autograd.Function):
         gb = [g.sum(0) if n and has else None
               for g, n, has in zip(grads, need_b, ctx.has_bias)]
         return (gx, None, None, None, *gw, *gb)
+
+
+class _StreamedLinear(torch.autograd.Function):
+    """``[x @ W_i.T + b_i]`` for an ``x`` mapped from disk, one row block resident at a
+    time: forward, and backward's weight gradients, read ``x`` block by block and drop
+    each block's pages once read."""
+
+    @staticmethod
+    def forward(ctx, x, k, *params):
+        weights, biases = params[:k], params[k:]
+        ctx.k, ctx.has_bias = k, tuple(b is not None for b in biases)
+        outs = [torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+                for w in weights]
+        for r0, r1 in _blocks(x):
+            for w, b, out in zip(weights, biases, outs):
+                if b is None:
+                    torch.mm(x[r0:r1], w.t(), out=out[r0:r1])
+                else:
+                    torch.addmm(b, x[r0:r1], w.t(), out=out[r0:r1])
+            release_mapped(x, r0, r1)
+        ctx.save_for_backward(x, *weights)
+        return tuple(outs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        x, *weights = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[2:2 + ctx.k]
+        need_b = ctx.needs_input_grad[2 + ctx.k:]
+        grads = [torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+                 if g is None else g.contiguous() for g, w in zip(grads, weights)]
+        gx = None
+        if need_x:
+            gx = grads[0].mm(weights[0])
+            for g, w in zip(grads[1:], weights[1:]):
+                gx.addmm_(g, w)
+        gw = [torch.zeros_like(w) if n else None for w, n in zip(weights, need_w)]
+        if any(need_w):
+            for r0, r1 in _blocks(x):
+                for g, acc in zip(grads, gw):
+                    if acc is not None:
+                        acc.addmm_(g[r0:r1].t(), x[r0:r1])
+                release_mapped(x, r0, r1)
+        gb = [g.sum(0) if n and has else None
+              for g, n, has in zip(grads, need_b, ctx.has_bias)]
+        return (gx, None, *gw, *gb)

@@ -184,7 +184,11 @@ class CompiledPlan(Plan):
             raise ValueError(f"{self.layer_name}: {self.dropout_note}; apply the dropout "
                              "to x before pre.")
         streams = not torch.is_grad_enabled() and _mapped_input(x)
-        if dropout or (self._shared_linears and isinstance(x, torch.Tensor) and not streams):
+        # training on an x mapped from disk: its Linears read it a block at a time
+        mapped_grad = (torch.is_grad_enabled() and _mapped_input(x)
+                       and self.fuses_input_dropout(x))
+        if dropout or mapped_grad or (self._shared_linears and isinstance(x, torch.Tensor)
+                                      and not streams):
             preset, vertex_linears, outs = self._x_linears(x, dropout, vertex)
         if not dropout and streams:
             terms = self._pre_rows(x)
@@ -220,7 +224,8 @@ class CompiledPlan(Plan):
                     weights.append(wb[0])
                     biases.append(wb[1])
                 slots.append(i)
-        outs = (kernels.dropout_linear(x, weights, biases, dropout) if dropout
+        outs = (kernels.dropout_linear(x, weights, biases, dropout)
+                if dropout or _mapped_input(x)  # a mapped x streams (dropout or not)
                 else [F.linear(x, w, b) for w, b in zip(weights, biases)])
         cut = len(self.dropout_linears)
         preset = {lin: outs[i] for (lin, _, _), i in zip(self.dropout_linears, slots)}

@@ -184,3 +184,37 @@ def test_masks_of_other_tensors_and_mismatched_replays():
         dropout_linear(x, ws, bs, 0.3, masks=masks)
     with pytest.raises(TypeError, match="DropoutMasks"):
         dropout_linear(x, ws, bs, 0.5, masks=[1, 2])
+
+
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_no_dropout_on_a_mapped_x_streams_blocks_and_equals_linears(tmp_path, monkeypatch,
+                                                                    x_grad):
+    """p == 0 on features mapped from disk: the block path (each block's pages released
+    after reading), equal to plain Linears forward and backward."""
+    import numpy as np
+
+    from ngra.mapped import is_mapped, register_mapped
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(301, 24, generator=gen)
+    np.save(tmp_path / "x.npy", x.numpy())
+    arr = np.load(tmp_path / "x.npy", mmap_mode="c")
+    register_mapped(arr)
+    xm = torch.from_numpy(arr).requires_grad_(x_grad)
+    assert is_mapped(xm)
+    monkeypatch.setattr(DL, "BLOCK_BYTES", 24 * 4 * 50)  # 7 blocks
+    released = []
+    monkeypatch.setattr(DL, "release_mapped", lambda t, lo, hi: released.append((lo, hi)))
+    ws, bs = _params(24, [6, 3], [True, False], torch.float32)
+    outs = dropout_linear(xm, ws, bs, p=0.0)
+    assert outs[0].grad_fn is not None and "StreamedLinear" in type(outs[0].grad_fn).__name__
+    xr = x.clone().requires_grad_(x_grad)
+    want = [F.linear(xr, w, b) for w, b in zip(ws, bs)]
+    for o, w in zip(outs, want):
+        torch.testing.assert_close(o, w)
+    leaves = [xm if x_grad else None, *ws, bs[0]]
+    got = _grads(outs, leaves)
+    ref = _grads(want, [xr if x_grad else None, *ws, bs[0]])
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r)
+    assert len(released) == 14  # every block once forward, once for the weight gradients

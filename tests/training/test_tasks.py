@@ -74,6 +74,15 @@ def test_graph_readouts_and_cli(shared_data, tmp_path, capsys):
     assert "test_acc=" in capsys.readouterr().out
 
 
+def test_link_prediction_from_disk_under_a_budget(tmp_path, monkeypatch):
+    # the features mapped from the cache entry (their memory bound: tests/ngra/test_disk_training.py)
+    monkeypatch.setenv("NGRA_CACHE", str(tmp_path))
+    r = ngra.fit("gcn", "rmat:scale=10,feat=32", task="link", storage="disk",
+                 memory_budget="64MiB", epochs=3, progress=False)
+    assert r.summary["storage"] == "disk" and r.summary["task"] == "link"
+    assert 0.0 <= r.summary["test_acc"] <= 1.0
+
+
 def test_tasks_refuse_what_they_cannot_run(shared_data):
     with pytest.raises(DatasetError, match="collection of graphs"):
         ngra.fit("gin", "sbm:nodes=100", task="graph", epochs=1, progress=False)
