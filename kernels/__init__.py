@@ -9,6 +9,7 @@ numba, ``gpu``: torch on CUDA). ``rowdot`` is dense: plain torch on any device.
 from ngra.kernels.attention_aggregate import Recompute, attention_aggregate, keep_value
 from ngra.kernels.dropout import EdgeDropout, dropout, dropout_rows
 from ngra.kernels.dropout_linear import DropoutMasks, dropout_linear, dropout_masks
+from ngra.kernels.edge_score import edge_score
 from ngra.kernels.edge_softmax import edge_softmax
 from ngra.kernels.gsddmm import gsddmm
 from ngra.kernels.gspmm import gspmm
@@ -38,6 +39,7 @@ __all__ = [
     "dropout_rows",
     "dropout_linear",
     "dropout_masks",
+    "edge_score",
     "edge_softmax",
     "forward_skipped",
     "gsddmm",

@@ -13,6 +13,7 @@ _target.configure()
 
 from ngra.kernels.cpu import (  # noqa: E402, F401
     dropout,
+    edge_score,
     edge_softmax,
     fused_edge,
     gsddmm,

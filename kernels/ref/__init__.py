@@ -5,6 +5,7 @@ Importing this package registers every op under the ``"ref"`` backend.
 
 from ngra.kernels.ref import (  # noqa: F401
     dropout,
+    edge_score,
     edge_softmax,
     fused_edge,
     gsddmm,
