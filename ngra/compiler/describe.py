@@ -8,12 +8,19 @@ dropout goes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ngra.compiler.ir import Program, format_key, format_node, iter_refs
 from ngra.compiler.passes import PassNote
-from ngra.compiler.passes.fuse import FusedEdgeMatch, GspmmMatch, SoftmaxMatch, describe_match
+from ngra.compiler.passes.fuse import (
+    FusedEdgeMatch,
+    GspmmMatch,
+    SoftmaxMatch,
+    SoftmaxScoreMatch,
+    describe_match,
+)
 
 if TYPE_CHECKING:
     from ngra.compiler.compiled import CompiledPlan
@@ -106,6 +113,15 @@ def _kernel_line(p: Program, m: Any, gather: str, remade: bool = False) -> str:
             if remade:
                 line += ", the value made again from x in backward instead of saved"
         return line
+    if isinstance(m, SoftmaxScoreMatch):
+        sm = m.score
+        src = ", ".join(format_key(k) for k, _ in sm.src)
+        dst = ", ".join(format_key(k) if kind == "term" else "param row" for kind, k, _ in sm.dst)
+        heads = math.prod(m.heads) if m.heads else 1
+        return (f"edge_score({sm.expr}; src=[{src}], dst=[{dst}], heads={heads}, "
+                f"scale={m.scale:g}) -> [E, {heads}]; edge_softmax; gspmm({format_key(m.value)}, "
+                f"edge_feat=[E, {heads}]) -> [N_dst, {', '.join(map(str, m.heads + m.dims))}]; "
+                "no [E, H, D] tensor")
     if isinstance(m, FusedEdgeMatch):
         src = ", ".join(format_key(k) for k, _ in m.src)
         dst = ", ".join(format_key(k) if kind == "term" else "param row" for kind, k, _ in m.dst)

@@ -12,6 +12,9 @@
   on the whole-graph tile, when its scores are rowdots of its own value (GAT),
   :func:`~ngra.kernels.attention_aggregate`, which may make the value again in backward
   from the recipe ``pre`` handed on;
+* :class:`~ngra.compiler.passes.fuse.SoftmaxScoreMatch`: :func:`~ngra.kernels.edge_score`
+  (the ``[E, H]`` scores), :func:`~ngra.kernels.edge_softmax` and a per-head
+  :func:`~ngra.kernels.gspmm` of the value: no ``[E, H, D]`` tensor;
 * :class:`~ngra.compiler.passes.fuse.InterpMatch`: the interpreted edge IR and
   :func:`~ngra.kernels.segment_reduce`.
 
@@ -34,7 +37,13 @@ from ngra import kernels
 from ngra.compiler.gather import make_accumulator
 from ngra.compiler.interp import Resolver, evaluate
 from ngra.compiler.ir import Node, Op, Program
-from ngra.compiler.passes.fuse import FusedEdgeMatch, GspmmMatch, InterpMatch, SoftmaxMatch
+from ngra.compiler.passes.fuse import (
+    FusedEdgeMatch,
+    GspmmMatch,
+    InterpMatch,
+    SoftmaxMatch,
+    SoftmaxScoreMatch,
+)
 from ngra.compiler.plan import StagedTile
 from ngra.compiler.tile import TileView
 from ngra.graph import EdgeFactors
@@ -98,6 +107,8 @@ class EdgeStage:
             m = lowering[None]
             if isinstance(m, SoftmaxMatch):
                 return self._softmax(ctx, m, drop, recompute)
+            if isinstance(m, SoftmaxScoreMatch):
+                return self._softmax_score(ctx, m, drop)
             out = self.program.edge.outputs
             env = evaluate(self.program.edge, [out[0].id, out[1].id], ctx, self.resolver)
             return self.accumulator.partial(tile.indptr, (env[out[0].id], env[out[1].id]), drop)
@@ -199,9 +210,10 @@ class EdgeStage:
             del self._typed_cache[4:]
         return vidx, vrev
 
-    def _fused(self, ctx: _Tile, m: FusedEdgeMatch, reduce: str) -> torch.Tensor:
-        tile = ctx.tile
-        rest, width = m.out, math.prod(m.out) if m.out else 1
+    def _vertex_terms(self, ctx: _Tile, m: FusedEdgeMatch) -> tuple[list, list]:
+        """``(src_terms, dst_terms)`` of an element-wise match, ``[rows, F]`` or
+        ``[rows, 1]``; a parameter is one row every destination reads."""
+        rest = m.out
         src_terms = [_term(ctx.src[k], rest, lay) for k, lay in m.src]
         dst_terms = []
         params = [i for kind, i, _ in m.dst if kind == "param"]
@@ -211,7 +223,13 @@ class EdgeStage:
                 dst_terms.append(_term(ctx.dst[k], rest, lay))
             else:
                 # one row every destination reads (fused_edge_aggregate's shared rows)
-                dst_terms.append(_const_term(penv[k], rest, lay).to(tile.indptr.device))
+                dst_terms.append(_const_term(penv[k], rest, lay).to(ctx.tile.indptr.device))
+        return src_terms, dst_terms
+
+    def _fused(self, ctx: _Tile, m: FusedEdgeMatch, reduce: str) -> torch.Tensor:
+        tile = ctx.tile
+        rest, width = m.out, math.prod(m.out) if m.out else 1
+        src_terms, dst_terms = self._vertex_terms(ctx, m)
         edge_terms = []
         if m.edge:
             env = evaluate(self.program.edge, [i for i, _ in m.edge], ctx, self.resolver)
@@ -221,6 +239,35 @@ class EdgeStage:
         if out.shape[1] != width:  # only width-1 terms: broadcast to the message width
             out = out.expand(out.shape[0], width)
         return shaped(out, (ctx.num_dst,) + rest)
+
+    def _softmax_score(self, ctx: _Tile, m: SoftmaxScoreMatch, drop: Any = None) -> tuple:
+        """The softmax state of a tile whose scores come from :func:`~ngra.kernels.edge_score`:
+        ``[E_t, H]`` scores and weights, the value read per head by gspmm."""
+        tile, nd = ctx.tile, ctx.num_dst
+        h = math.prod(m.heads) if m.heads else 1
+        src_terms, dst_terms = self._vertex_terms(ctx, m.score)
+        score = kernels.edge_score(tile.indptr, tile.src_idx, m.score.expr, src_terms,
+                                   dst_terms, heads=h, scale=m.scale)
+        p = kernels.edge_softmax(tile.indptr, score)
+        if drop is not None:
+            p = p * drop.factors(h, p.dtype, p.device).view(p.shape)
+        value = ctx.src[m.value]
+        d = math.prod(m.dims) if m.dims else 1
+        out = kernels.gspmm(tile.indptr, tile.src_idx, shaped(value, (value.shape[0], h, d)),
+                            p, reduce="sum", rev=tile.rev)
+        o = shaped(out, (nd,) + m.heads + m.dims)
+        if tile.whole:  # the whole state, as in _softmax
+            return out.new_zeros((nd,) + m.heads), None, o
+        local = tile.dst_idx
+        mx = kernels.segment_reduce(tile.indptr, score.detach(), "max")
+        ssum = kernels.segment_reduce(tile.indptr, torch.exp(score - mx.index_select(0, local)),
+                                      "sum")
+        lse = (mx + torch.log(torch.where(ssum > 0, ssum, torch.ones_like(ssum))))
+        lse = lse.reshape((nd,) + m.heads)
+        has = (tile.indptr[1:] > tile.indptr[:-1]).to(out.dtype)
+        ss = has.view((nd,) + (1,) * len(m.heads)).expand((nd,) + m.heads)
+        return torch.where(has.view((nd,) + (1,) * len(m.heads)) > 0, lse,
+                           torch.zeros_like(lse)), ss, o
 
     def _softmax_operands(self, ctx: _Tile, m: SoftmaxMatch) -> tuple:
         """``(score_src [n, H], score_dst [nd, H], value [n, H, D])`` of a staged tile."""

@@ -699,22 +699,37 @@ def test_dst_scalar_factor_is_a_gspmm_edge_weight():
 
 
 class DotAttention(SagaLayer):
-    """Dot-product attention: the score mixes both ends non-element-wise (no one-pass kernel)."""
+    """Dot-product attention without heads: the score mixes both ends, summed over features
+    (edge_score, no one-pass kernel); with ``squash`` a tanh of the sum, which no kernel
+    takes."""
 
     gather = "softmax"
 
-    def __init__(self, f):
+    def __init__(self, f, squash=False):
         super().__init__()
         self.q, self.k = nn.Linear(f, 4), nn.Linear(f, 4)
+        self.squash = squash
 
     def apply_edge(self, edge):
         k = self.k(edge.src)
-        return (self.q(edge.dst) * k).sum(-1), k
+        s = (self.q(edge.dst) * k).sum(-1)
+        return (torch.tanh(s) if self.squash else s), k
+
+
+@pytest.mark.parametrize("case", ["self_loops", "isolated"])
+def test_dot_product_softmax_runs_edge_score(case):
+    g = make_graph(case)
+    plan = _check(DotAttention(F_IN), g, _x(g), kinds=("softmax_score",))
+    text = "\n".join(plan.describe())
+    assert "contract skipped" in text  # q(dst) * k(src): neither side is row-independent
+    assert "edge_score(dst0 * src0" in text or "edge_score(src0 * dst0" in text, text
+    assert "no [E, H, D] tensor" in text
 
 
 def test_unmatched_softmax_runs_hoisted_and_interpreted():
     g = make_graph("self_loops")
-    plan = _check(DotAttention(F_IN), g, _x(g), kinds=("interp",))
+    plan = _check(DotAttention(F_IN, squash=True), g, _x(g), kinds=("interp",))
     text = "\n".join(plan.describe())
     assert "hoist    fired" in text
     assert "contract skipped" in text  # q(dst) * k(src): neither side is row-independent
+    assert "c * expr.sum(-1)" in text  # what the score would have to be

@@ -17,7 +17,12 @@ patterns, tried in order for each message of a sum/mean/max/min gather:
 A softmax gather whose score is ``leaky_relu(src_term + dst_term)`` (or without the
 activation) and whose value is a source term runs as **softmax_aggregate**; when both
 terms are ``rowdot(value, w)`` of that value (GAT after ``contract``) the match records
-the weights, and whole-graph tiles run **attention_aggregate**.
+the weights, and whole-graph tiles run **attention_aggregate**. Any other softmax score
+that is ``c * expr.sum(-1)`` (``c`` a constant, ``expr`` element-wise in source-side,
+destination-side and parameter terms per head: GATv2's ``(leaky_relu(xs + xd) * att).sum(-1)``,
+TransformerConv's ``(q[dst] * k[src]).sum(-1) / sqrt(d)``) with a source-term value runs
+as **edge_score** (the ``[E, H]`` scores, no ``[E, H, D]`` tensor), **edge_softmax** and a
+per-head **gspmm** of the value.
 Anything else runs the (hoisted) edge stage through the interpreter, with the
 reason recorded.
 """
@@ -34,7 +39,8 @@ from ngra.compiler.passes import PassNote
 from ngra.compiler.patterns import factor_layout, is_float, match_typed, peel_scale
 from ngra.kernels.edge_expr import E
 
-__all__ = ["run", "GspmmMatch", "SoftmaxMatch", "FusedEdgeMatch", "InterpMatch"]
+__all__ = ["run", "GspmmMatch", "SoftmaxMatch", "SoftmaxScoreMatch", "FusedEdgeMatch",
+           "InterpMatch"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,20 @@ class FusedEdgeMatch:
 
 
 @dataclass(frozen=True)
+class SoftmaxScoreMatch:
+    """``gspmm(value, edge_softmax(edge_score(score.expr) * scale))``: a softmax whose score
+    is ``scale * expr.sum(-1)``, ``expr`` element-wise per head (``score``: its leaves and
+    expression, ``score.out`` = heads + ``(D,)``), and whose value is a source term."""
+
+    score: FusedEdgeMatch
+    scale: float
+    value: Any
+    heads: tuple[int, ...]  # the score's non-row shape
+    dims: tuple[int, ...]   # the value's shape after the heads
+    kind: str = "softmax_score"
+
+
+@dataclass(frozen=True)
 class InterpMatch:
     """No kernel: the edge stage runs through the interpreter."""
 
@@ -97,9 +117,9 @@ def run(program: Program) -> PassNote:
     if program.gather == "softmax":
         matches = {None: _score_weights(program, _match_softmax(edge, out[0].id, out[1].id))}
     elif isinstance(out, dict):
-        matches = {k: _match_message(edge, r.id) for k, r in out.items()}
+        matches = {k: _match_message(edge, r.id, program.gather) for k, r in out.items()}
     else:
-        matches = {None: _match_message(edge, out.id)}
+        matches = {None: _match_message(edge, out.id, program.gather)}
     program.lowering = matches
     details = []
     for key, m in matches.items():
@@ -135,13 +155,18 @@ def describe_match(program: Program, m: Any) -> str:
                      "attention_aggregate (one backward for scores and value, whose gradient "
                      "may overwrite the value)")
         return text
+    if isinstance(m, SoftmaxScoreMatch):
+        scale = "" if m.scale == 1.0 else f"{m.scale:g} * "
+        return (f"edge_score + edge_softmax + gspmm: score {scale}sum_d {m.score.expr} per "
+                f"head {list(m.heads) or [1]}, value {format_key(m.value)}[src] "
+                "(no [E, H, D] tensor)")
     if isinstance(m, FusedEdgeMatch):
         return f"fused_edge_aggregate: {m.expr} (no [E, F] tensor)"
     return str(m)
 
 
 # ---------------------------------------------------------------------------- sum/mean/max/min
-def _match_message(edge: Stage, nid: int) -> Any:
+def _match_message(edge: Stage, nid: int, gather: str = "sum") -> Any:
     msg = edge.nodes[nid]
     expr = format_node(edge, nid)
     if msg.shape is None or len(msg.shape) < 1:
@@ -168,7 +193,7 @@ def _match_message(edge: Stage, nid: int) -> Any:
             return GspmmMatch(typed["src"], tuple(factors), layout, (typed["width"],),
                               tuple(msg.shape[1:]), typed, kind="gspmm_typed")
         reasons.append(layout)
-    fused = _match_elementwise(edge, msg)
+    fused = _match_elementwise(edge, msg, gather)
     if isinstance(fused, FusedEdgeMatch):
         return fused
     return InterpMatch(fused if not reasons else f"{fused}; {reasons[0]}")
@@ -200,7 +225,7 @@ def _leaf_layout(n: Node, rest: tuple[int, ...], rowdep: bool) -> str | None:
     return None
 
 
-def _match_elementwise(edge: Stage, msg: Node) -> Any:
+def _match_elementwise(edge: Stage, msg: Node, gather: str = "sum") -> Any:
     """An :class:`FusedEdgeMatch`, or the reason (a string) the message is not element-wise."""
     rest = tuple(msg.shape[1:])
     expr_text = format_node(edge, msg.id)
@@ -251,7 +276,7 @@ def _match_elementwise(edge: Stage, msg: Node) -> Any:
             ekeys.setdefault(i, (len(ekeys), lay))
             res = E.edge(ekeys[i][0])
         else:
-            return _not_elementwise(edge, n, expr_text)
+            return _not_elementwise(edge, n, expr_text, gather, n.id == msg.id)
         memo[i] = res
         return res
 
@@ -285,7 +310,10 @@ def _build(E: Any, n: Node, args: list[Any]) -> Any:
             Op.LOG: E.log}[op](args[0])
 
 
-def _not_elementwise(edge: Stage, n: Node, expr_text: str) -> str:
+def _not_elementwise(edge: Stage, n: Node, expr_text: str, gather: str = "sum",
+                     last: bool = False) -> str:
+    """Why the message is not element-wise (the op that blocks fusion, the inputs it
+    reads) and the rewrite that would fuse it."""
     names = [f"edge.{d}" if d != "edge" else "edge.data"
              for d in ("src", "dst", "edge") if d in n.deps]
     reads = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
@@ -295,7 +323,36 @@ def _not_elementwise(edge: Stage, n: Node, expr_text: str) -> str:
         what = f"an opaque call ({name})"
     else:
         what = f"a non-element-wise op ({n.op.value})"
-    return f"apply_edge reads {reads} inside {what}: {expr_text}"
+    return (f"apply_edge reads {reads} inside {what}: {expr_text}; "
+            f"rewrite: {rewrite_hint(edge, n, gather, last)}")
+
+
+def rewrite_hint(edge: Stage, n: Node, gather: str, last: bool = False) -> str:
+    """The rewrite that would let the edge stage fuse, for the op ``n`` that blocks it."""
+    both = "src" in n.deps and "dst" in n.deps
+    if n.op == Op.LINEAR:
+        if last and gather in ("max", "min"):
+            return (f"a Linear does not commute with {gather}: end apply_edge at the element-wise "
+                    "part (one Linear + activation fuses) and apply the Linear in apply_vertex, "
+                    "or gather with sum/mean, after which a final Linear is moved past the gather")
+        if both:
+            return ("its input reads both ends per edge: write it as a sum or cat of src-only "
+                    "and dst-only parts (each Linear is then computed once per vertex), or move "
+                    "the Linear to apply_vertex")
+        return "compute the Linear on the vertex side (from one endpoint) or in apply_vertex"
+    if n.op == Op.OPAQUE:
+        return ("express the call with element-wise torch ops (+ - * /, sigmoid, tanh, relu, "
+                "leaky_relu, exp, log), or compute it on the vertex side from one endpoint")
+    if n.op in (Op.SUM, Op.MEAN, Op.ROWDOT):
+        return ("a reduction over features per edge fuses only as a softmax score "
+                "c * expr.sum(-1); elsewhere reduce on the vertex side before the edge stage")
+    if n.op == Op.CAT:
+        return ("feed the concatenation to a Linear (split per block and hoisted) or return "
+                "the parts as a dict of messages")
+    if n.op in (Op.GATHER, Op.INDEX_SELECT):
+        return ("select a per-type vertex term with term[src].gather(1, type.expand(-1, 1, F))"
+                ".squeeze(1), the typed g-SpMM pattern")
+    return "keep apply_edge to element-wise ops of vertex-side terms, edge data and constants"
 
 
 # ---------------------------------------------------------------------------- softmax
@@ -338,9 +395,51 @@ def _match_softmax(edge: Stage, score_id: int, value_id: int) -> Any:
     for p in parts:
         side = {Op.SRC: "src", Op.DST: "dst"}.get(p.op)
         if side is None or side in sides or p.shape != s.shape:
-            return InterpMatch(
-                "the softmax score is not leaky_relu(src-side term + dst-side term) "
-                f"({text})")
+            return _match_score(edge, s, v, heads, text)
         sides[side] = p.attrs["key"]
     return SoftmaxMatch(sides.get("src"), sides.get("dst"), v.attrs["key"], slope, heads,
                         tuple(v.shape[1 + len(heads):]))
+
+
+def _const_number(n: Node) -> float | None:
+    v = n.attrs.get("value") if n.op == Op.CONST else None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _match_score(edge: Stage, s: Node, v: Node, heads: tuple[int, ...], text: str) -> Any:
+    """A :class:`SoftmaxScoreMatch` when the score is ``c * expr.sum(-1)`` with ``expr``
+    element-wise per head in vertex-side and parameter terms; else the reason."""
+    simple = "the softmax score is neither leaky_relu(src-side term + dst-side term) nor"
+    scale = 1.0
+    while s.op in (Op.MUL, Op.DIV):
+        a, b = (edge.nodes[i] for i in s.args)
+        cb, ca = _const_number(b), (_const_number(a) if s.op == Op.MUL else None)
+        if cb is not None and (s.op == Op.MUL or cb != 0.0):
+            scale, s = (scale * cb if s.op == Op.MUL else scale / cb), a
+        elif ca is not None:
+            scale, s = scale * ca, b
+        else:
+            break
+    dims = s.attrs.get("dim") if s.op == Op.SUM else None
+    dims = dims if isinstance(dims, tuple) else (dims,)
+    inner = edge.nodes[s.args[0]] if s.op == Op.SUM else None
+    if (inner is None or s.attrs["keepdim"] or inner.shape is None or len(dims) != 1
+            or dims[0] not in (-1, len(inner.shape) - 1)):
+        return InterpMatch(f"{simple} c * expr.sum(-1) over the feature dim of each head; "
+                           f"rewrite the score as one of these to fuse ({text})")
+    if len(heads) > 1 or tuple(inner.shape[1:-1]) != heads:
+        return InterpMatch(f"the summed score expression {list(inner.shape[1:])} is not "
+                           f"[heads, D] for score heads {list(heads)} ({text})")
+    fm = _match_elementwise(edge, inner)
+    if isinstance(fm, str):
+        return InterpMatch(f"{simple} c * expr.sum(-1) with expr element-wise: {fm}")
+    if fm.edge:
+        return InterpMatch(f"the score expression reads edge data, which edge_score does not "
+                           f"take; add it to a vertex-side term to fuse ({text})")
+    if all(lay == "ones" for _, lay in fm.src) and all(lay == "ones" for *_, lay in fm.dst):
+        return InterpMatch(f"the score expression has no term of the full [heads, D] width "
+                           f"({text})")
+    return SoftmaxScoreMatch(fm, scale, v.attrs["key"], heads,
+                             tuple(v.shape[1 + len(heads):]))
