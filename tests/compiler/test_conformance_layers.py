@@ -1,0 +1,210 @@
+"""The conformance suite of layers users write (issue 39): GATv2, TransformerConv, GINE,
+PNA, EdgeConv (fused and with DGCNN's two-layer MLP, which must fall back), GatedGCN
+with edge features, SGC / APPNP repeated propagation and a GCN with learned edge weights.
+
+Each layer (``tests/conformance_layers.py``) is checked, forward and backward, against a
+plain-torch reference on the labeled graph cases with fresh random inputs, against the
+generic UDF path, on a tile grid, against PyG's built-in layer where one exists (same
+weights), and ``ngra.explain`` must name the kernel each SagaLayer runs on, or say in
+one line why it falls back and what rewrite would fuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _compiler_cases import GRAPH_CASES, assert_close_all, make_graph
+from conformance_layers import EXPECTED, LAYERS, conformance_case
+
+from ngra import explain
+from ngra.compiler import compile_layer, disabled
+from ngra.runtime.budget import grid_shape
+from ngra.runtime.executor import edge_data_csc
+
+TOL = {"rtol": 1e-8, "atol": 1e-9}
+
+
+def _outputs(out):
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def _run(case, probe=None):
+    """``[outputs..., grads of x, the parameters and float edge data]``, and the probes."""
+    out = _outputs(case.layer(case.graph, case.x, case.edata))
+    if probe is None:
+        probe = [torch.randn_like(o) for o in out]
+    inputs = [case.x] + [p for p in case.layer.parameters() if p.requires_grad]
+    if isinstance(case.edata, torch.Tensor) and case.edata.requires_grad:
+        inputs.append(case.edata)
+    loss = sum((o * p).sum() for o, p in zip(out, probe))
+    gs = torch.autograd.grad(loss, inputs, allow_unused=True)
+    return out + [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs)], probe
+
+
+def _ref(case, probe):
+    out = _outputs(case.ref(case.layer, case.graph, case.x, case.edata))
+    inputs = [case.x] + [p for p in case.layer.parameters() if p.requires_grad]
+    if isinstance(case.edata, torch.Tensor) and case.edata.requires_grad:
+        inputs.append(case.edata)
+    loss = sum((o * p).sum() for o, p in zip(out, probe))
+    gs = torch.autograd.grad(loss, inputs, allow_unused=True)
+    return out + [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs)]
+
+
+def _check_kinds(case, name):
+    for sub, kinds, (x, ed) in case.saga:
+        plan = compile_layer(sub, case.graph, x, edge_data_csc(case.graph, ed))
+        assert plan.edge_kinds == kinds, f"{name}: " + "\n".join(plan.describe())
+
+
+@pytest.mark.parametrize("case_name", GRAPH_CASES)
+@pytest.mark.parametrize("name", LAYERS)
+def test_layer_matches_reference_and_generic(name, case_name):
+    case = conformance_case(name, make_graph(case_name))
+    _check_kinds(case, name)
+    got, probe = _run(case)
+    want = _ref(case, probe)
+    assert_close_all(got, want, f"{name} on {case_name} vs reference", **TOL)
+    with disabled():
+        generic, _ = _run(case, probe)
+    assert_close_all(generic, want, f"{name} on {case_name}: generic path vs reference", **TOL)
+
+
+# dict-valued messages (PNA's moments, GatedGCN's numerator and denominator) do not run
+# on a tile grid yet (ngra.runtime.stream: tensor-valued accumulators only)
+# A max gather on a grid routes a destination's gradient to every tile whose partial max
+# equals the final one (ExtremeAccumulator.contribution): exact ties across tiles, such as
+# EdgeConvMLP's messages equal to the last bias wherever the hidden ReLU is all zero,
+# count twice. Found by this suite; not fixed yet.
+_TIES = pytest.mark.xfail(reason="max ties across tiles double the gradient "
+                          "(ExtremeAccumulator.contribution)", strict=False)
+GRID_LAYERS = [pytest.param(n, marks=_TIES) if n == "edgeconv_mlp" else n
+               for n in LAYERS if n not in ("pna", "gatedgcn")]
+
+
+@pytest.mark.parametrize("name", GRID_LAYERS)
+def test_layer_on_a_tile_grid(name):
+    """Partial tiles merge to the whole-graph result (softmax: per-tile log-sum-exp)."""
+    case = conformance_case(name, make_graph("skewed", n=23))
+    _check_kinds(case, name)
+    whole, probe = _run(case)
+    with grid_shape(3, 2):
+        tiled, _ = _run(case, probe)
+    assert_close_all(tiled, whole, f"{name} on a 3x2 grid vs whole graph", **TOL)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_layer_in_float32(name):
+    case = conformance_case(name, make_graph("random"), dtype=torch.float32)
+    got, probe = _run(case)
+    want = _ref(case, probe)
+    assert_close_all(got, want, f"{name} float32 vs reference", rtol=2e-4, atol=2e-5)
+
+
+PYG_LAYERS = [n for n in LAYERS if n != "gatedgcn"]
+
+
+@pytest.mark.baselines
+@pytest.mark.parametrize("case_name", ["random", "isolated", "multi_edges"])
+@pytest.mark.parametrize("name", PYG_LAYERS)
+def test_layer_matches_pyg(name, case_name):
+    pytest.importorskip("torch_geometric")
+    case = conformance_case(name, make_graph(case_name))
+    assert case.pyg is not None
+    pyg = case.pyg(case.layer).double()
+    ei = case.graph.edge_index()
+    got, probe = _run(case)
+    out = _outputs(pyg(case.x, ei, case.edata) if case.edata is not None else pyg(case.x, ei))
+    want_out = out
+    # gradients of the input (and of the learned edge weights): the same loss
+    inputs = [case.x] + ([case.edata] if isinstance(case.edata, torch.Tensor)
+                         and case.edata.requires_grad else [])
+    loss = sum((o * p).sum() for o, p in zip(out, probe))
+    gs = torch.autograd.grad(loss, inputs)
+    n_out = len(want_out)
+    ours_inputs = [got[n_out]] + ([got[-1]] if len(inputs) > 1 else [])
+    assert_close_all(got[:n_out], want_out, f"{name} vs PyG forward", rtol=1e-7, atol=1e-8)
+    assert_close_all(ours_inputs, list(gs), f"{name} vs PyG input gradients", rtol=1e-7,
+                     atol=1e-8)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_explain_names_the_kernel_or_the_reason(name):
+    case = conformance_case(name, make_graph("random"))
+    for sub, kinds, (x, ed) in case.saga:
+        text = explain(sub, case.graph, x, ed)
+        head = next(ln for ln in text.splitlines() if ln.startswith("plan:"))
+        if kinds == ("interp",):
+            assert "interpreted edge stage" in text, text
+            why = [ln for ln in text.splitlines() if "not fused:" in ln]
+            assert why, text
+            # the blocking op and the rewrite that would fuse it, in one line
+            assert "linear" in why[0] and "rewrite" in why[0], why[0]
+        else:
+            assert head == f"plan: compiled ({', '.join(kinds)})", text
+            assert "not fused" not in text, text
+
+
+def test_expected_kernels_cover_every_layer():
+    assert set(EXPECTED) == set(LAYERS)
+    fused = [n for n, subs in EXPECTED.items() if all(k != ("interp",) for k in subs)]
+    # every attention layer of the suite is fused; exactly one falls back on purpose
+    assert {"gatv2", "transformer"} <= set(fused)
+    assert [n for n in LAYERS if n not in fused] == ["edgeconv_mlp"]
+
+
+def _memory_child(name: str, mode: str) -> dict:
+    child = Path(__file__).with_name("score_memory_child.py")
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, str(child), name, mode, "4000", "300000"],
+                         capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["gatv2", "transformer"])
+def test_attention_step_forms_no_ehd_tensor(name):
+    """A training step of the fused layer (300k edges, 4 x 16 heads: one [E, H, D] float32
+    tensor is 77 MB) works in under half of one such tensor; the generic plan of the same
+    layer needs several (``test_attention_memory_control``, slow)."""
+    got = _memory_child(name, "fused")
+    assert got["kinds"] == ["softmax_score"], got
+    assert got["used"] < 0.5 * got["ehd_bytes"], (
+        f"{name}: a step used {got['used'] / 2**20:.1f} MiB; one [E, H, D] tensor is "
+        f"{got['ehd_bytes'] / 2**20:.1f} MiB")
+
+
+@pytest.mark.slow  # the generic step is ~25 s on a busy 2-core machine
+def test_attention_memory_control():
+    """The measurement sees [E, H, D] tensors: the generic plan's step exceeds two."""
+    got = _memory_child("gatv2", "generic")
+    assert got["used"] > 2 * got["ehd_bytes"], got
+
+
+@pytest.mark.parametrize("grid", [None, (3, 2)])
+@pytest.mark.parametrize("name", ["gatv2", "transformer"])
+def test_attention_dropout_matches_generic(name, grid):
+    """Attention dropout on the edge_score path draws the generic path's masks."""
+    case = conformance_case(name, make_graph("skewed", n=23))
+    case.layer.attention_dropout = 0.5
+    case.layer.train()
+
+    def run(probe=None, seed=3):
+        torch.manual_seed(seed)
+        if grid is None:
+            return _run(case, probe)
+        with grid_shape(*grid):
+            return _run(case, probe)
+
+    got, probe = run()
+    with disabled():
+        generic, _ = run(probe)
+    assert_close_all(got, generic, f"{name} with attention dropout vs generic", **TOL)
+    other, _ = run(probe, seed=4)
+    assert not torch.allclose(other[0], got[0]), "the masks did not change with the seed"
