@@ -24,6 +24,7 @@ from conformance_layers import EXPECTED, LAYERS, conformance_case
 
 from ngra import explain
 from ngra.compiler import compile_layer, disabled
+from ngra.kernels import use_backend
 from ngra.runtime.budget import grid_shape
 from ngra.runtime.executor import edge_data_csc
 
@@ -208,3 +209,14 @@ def test_attention_dropout_matches_generic(name, grid):
     assert_close_all(got, generic, f"{name} with attention dropout vs generic", **TOL)
     other, _ = run(probe, seed=4)
     assert not torch.allclose(other[0], got[0]), "the masks did not change with the seed"
+
+
+@pytest.mark.parametrize("name", ["gatv2", "transformer", "edgeconv", "gine"])
+def test_compiled_layer_on_reference_kernels(name):
+    """The compiled plan on kernels/ref (plain torch: the specification) equals it on the
+    numba kernels, forward and backward."""
+    case = conformance_case(name, make_graph("skewed", n=23))
+    got, probe = _run(case)
+    with use_backend("ref"):
+        ref, _ = _run(case, probe)
+    assert_close_all(got, ref, f"{name}: numba kernels vs kernels/ref", **TOL)
