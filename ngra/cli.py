@@ -143,6 +143,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="the halo exchange travels while a rank computes the edges whose "
                         "sources it owns, forward and backward; --no-halo-overlap: it "
                         "blocks (default: overlap)")
+    d.add_argument("--halo-bits", type=int, default=None, metavar="8",
+                   help="halo rows and their gradients travel as 8-bit integers with a "
+                        "per-row scale, about a quarter of the bytes, not exact (default: "
+                        "exact)")
     d.add_argument("--partition", default=None, metavar="DIR",
                    help="a partition book from `ngra partition` (default: partition on the "
                         "fly, cached beside the dataset cache)")

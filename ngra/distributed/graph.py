@@ -75,13 +75,16 @@ class DistGraph(Partitioned):
             (attention dropout's counters; default: the local ids, ``local.perm``).
         overlap: the halo exchange overlaps the inner edges' compute (module docs);
             ``False``: it blocks.
+        halo_bits: ``8``: halo rows and their gradients travel quantized
+            (:mod:`ngra.distributed.halo`); ``None``: exact.
     """
 
     def __init__(self, local: Graph, num_own: int, halo_ids: torch.Tensor,
                  bounds: torch.Tensor, halo: HaloPlan, stats: PartitionStats, *, rank: int,
                  world_size: int, group: Any = None, exchange: str = "auto",
                  link: LinkModel | None = None, traffic: Traffic | None = None,
-                 edge_ids: torch.Tensor | None = None, overlap: bool = True) -> None:
+                 edge_ids: torch.Tensor | None = None, overlap: bool = True,
+                 halo_bits: int | None = None) -> None:
         self.local = local
         self.edge_ids = local.perm if edge_ids is None else edge_ids
         self.num_nodes = int(num_own)
@@ -92,6 +95,7 @@ class DistGraph(Partitioned):
         self.traffic = traffic if traffic is not None else Traffic()
         halo.traffic = self.traffic
         halo.group = group
+        halo.bits = halo_bits
         self.halo = halo
         self._ring: RingPlan | None = None
         self.overlap = bool(overlap)
@@ -133,7 +137,8 @@ class DistGraph(Partitioned):
                       self.halo.to(device), self.stats, rank=self.rank,
                       world_size=self.world_size, group=self.group, exchange=self.exchange,
                       link=self.link, traffic=self.traffic,
-                      edge_ids=self.edge_ids.to(device), overlap=self.overlap)
+                      edge_ids=self.edge_ids.to(device), overlap=self.overlap,
+                      halo_bits=self.halo.bits)
         return g
 
     def __repr__(self) -> str:
@@ -235,10 +240,12 @@ class DistGraph(Partitioned):
             rng = torch.get_rng_state()
             record = self._record(key)
             try:
+                factors = isinstance(edata, EdgeFactors) and not (
+                    edata.src.requires_grad or edata.dst.requires_grad)
                 out = overlapped_propagate(self.halo, self.split, plan, terms,
-                                           self._per_edge(edata), self.in_degrees(), drop,
-                                           record)
-                self._how[key] = "halo"
+                                           edata if factors else self._per_edge(edata),
+                                           self.in_degrees(), drop, record)
+                self._how[key] = "halo" + self._bits_note()
                 return out
             except NotTensorAccumulator as err:  # every rank raises here alike
                 log.info("%s: its accumulator is a %s, not one tensor: the halo exchange "
@@ -247,8 +254,11 @@ class DistGraph(Partitioned):
                 if record is not None:
                     self._records[key].pop()
                 torch.set_rng_state(rng)
-        self._how[key] = "halo (blocking)"
+        self._how[key] = "halo (blocking)" + self._bits_note()
         return self._halo_propagate(plan, terms, edata, drop, self._record(key))
+
+    def _bits_note(self) -> str:
+        return f", {self.halo.bits}-bit" if self.halo.bits else ""
 
     def _per_edge(self, edata: Any) -> Any:
         """Edge data a tile takes by position: factored weights as ``[E]`` products."""
@@ -294,6 +304,8 @@ class DistGraph(Partitioned):
                    f"({self.num_halo * choice.row_bytes:,} bytes) and sends "
                    f"{self.halo.num_send:,} ({self.halo.num_send * choice.row_bytes:,} bytes); "
                    "backward the same in reverse; " +
+                   (f"rows quantized to {self.halo.bits} bits with a per-row scale; "
+                    if self.halo.bits else "") +
                    (f"overlapped: the {inner:,} inner edges (of {self.num_edges:,}) compute "
                     "while it travels, in both directions" if self.overlap else "blocking"))
         else:

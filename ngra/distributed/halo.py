@@ -16,6 +16,12 @@ asynchronously (gloo's work queue moves the bytes while the caller computes): th
 overlapped halo (:mod:`ngra.distributed.overlap`) runs its inner edges meanwhile and
 waits only for what is left. Each exchange can report to an :class:`ExchangeRecord`
 (bytes sent, seconds blocked waiting) for the run's summary.
+
+With ``HaloPlan.bits = 8`` (``--halo-bits 8``, off by default) floating-point rows
+travel quantized, both ways (the rows forward, their gradients backward): each packed
+row as int8 values with one float32 scale (``max |row| / 127``, rounded to nearest,
+:func:`quantize_rows`), dequantized on arrival; a row of ``W`` floats costs ``W + 4``
+bytes instead of ``4 W``. Owned rows are never quantized: only what crosses the link.
 """
 
 from __future__ import annotations
@@ -28,8 +34,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["ExchangeRecord", "HaloPlan", "PendingRows", "Traffic", "exchange_rows",
-           "start_exchange", "start_reverse"]
+__all__ = ["HALO_BITS", "ExchangeRecord", "HaloPlan", "PendingRows", "Traffic",
+           "dequantize_rows", "exchange_rows", "quantize_rows", "start_exchange",
+           "start_reverse"]
+
+#: Quantized widths a halo can travel at (``--halo-bits``; ``None``: exact).
+HALO_BITS = (8,)
 
 
 @dataclass
@@ -84,6 +94,7 @@ class HaloPlan:
         send_idx: ``[S]`` int64 owned rows to send, grouped by receiving rank.
         send_counts, recv_counts: ``[K]`` rows sent to / received from each rank.
         group: the process group of the exchange. traffic: where bytes are counted.
+        bits: ``8``: floating-point rows travel quantized (module docs); ``None``: exact.
     """
 
     num_own: int
@@ -93,6 +104,7 @@ class HaloPlan:
     recv_counts: list[int]
     group: Any = None
     traffic: Traffic = field(default_factory=Traffic)
+    bits: int | None = None
 
     @property
     def num_send(self) -> int:
@@ -102,7 +114,7 @@ class HaloPlan:
         if self.send_idx.device == device:
             return self
         return HaloPlan(self.num_own, self.num_halo, self.send_idx.to(device), self.send_counts,
-                        self.recv_counts, self.group, self.traffic)
+                        self.recv_counts, self.group, self.traffic, self.bits)
 
 
 def _width(t: torch.Tensor) -> int:
@@ -124,9 +136,42 @@ def _pack(rows: list[torch.Tensor], idx: torch.Tensor | None, n: int) -> torch.T
     return out
 
 
+def quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[n, W]`` floating point as ``[n, W + 4]`` uint8: each row's int8 values
+    (``round(x / scale)``, ``scale = max |row| / 127``), then its float32 scale's bytes."""
+    n, w = x.shape
+    out = torch.empty((n, w + 4), dtype=torch.uint8, device=x.device)
+    if n == 0:
+        return out
+    scale = (x.detach().abs().amax(dim=1, keepdim=True).to(torch.float32) / 127.0
+             if w else x.new_zeros((n, 1), dtype=torch.float32))
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (x.detach().to(torch.float32) / safe).round_().clamp_(-127, 127).to(torch.int8)
+    out[:, :w] = q.view(torch.uint8)
+    out[:, w:] = scale.view(torch.uint8)
+    return out
+
+
+def dequantize_rows(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of :func:`quantize_rows`: ``[n, W + 4]`` uint8 as ``[n, W]`` ``dtype``."""
+    n, w = buf.shape[0], buf.shape[1] - 4
+    if n == 0:
+        return buf.new_empty((0, w), dtype=dtype)
+    q = buf[:, :w].contiguous().view(torch.int8)
+    scale = buf[:, w:].contiguous().view(torch.float32)
+    return (q.to(torch.float32) * scale).to(dtype)
+
+
+def _quantized(plan: HaloPlan, send: torch.Tensor) -> bool:
+    return plan.bits is not None and send.is_floating_point()
+
+
 def _all_to_all(plan: HaloPlan, send: torch.Tensor, out_rows: int, out_counts: list[int],
                 in_counts: list[int], record: ExchangeRecord | None = None,
                 phase: str = "forward") -> torch.Tensor:
+    dtype, quantized = send.dtype, _quantized(plan, send)
+    if quantized:
+        send = quantize_rows(send)
     recv = send.new_empty((out_rows, send.shape[1]))
     t0 = time.perf_counter()
     dist.all_to_all_single(recv, send, output_split_sizes=out_counts,
@@ -135,7 +180,7 @@ def _all_to_all(plan: HaloPlan, send: torch.Tensor, out_rows: int, out_counts: l
     plan.traffic.add("halo", nbytes)
     if record is not None:
         record.add(phase, nbytes, time.perf_counter() - t0)
-    return recv
+    return dequantize_rows(recv, dtype) if quantized else recv
 
 
 def _exchange(plan: HaloPlan, own: list[torch.Tensor],
@@ -208,7 +253,8 @@ class PendingRows:
     """An exchange under way (:func:`start_exchange`, :func:`start_reverse`): :meth:`wait`
     blocks until it is done and returns the rows received, one tensor per one sent."""
 
-    def __init__(self, works: list[Any], parts: list[tuple[torch.Tensor, list[int]]],
+    def __init__(self, works: list[Any],
+                 parts: list[tuple[torch.Tensor, list[int], torch.dtype | None]],
                  like: list[torch.Tensor], rows: int, nbytes: int,
                  record: ExchangeRecord | None, phase: str) -> None:
         self._works, self._parts, self._like, self._rows = works, parts, like, rows
@@ -222,7 +268,9 @@ class PendingRows:
         if self._record is not None:
             self._record.add(self._phase, self.nbytes, time.perf_counter() - t0)
         out: list[torch.Tensor | None] = [None] * len(self._like)
-        for recv, idx in self._parts:
+        for recv, idx, dtype in self._parts:
+            if dtype is not None:  # quantized on the way
+                recv = dequantize_rows(recv, dtype)
             off = 0
             for i in idx:
                 t = self._like[i]
@@ -241,12 +289,15 @@ def _start(plan: HaloPlan, ts: list[torch.Tensor], idx: torch.Tensor | None, n_s
     works, parts, nbytes = [], [], 0
     for dtype, members in groups.items():
         send = _pack([ts[i].detach() for i in members], idx, n_send)
+        quantized = _quantized(plan, send)
+        if quantized:
+            send = quantize_rows(send)
         recv = send.new_empty((n_recv, send.shape[1]))
         works.append(dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,
                                             input_split_sizes=send_counts, group=plan.group,
                                             async_op=True))
         nbytes += send.numel() * send.element_size()
-        parts.append((recv, members))
+        parts.append((recv, members, dtype if quantized else None))
     plan.traffic.add("halo", nbytes)
     return PendingRows(works, parts, ts, n_recv, nbytes, record, phase)
 

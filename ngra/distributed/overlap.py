@@ -128,13 +128,26 @@ def _walk(c: _Context, t_leaves: list, e_leaves: list,
             for i, t in zip(c.src, pending.wait()):
                 halo[i] = t
             src = c.side(halo, c.src)
-        edata = unflatten(c.e_spec, [e.index_select(0, view.edge_ids) for e in e_leaves])
+        edata = unflatten(c.e_spec, _tile_edges(c, e_leaves, view))
         if keep:
             rng[view.key[1]] = torch.get_rng_state()
         state = acc.combine(state, plan.edge(view, src, dst, edata, c.drop_of(view)),
                             in_place=True)
     out = acc.finalize(state, c.in_deg, in_place=True)
     return out, state, rng, [halo[i] for i in c.src]
+
+
+def _tile_edges(c: _Context, e_leaves: list[torch.Tensor], view: TileView) -> list:
+    """The edge data leaves of tile ``view``: factored weights (``src`` and ``dst`` factors
+    of the local rows, never differentiated) as the tile's source rows and the owned
+    destinations' rows, no ``[E]`` array made; per-edge data gathered by the tile's edge
+    positions."""
+    if c.e_spec == "factors":
+        src, dst = e_leaves
+        d = view.num_dst
+        rows = src[:d] if view is c.split.inner else src[d:]
+        return [rows, dst[:d]]
+    return [e.index_select(0, view.edge_ids) for e in e_leaves]
 
 
 class OverlappedPropagation(torch.autograd.Function):
@@ -182,8 +195,8 @@ class OverlappedPropagation(torch.autograd.Function):
                 if dst[i].requires_grad:
                     st.leaves.append((("dst", i), dst[i], None))
             edata = []
-            for i, e in enumerate(e_vals):
-                rows = e.index_select(0, view.edge_ids).requires_grad_(e.requires_grad)
+            for i, (e, rows) in enumerate(zip(e_vals, _tile_edges(c, e_vals, view))):
+                rows = rows.detach().requires_grad_(e.requires_grad)
                 if e.requires_grad:
                     st.leaves.append((("edata", i), rows, None))
                 edata.append(rows)
@@ -238,7 +251,7 @@ def overlapped_propagate(halo: HaloPlan, split: SplitPlan, plan: Plan, terms: An
     """The accumulator ``[D, ...]`` of ``plan`` over this rank's in-edges, the halo
     arriving while the inner edges compute (differentiable; see the module docstring).
     ``terms``: the owned rows of ``pre``'s terms; ``edata``: edge data in local CSC
-    order (tensors, not factors); ``drop``: a softmax gather's attention dropout over
+    order, or factored weights over the local rows (not differentiable); ``drop``: a softmax gather's attention dropout over
     the local CSC edges, or ``None``; ``record``: where bytes and waits are added.
 
     Raises :class:`NotTensorAccumulator` after the forward walk when a differentiable

@@ -18,6 +18,7 @@ from typing import Any
 
 from ngra.datasets.store import STORAGES
 from ngra.distributed.cost import STRATEGIES
+from ngra.distributed.halo import HALO_BITS
 from ngra.models import HYPER_PARAMETERS, MODELS, Hyper
 from ngra.partition import BOOK_METHODS
 from ngra.runtime.cuda_graph import MODES as CUDA_GRAPH_MODES
@@ -84,6 +85,8 @@ class TrainConfig:
     exchange: str = "auto"
     #: the halo exchange overlaps the edges whose sources a rank owns (else it blocks)
     halo_overlap: bool = True
+    #: halo rows travel quantized to this many bits with a per-row scale (None: exact)
+    halo_bits: int | None = None
     partition: str | None = None
     partition_method: str = "metis"
     dist_timeout: float = 300.0
@@ -237,6 +240,14 @@ def check_config(cfg: TrainConfig) -> None:
     if not isinstance(cfg.halo_overlap, bool):
         raise ValueError(f"halo_overlap must be True or False (--halo-overlap / "
                          f"--no-halo-overlap); got {cfg.halo_overlap!r}.")
+    if cfg.halo_bits is not None:
+        if isinstance(cfg.halo_bits, bool) or cfg.halo_bits not in HALO_BITS:
+            raise ValueError(f"--halo-bits must be 8 (8-bit halo rows with a per-row scale; "
+                             f"leave it out for exact halos); got {cfg.halo_bits!r}.")
+        if cfg.exchange == "ring":
+            raise ValueError(f"--halo-bits {cfg.halo_bits} quantizes the halo exchange, and "
+                             "--exchange ring streams exact chunks; use --exchange halo (or "
+                             "auto: layers the cost model sends round the ring stay exact).")
     if cfg.partition_method not in BOOK_METHODS:
         raise ValueError(f"--partition-method must be one of {BOOK_METHODS}; "
                          f"got {cfg.partition_method!r}.")

@@ -121,25 +121,66 @@ def test_overlapped_equals_blocking_and_one_process(data):
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-def test_halo_overlap_flag_in_a_run(data):
+def test_halo_flags_in_a_run(data):
+    """``--halo-overlap`` / ``--no-halo-overlap`` train as one process; ``--halo-bits 8``
+    trains close to it (a bounded difference on a fixed seed) and sends about a quarter of
+    the halo bytes."""
     base = _cfg(data, "gat", nprocs=2, epochs=3, exchange="halo")
     folder = str(prepare_shards(base))
-    jobs = [(dataclasses.replace(base, halo_overlap=on), folder) for on in (True, False)]
-    on, off = launch(dist_ranks.train_configs, 2, jobs, threads=1)[0]
+    jobs = [(dataclasses.replace(base, halo_overlap=on, halo_bits=bits), folder)
+            for bits in (None, 8) for on in (True, False)]
+    on, off, on8, off8 = launch(dist_ranks.train_configs, 2, jobs, threads=1)[0]
     one = train(_cfg(data, "gat", epochs=3))
+
+    def losses(s):
+        return [h["loss"] for h in s["history"]]
+
     for s in (on, off):
-        torch.testing.assert_close([h["loss"] for h in s["history"]],
-                                   [h["loss"] for h in one["history"]], rtol=1e-4, atol=1e-5)
-    for s, how in ((on, "halo"), (off, "halo (blocking)")):
+        torch.testing.assert_close(losses(s), losses(one), rtol=1e-4, atol=1e-5)
+    for s in (on8, off8):  # 8-bit rows: close, not equal
+        torch.testing.assert_close(losses(s), losses(one), rtol=2e-2, atol=1e-3)
+        assert losses(s) != losses(one)
+    torch.testing.assert_close(losses(on8), losses(off8), rtol=1e-4, atol=1e-5)
+    for s, how in ((on, "halo"), (off, "halo (blocking)"), (on8, "halo, 8-bit"),
+                   (off8, "halo (blocking), 8-bit")):
         layers = s["exchange_per_layer"]
         assert [lay["how"] for lay in layers] == [how, how]
         assert all(lay["calls"] == 3 and len(lay["wait_s_per_rank"]) == 2
                    and all(b > 0 for b in lay["forward_bytes_per_rank"]) for lay in layers)
-        assert s["config"]["halo_overlap"] is (how == "halo") or "halo_overlap" not in s["config"]
+    for exact, small in ((on, on8), (off, off8)):
+        for a, b in zip(exact["exchange_per_layer"], small["exchange_per_layer"]):
+            for r in range(2):  # W floats a row: 4 W bytes exact, W + 4 quantized
+                assert b["forward_bytes_per_rank"][r] < 0.5 * a["forward_bytes_per_rank"][r]
+                assert b["backward_bytes_per_rank"][r] < 0.5 * a["backward_bytes_per_rank"][r]
 
 
-def test_halo_overlap_must_be_a_bool():
+def test_bad_halo_flags_are_refused_before_training(capsys):
+    from ngra.cli import main
     from ngra.training.config import check_config
 
     with pytest.raises(ValueError, match="halo_overlap must be True or False"):
         check_config(TrainConfig(model="gcn", dataset="cora", halo_overlap="yes"))
+    with pytest.raises(ValueError, match=r"--halo-bits must be 8 .*; got 3"):
+        check_config(TrainConfig(model="gcn", dataset="cora", nprocs=2, halo_bits=3))
+    with pytest.raises(ValueError, match="--exchange ring streams exact chunks"):
+        check_config(TrainConfig(model="gcn", dataset="cora", nprocs=2, halo_bits=8,
+                                 exchange="ring"))
+    assert main(["train", "--dataset", "cora", "--nprocs", "2", "--halo-bits", "3",
+                 "--no-progress"]) == 2
+    assert "--halo-bits must be 8" in capsys.readouterr().err
+
+
+def test_quantized_rows_round_trip():
+    from ngra.distributed.halo import dequantize_rows, quantize_rows
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 33, generator=g) * torch.logspace(-6, 3, 50).unsqueeze(1)
+    x[3] = 0.0  # a zero row: scale 0, values 0
+    x[4, 5] = -7.5  # a row's extreme is negative
+    q = quantize_rows(x)
+    assert q.dtype == torch.uint8 and q.shape == (50, 33 + 4)
+    back = dequantize_rows(q, torch.float32)
+    scale = x.abs().amax(1, keepdim=True) / 127
+    assert torch.all((back - x).abs() <= scale / 2 * (1 + 1e-5) + 1e-30)
+    assert torch.equal(back[3], torch.zeros(33)) and back[4, 5] == x[4, 5]
+    assert dequantize_rows(quantize_rows(x[:0]), torch.float64).shape == (0, 33)
