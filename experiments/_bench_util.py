@@ -4,6 +4,8 @@
   any library reads them (re-executing the script once if needed), so that every
   framework in a run works under the same conditions.
 * :func:`time_fn`: warm-up, then repeated wall-clock timing; report medians.
+* :func:`run_capped`: a command in a fresh process, killed over a time or RSS cap, its
+  ``RESULT {json}`` line parsed.
 * :class:`PeakRSS` / :func:`peak_rss_in_child`: peak resident memory of one call,
   measured in a fresh child process (so earlier cases and allocator caches do not
   hide or inflate it).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import json
 import math
 import multiprocessing as mp
 import os
@@ -48,6 +51,7 @@ __all__ = [
     "peak_rss_in_child",
     "pin_environment",
     "rss_bytes",
+    "run_capped",
     "run_in_child",
     "time_fn",
     "write_csv",
@@ -244,6 +248,48 @@ def run_in_child(fn: Callable[..., Any], *args: Any, timeout: float | None = Non
     if status != "ok":
         raise RuntimeError(f"child process failed: {payload}")
     return payload
+
+
+def _vm_rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_capped(cmd: Sequence[str], time_cap: float, mem_cap_mb: float,
+               env: Mapping[str, str] | None = None, cwd: str | None = None
+               ) -> tuple[dict[str, Any] | None, str, float]:
+    """Run ``cmd`` in a fresh process, killed over ``time_cap`` seconds or ``mem_cap_mb``
+    of RSS (sampled every 50 ms). Returns ``(result, status, peak RSS MB)``: ``result``
+    is the JSON after the last ``RESULT `` line of its stdout (``None`` if killed or
+    failed), ``status`` ``"ok"``, ``"skipped (...)"`` with the cap, or ``"failed (...)"``
+    with the last line of its stderr."""
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=None if env is None else dict(env), cwd=cwd)
+    t0, peak, killed = time.monotonic(), 0.0, ""
+    while proc.poll() is None:
+        peak = max(peak, _vm_rss_mb(proc.pid))
+        if peak > mem_cap_mb:
+            killed = f"skipped (RSS > {mem_cap_mb / 1024:.0f} GB cap)"
+        elif time.monotonic() - t0 > time_cap:
+            killed = f"skipped (over the {time_cap:.0f} s cap)"
+        if killed:
+            proc.kill()
+            break
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    if killed:
+        return None, killed, peak
+    for line in reversed(out.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):]), "ok", peak
+    tail = (err.strip().splitlines() or ["no output"])[-1][:160]
+    return None, f"failed ({tail})", peak
 
 
 def _peak_child(setup: Callable[..., Callable[[], Any]], args: tuple, warmup: int) -> dict[str, Any]:

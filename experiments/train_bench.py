@@ -65,7 +65,6 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -425,44 +424,17 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _vm_rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def run_case(case: Case, time_cap: float, mem_cap_mb: float) -> Result:
     """Run ``case`` in a fresh process; kill it over the time or memory cap."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(asdict(case))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_child_env(), cwd=str(REPO))
-    t0, peak, killed = time.monotonic(), 0.0, ""
-    while proc.poll() is None:
-        peak = max(peak, _vm_rss_mb(proc.pid))
-        if peak > mem_cap_mb:
-            killed = f"skipped (RSS > {mem_cap_mb / 1024:.0f} GB cap)"
-        elif time.monotonic() - t0 > time_cap:
-            killed = f"skipped (over the {time_cap:.0f} s cap)"
-        if killed:
-            proc.kill()
-            break
-        time.sleep(0.05)
-    out, err = proc.communicate()
+    found, status, peak = bu.run_capped(cmd, time_cap, mem_cap_mb, env=_child_env(),
+                                        cwd=str(REPO))
+    if found is not None:
+        return Result(**found)
     base = Result(case.kind, case.framework, case.model, case.graph)
-    if killed:
-        base.status = killed
+    base.status = status
+    if status.startswith("skipped"):
         base.peak_mb = peak * 2**20 / MB
-        return base
-    for line in reversed(out.splitlines()):
-        if line.startswith("RESULT "):
-            return Result(**json.loads(line[len("RESULT "):]))
-    tail = (err.strip().splitlines() or ["no output"])[-1][:160]
-    base.status = f"failed ({tail})"
     return base
 
 

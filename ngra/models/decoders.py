@@ -10,21 +10,39 @@ probability is ``sigmoid(score)``):
 * :class:`DistMultDecoder`: :math:`s(u, r, v) = \sum_f z_{u,f}\, R_{r,f}\, z_{v,f}`
   (Yang et al. 2015; R-GCN's link decoder).
 
-**Chunks.** Pairs are scored ``chunk`` at a time, so the gathered ``[p, F]`` rows of
-one chunk are the largest temporaries: scoring all ``N^2`` candidate pairs of an
-evaluation never builds ``[P, F]``. With autograd recording, each chunk runs under
-activation checkpointing (its gathered rows are recomputed in backward rather than
-kept), so training memory is bounded the same way; gradients equal the unchunked ones
-(dropout in the MLP replays the same mask, torch's checkpoint restores the RNG state).
+**Dot products through the pairs' CSC.** :class:`DotDecoder` makes no per-pair feature
+rows at all: the pairs become a CSC graph over the ``N`` vertices (sorted by
+destination once per pair tensor, cached for the fixed ones), the scores are its
+g-SDDMM ``dot`` and, in backward, the gradient of ``z`` is two g-SpMMs weighted by the
+scores' gradients (over the pairs' destinations and, through the cached transpose,
+their sources), the kernels a GCN layer runs on. Memory is ``O(P)`` indices and
+scores, never ``[P, F]``.
+
+**Chunks.** The other decoders score ``chunk`` pairs at a time, so the gathered
+``[p, F]`` rows of one chunk are the largest temporaries: scoring all ``N^2`` candidate
+pairs of an evaluation never builds ``[P, F]``. With autograd recording, each chunk runs
+under activation checkpointing (its gathered rows are recomputed in backward rather
+than kept), so training memory is bounded the same way; gradients equal the unchunked
+ones (dropout in the MLP replays the same mask, torch's checkpoint restores the RNG
+state).
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from typing import Any
+
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["CHUNK", "DistMultDecoder", "DotDecoder", "HadamardMLPDecoder", "PairDecoder"]
+from ngra.kernels import gsddmm, gspmm
+from ngra.kernels.transpose import reverse_of
+
+__all__ = ["CHUNK", "DistMultDecoder", "DotDecoder", "HadamardMLPDecoder", "PairCSC",
+           "PairDecoder", "pair_csc"]
 
 #: Pairs scored at once by default.
 CHUNK = 1 << 16
@@ -100,15 +118,87 @@ class PairDecoder(nn.Module):
 
 
 class DotDecoder(PairDecoder):
-    r""":math:`s(u, v) = z_u \cdot z_v`. No parameters.
+    r""":math:`s(u, v) = z_u \cdot z_v`. No parameters; scored through the pairs' CSC
+    (module docstring), all pairs at once.
 
     Args:
-        chunk: pairs scored at once (default: 65536).
+        chunk: unused (the CSC path makes no per-pair rows); kept for the interface.
     Shapes: ``z`` [N, F], ``pairs`` [2, P] -> [P].
     """
 
+    def forward(self, z: torch.Tensor, pairs: torch.Tensor,
+                rel: torch.Tensor | None = None) -> torch.Tensor:
+        self._check(z, pairs, rel)
+        if pairs.shape[1] == 0:
+            return z.new_zeros(0) + 0 * z.sum()  # keeps the graph for an empty share
+        csc = pair_csc(pairs, z.shape[0])
+        scores = _PairDot.apply(z.contiguous(), csc)
+        return scores.index_select(0, csc.inverse)
+
     def score(self, src, dst, rel):
         return (src * dst).sum(-1)
+
+
+class PairCSC:
+    """Pairs ``[2, P]`` as a CSC graph over ``N`` vertices: ``indptr`` ``[N + 1]`` over
+    destinations, ``indices`` the sources in that order, ``inverse`` ``[P]`` the CSC
+    position of each pair; its transpose made on first use (and cached by the kernels)."""
+
+    def __init__(self, pairs: torch.Tensor, num_nodes: int) -> None:
+        src, dst = pairs[0], pairs[1]
+        order = torch.argsort(dst, stable=True)
+        self.indices = src.index_select(0, order)
+        counts = torch.bincount(dst, minlength=num_nodes)
+        self.indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        self.inverse = torch.empty_like(order)
+        self.inverse[order] = torch.arange(order.numel(), device=order.device)
+        self.num_nodes = num_nodes
+
+    def reverse(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return reverse_of(self.indptr, self.indices, self.num_nodes, None)
+
+
+_CSC_CACHE: list[tuple[Any, int, int, PairCSC]] = []  # (weakref to pairs, version, N, csc)
+_CSC_LOCK = threading.Lock()
+_CSC_KEEP = 4  # the fixed pair sets of a run: training, validation, test positives/negatives
+
+
+def pair_csc(pairs: torch.Tensor, num_nodes: int) -> PairCSC:
+    """The :class:`PairCSC` of ``pairs`` (cached for the last few pair tensors, by
+    identity and version: a run's fixed pairs are sorted once)."""
+    version = pairs._version
+    with _CSC_LOCK:
+        for ref, v, n, csc in _CSC_CACHE:
+            if ref() is pairs and v == version and n == num_nodes:
+                return csc
+    csc = PairCSC(pairs, num_nodes)
+    with _CSC_LOCK:
+        _CSC_CACHE[:] = [c for c in _CSC_CACHE if c[0]() is not None]
+        _CSC_CACHE.insert(0, (weakref.ref(pairs), version, num_nodes, csc))
+        del _CSC_CACHE[_CSC_KEEP:]
+    return csc
+
+
+class _PairDot(torch.autograd.Function):
+    """Scores in CSC order: g-SDDMM ``dot``; backward two weighted g-SpMMs."""
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, csc: PairCSC) -> torch.Tensor:
+        ctx.save_for_backward(z)
+        ctx.csc = csc
+        return gsddmm(csc.indptr, csc.indices, z, z, op="dot")
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (z,) = ctx.saved_tensors
+        csc, grad = ctx.csc, grad.contiguous()
+        # d s_e / d z_dst(e) = z_src(e), summed over each destination's pairs ...
+        gz = gspmm(csc.indptr, csc.indices, z, grad, reduce="sum")
+        # ... and d s_e / d z_src(e) = z_dst(e), over each source's pairs (the transpose)
+        rev_indptr, rev_indices, rev_perm = csc.reverse()
+        gz += gspmm(rev_indptr, rev_indices, z, grad.index_select(0, rev_perm), reduce="sum")
+        return gz, None
 
 
 class HadamardMLPDecoder(PairDecoder):
