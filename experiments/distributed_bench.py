@@ -23,8 +23,22 @@ How
     reported); a case over ``--time-cap`` seconds or whose tree exceeds ``--mem-cap-gb`` of
     RSS is killed and recorded as such. Default allocator, ``OMP_WAIT_POLICY=PASSIVE``.
 
+Overlap (``--overlap``: issue 41's overlapped halo)
+    The overlapped and the blocking halo exchange (``--halo-overlap`` / ``--no-halo-overlap``)
+    on 2 ranks of one thread each, METIS, in **one** run: the ranks load their shard twice
+    (one ``DistGraph`` per mode) and alternate a full training step (forward, loss,
+    backward, gradient all-reduce, Adam) of one mode with one of the other, so both see
+    the same load from the rest of the machine; a step's time is the slowest rank's
+    (barrier before each step), the first step of each mode is a warm-up. Beside them,
+    ``ngra train --nprocs 1 --threads 1`` (one process, one thread) before and after: the
+    parallel-efficiency row (2 ranks x 1 thread over 1 rank x 1 thread). Per mode, the
+    seconds a rank's compute thread was blocked waiting for the exchange a step (summed
+    over layers, the summary's ``exchange_per_layer``). Writes
+    ``distributed_overlap.csv`` and a section of ``distributed.md``.
+
 Run
     python experiments/distributed_bench.py                     # the full grid (about an hour)
+    python experiments/distributed_bench.py --overlap           # overlapped vs blocking halo
     python experiments/distributed_bench.py --quick             # Cora, a smoke check
     python experiments/distributed_bench.py --repeats 2         # halo/ring alternated twice
     python experiments/distributed_bench.py --graphs rmat22 --models gcn --methods range
@@ -50,6 +64,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS = {"rmat20": "rmat:scale=20,edge_factor=16,feat=64", "twitter": "twitter"}
 MORE = {"rmat22": "rmat:scale=22,edge_factor=16,feat=64"}  # by name with --graphs
 QUICK = {"cora": "cora"}
+#: the overlap rows' graphs (``--overlap``; R-MAT 2^20 by name with --graphs rmat20)
+OVERLAP_GRAPHS = {"rmat17": "rmat:scale=17,edge_factor=8,feat=64", "twitter": "twitter"}
+#: the overlap rows' models: zoo name and hidden width (None: the zoo's)
+OVERLAP_MODELS = {"gcn128": ("gcn", 128), "gcn16": ("gcn", 16), "gat": ("gat", None)}
+OVERLAP_MARK = "<!-- overlap rows (distributed_bench.py --overlap) -->"
 
 
 def _tree_rss(pid: int) -> int:
@@ -63,13 +82,14 @@ def _tree_rss(pid: int) -> int:
 
 
 def run_case(spec: str, model: str, nprocs: int, threads: int, method: str, exchange: str,
-             epochs: int, data_root: str | None, time_cap: float, mem_cap: float) -> dict:
+             epochs: int, data_root: str | None, time_cap: float, mem_cap: float,
+             hidden: int | None = None) -> dict:
     """One ``ngra train`` run; its JSON summary, or ``{"error": why}``."""
     out = Path(tempfile.mkdtemp(prefix="ngra-dist-bench-")) / "summary.json"
     cmd = [sys.executable, "-m", "ngra", "train", "--model", model, "--dataset", spec,
            "--epochs", str(epochs), "--no-progress", "--threads", str(threads),
            "--nprocs", str(nprocs), "--partition-method", method, "--exchange", exchange,
-           "--out", str(out)]
+           "--out", str(out)] + (["--hidden", str(hidden)] if hidden else [])
     if data_root:
         cmd += ["--data-root", data_root]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
@@ -140,6 +160,162 @@ def rescore(rows: list[dict]) -> None:
         r["pred_ring_s"] = sum(g for _, g in preds)
 
 
+# ---------------------------------------------------------------- --overlap
+def interleaved_steps(model: str, hidden: int | None, folder: str, steps: int,
+                      seed: int = 0) -> dict[str, Any] | None:
+    """On each of the launched ranks: alternate training steps of the overlapped and the
+    blocking halo (module docs); rank 0 returns every step's slowest-rank seconds by mode
+    and each mode's per-layer wait and bytes, rank by rank."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from ngra.distributed import GradientSync
+    from ngra.distributed.shards import load_shard
+    from ngra.kernels import dropout_rows
+    from ngra.models import build_model
+
+    r, k = dist.get_rank(), dist.get_world_size()
+    shards = {mode: load_shard(folder, r, k, exchange="halo", overlap=mode == "overlapped")
+              for mode in ("overlapped", "blocking")}
+    m = shards["overlapped"].meta
+    torch.manual_seed(seed)
+    net = build_model(model, m["num_features"], m["num_classes"],
+                      num_edge_types=m["num_edge_types"],
+                      **({"hidden": hidden} if hidden else {}))
+    sync = GradientSync(net.parameters())
+    sync.broadcast_parameters()
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+    n = max(m["split_sizes"]["train"], 1)
+    times: dict[str, list[float]] = {"overlapped": [], "blocking": []}
+    net.train()
+    for step in range(2 * steps + 2):
+        mode = ("overlapped", "blocking")[step % 2 if step // 2 % 2 == 0 else 1 - step % 2]
+        sh = shards[mode]
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        with dropout_rows(sh.row_ids):
+            out = net(sh.graph, sh.x, sh.edge_data)
+        mask = sh.masks["train"]
+        loss = F.cross_entropy(out[mask], sh.y[mask], reduction="sum") / n
+        loss.backward()
+        sync.finish()
+        opt.step()
+        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if step >= 2:  # one warm-up step a mode
+            times[mode].append(float(t))
+    stats = {mode: sh.graph.exchange_stats() for mode, sh in shards.items()}
+    everyone: list[Any] = [None] * k
+    dist.all_gather_object(everyone, stats)
+    if r != 0:
+        return None
+    return {"times": times, "stats": {mode: [e[mode] for e in everyone] for mode in times}}
+
+
+def overlap_rows(args: argparse.Namespace) -> int:
+    """``--overlap``: the rows of the module docs' Overlap section."""
+    import statistics
+
+    from ngra.distributed import launch
+    from ngra.training import TrainConfig
+    from ngra.training.ranks import prepare_shards
+
+    graphs = {k: {**OVERLAP_GRAPHS, **GRAPHS, **MORE}.get(k, k)
+              for k in (args.graphs if args.graphs != ",".join(GRAPHS)
+                        else ",".join(OVERLAP_GRAPHS)).split(",")}
+    models = args.models if args.models != "gcn,gat" else ",".join(OVERLAP_MODELS)
+    rows = []
+    out = Path(args.out)
+    for name, spec in graphs.items():
+        for label in models.split(","):
+            model, hidden = OVERLAP_MODELS.get(label, (label, None))
+            t = time.monotonic()
+            one = [run_case(spec, model, 1, 1, "metis", "auto", args.epochs, args.data_root,
+                            args.time_cap, args.mem_cap_gb, hidden)]
+            cfg = TrainConfig(model=model, dataset=spec, data_root=args.data_root, nprocs=2,
+                              progress=False, hidden=hidden)
+            folder = str(prepare_shards(cfg))
+            got = launch(interleaved_steps, 2, model, hidden, folder, args.steps,
+                         threads=1, timeout_s=args.time_cap)[0]
+            load = os.getloadavg()[0]
+            one.append(run_case(spec, model, 1, 1, "metis", "auto", args.epochs,
+                                args.data_root, args.time_cap, args.mem_cap_gb, hidden))
+            one_s = [s["epoch_time_s"] for s in one if "error" not in s]
+            row: dict[str, Any] = {"graph": name, "model": label, "steps": args.steps,
+                                   "load_1m": round(max(load, os.getloadavg()[0]), 1)}
+            for mode in ("overlapped", "blocking"):
+                ts = got["times"][mode]
+                per_rank = got["stats"][mode]  # [rank][layer]
+                row[f"{mode}_s"] = statistics.median(ts)
+                row[f"{mode}_min_s"] = min(ts)
+                row[f"{mode}_wait_s"] = max(sum(lay["wait_s"] or 0.0 for lay in rank)
+                                            for rank in per_rank)
+                row[f"{mode}_bytes"] = sum(lay["forward_bytes"] + lay["backward_bytes"]
+                                           for rank in per_rank for lay in rank)
+            # the same steps, pair by pair: how the mode's order within a pair washes out
+            pairs = [a / b for a, b in zip(got["times"]["overlapped"], got["times"]["blocking"])]
+            row["ratio_median_of_pairs"] = statistics.median(pairs)
+            row["ratio"] = row["overlapped_s"] / row["blocking_s"]
+            if one_s:
+                row["one_rank_s"] = statistics.median(one_s)
+                row["efficiency"] = min(row["overlapped_s"], row["blocking_s"]) / row["one_rank_s"]
+            rows.append(row)
+            print(f"{name} {label}: overlapped {fmt_seconds(row['overlapped_s'])}, blocking "
+                  f"{fmt_seconds(row['blocking_s'])} ({row['ratio']:.2f}x), 1 rank "
+                  f"{fmt_seconds(row.get('one_rank_s', float('nan')))} "
+                  f"({time.monotonic() - t:.0f} s, load {row['load_1m']})", flush=True)
+            write_csv(rows, out.with_name(out.name + "_overlap").with_suffix(".csv"))
+            _write_overlap_section(out.with_suffix(".md"), overlap_report(rows, args))
+    return 0
+
+
+def overlap_report(rows: list[dict], args: argparse.Namespace) -> str:
+    info = machine_info()
+    argv = " ".join(sys.argv[1:])
+    lines = [OVERLAP_MARK, "", "## Overlapped vs blocking halo (issue 41)", "",
+             f"Regenerate: `python experiments/distributed_bench.py {argv}` (git "
+             f"{info.get('git', '?')}, {info.get('date', '?')}): 2 ranks x 1 thread, METIS, "
+             f"halo forced; the two modes alternate training steps in one run ({args.steps} "
+             "steps each after a warm-up step each; median of the slowest rank's step); "
+             f"1 rank x 1 thread is `ngra train --nprocs 1 --threads 1`, {args.epochs} epochs, "
+             "run before and after (median epoch). The machine was shared with other "
+             "work: the 1-minute load average is in each row (2 cores; above 2, the ranks "
+             "shared their cores). Wait: seconds the slowest-waiting rank's compute thread "
+             "was blocked on the exchange in a step (median per layer, summed); bytes: "
+             "halo bytes sent by all ranks in a step (forward and backward).", ""]
+    shown = []
+    for r in rows:
+        shown.append({
+            "cell": f"{r['graph']} {r['model']}",
+            "ov": fmt_seconds(r["overlapped_s"]), "bl": fmt_seconds(r["blocking_s"]),
+            "ratio": f"{r['ratio']:.2f}x", "pairs": f"{r['ratio_median_of_pairs']:.2f}x",
+            "wait": f"{fmt_seconds(r['overlapped_wait_s'])} / "
+                    f"{fmt_seconds(r['blocking_wait_s'])}",
+            "bytes": f"{fmt_bytes(r['overlapped_bytes'])} / {fmt_bytes(r['blocking_bytes'])}",
+            "one": fmt_seconds(r["one_rank_s"]) if "one_rank_s" in r else "—",
+            "eff": fmt_ratio(r["efficiency"]) if "efficiency" in r else "—",
+            "load": f"{r['load_1m']:.1f}"})
+    lines.append(markdown_table(shown, [
+        ("cell", "graph model"), ("ov", "overlapped step"), ("bl", "blocking step"),
+        ("ratio", "overlapped / blocking"), ("pairs", "median of step pairs"),
+        ("wait", "wait a step: overlapped / blocking"),
+        ("bytes", "halo bytes a step: overlapped / blocking"),
+        ("one", "1 rank x 1 thread epoch"), ("eff", "2x1 (faster mode) / 1x1"),
+        ("load", "load 1m")]))
+    lines += ["", "Targets: overlapped <= 0.85x blocking; 2 x 1 <= 0.65x 1 x 1.", ""]
+    return "\n".join(lines)
+
+
+def _write_overlap_section(md: Path, section: str) -> None:
+    """``section`` in place of the previous one in ``md`` (kept from the mark on), else
+    appended; the grid's report above it is left as it is."""
+    text = md.read_text() if md.exists() else "# Multi-process training\n"
+    head = text.split(OVERLAP_MARK)[0].rstrip("\n")
+    md.write_text(head + "\n\n" + section)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--graphs", default=",".join(GRAPHS))
@@ -159,8 +335,15 @@ def main() -> int:
     ap.add_argument("--rescore", action="store_true",
                     help="run nothing: recompute the predictions of the cases in OUT.csv with "
                          "this checkout's cost model and rewrite OUT.md")
+    ap.add_argument("--overlap", action="store_true",
+                    help="overlapped vs blocking halo, interleaved in one run, and the "
+                         "parallel-efficiency row (module docs)")
+    ap.add_argument("--steps", type=int, default=10,
+                    help="--overlap: training steps of each mode")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.overlap:
+        return overlap_rows(args)
     if args.rescore:
         import csv
 
