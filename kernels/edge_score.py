@@ -15,8 +15,9 @@ column inside the kernel and summed into the ``[E, H]`` output; backward re-eval
 symbolic derivatives (:func:`~ngra.kernels.edge_expr.derivative`) per edge. Only the
 ``[E, H]`` gradient arrives and nothing per edge is saved.
 
-Backend contract (``ref/``, ``cpu/``; the gpu backend has none yet, so CUDA tensors run
-the reference, which forms ``[E, H, D]``)::
+Backend contract (``ref/``, ``cpu/``, ``gpu/``; the gpu backend is plain torch over chunks
+of edges, not yet a generated Triton kernel: it forms ``[chunk, F]`` rows, never
+``[E, F]``)::
 
     edge_score_fwd(indptr, indices, call, src, dst) -> out [E, H]
     edge_score_bwd(indptr, indices, call, src, dst, grad [E, H], need) -> (src_grads, dst_grads)

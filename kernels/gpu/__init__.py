@@ -22,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 
 from ngra.kernels.gpu import (  # noqa: E402, F401
     dropout,
+    edge_score,
     edge_softmax,
     fused_edge,
     gsddmm,
