@@ -43,7 +43,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ngra.datasets import degree_weights, sample_negatives
 from ngra.datasets.linksplit import LinkSplit
@@ -53,7 +52,7 @@ from ngra.graph import Graph
 from ngra.metrics import hits_at_k, roc_auc
 from ngra.runtime.explain import explain
 from ngra.training.config import TrainConfig
-from ngra.training.link_task import HITS_KS, LinkModel, make_decoder
+from ngra.training.link_task import HITS_KS, LinkModel, make_decoder, pair_bce_sum
 from ngra.training.loop import fit_runs
 from ngra.training.model_source import call_model
 from ngra.training.ranks import RankSession, open_shard, prepare_shards, rank_threads
@@ -189,9 +188,7 @@ class LinkRankSession(RankSession):
         zz = exchange_rows(plan, [z])[0]
         dec = self.model.decoder
         p, q = dec(zz, local["pos"]), dec(zz, local["neg"])
-        local_sum = (F.binary_cross_entropy_with_logits(p, torch.ones_like(p), reduction="sum")
-                     + F.binary_cross_entropy_with_logits(q, torch.zeros_like(q),
-                                                          reduction="sum"))
+        local_sum = pair_bce_sum(p, q)
         counts = self._sum(torch.tensor([float(local_sum.detach()), float(neg.shape[1])],
                                         dtype=torch.float64)).tolist()
         total = max(self.train_count + counts[1], 1.0)
@@ -221,8 +218,7 @@ class LinkRankSession(RankSession):
         p, n = scores["val_pos"], scores["val_neg"]
         val_loss = float("nan")
         if p.numel() and n.numel():
-            val_loss = float(F.binary_cross_entropy_with_logits(
-                torch.cat([p, n]), torch.cat([torch.ones_like(p), torch.zeros_like(n)])))
+            val_loss = float(pair_bce_sum(p, n)) / (p.numel() + n.numel())
         return out, val_loss
 
     def explain(self) -> str:

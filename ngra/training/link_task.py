@@ -32,7 +32,7 @@ from ngra.training.config import DECODERS, TrainConfig
 from ngra.training.model_source import call_model
 from ngra.training.task_base import TaskSession
 
-__all__ = ["LinkModel", "LinkSession", "link_split", "make_decoder"]
+__all__ = ["LinkModel", "LinkSession", "link_split", "make_decoder", "pair_bce_sum"]
 
 #: Hits@K reported for link prediction (OGB's ogbl-collab/ppa/ddi Ks).
 HITS_KS = (20, 50, 100)
@@ -113,12 +113,18 @@ class LinkSession(TaskSession):
             return explain(self.net, self.graph, self.x, self.edge_data)
 
 
+def pair_bce_sum(pos_scores: torch.Tensor, neg_scores: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy summed over positive scores (label 1) and negative scores
+    (label 0): ``softplus(-s)`` and ``softplus(s)``, with no concatenated copy of the
+    scores nor label vectors."""
+    return F.softplus(-pos_scores).sum() + F.softplus(neg_scores).sum()
+
+
 def _pair_loss(decoder: nn.Module, z: torch.Tensor, pos: torch.Tensor,
                neg: torch.Tensor) -> torch.Tensor:
-    """Binary cross-entropy of positive pairs (label 1) and negative pairs (label 0)."""
-    scores = torch.cat([decoder(z, pos), decoder(z, neg)])
-    labels = torch.cat([scores.new_ones(pos.shape[1]), scores.new_zeros(neg.shape[1])])
-    return F.binary_cross_entropy_with_logits(scores, labels)
+    """The mean binary cross-entropy of ``decoder``'s positive and negative pairs."""
+    total = max(pos.shape[1] + neg.shape[1], 1)
+    return pair_bce_sum(decoder(z, pos), decoder(z, neg)) / total
 
 
 def link_split(cfg: TrainConfig, ds: NodeDataset) -> LinkSplit:
