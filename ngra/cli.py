@@ -147,6 +147,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="halo rows and their gradients travel as 8-bit integers with a "
                         "per-row scale, about a quarter of the bytes, not exact (default: "
                         "exact)")
+    d.add_argument("--halo-staleness", type=int, default=0, metavar="1",
+                   help="1: a training step reads the halo rows and gradients of the step "
+                        "before (PipeGCN), so the exchange overlaps a whole step; not exact "
+                        "(default: 0, exact)")
     d.add_argument("--partition", default=None, metavar="DIR",
                    help="a partition book from `ngra partition` (default: partition on the "
                         "fly, cached beside the dataset cache)")

@@ -38,8 +38,8 @@ from ngra.compiler.plan import Plan
 from ngra.distributed.cost import ExchangeChoice, PartitionStats, choose_exchange
 from ngra.distributed.halo import ExchangeRecord, HaloPlan, Traffic, exchange_rows
 from ngra.distributed.link import LinkModel
-from ngra.distributed.overlap import NotTensorAccumulator, SplitPlan, build_split, \
-    overlapped_propagate
+from ngra.distributed.overlap import NotTensorAccumulator, SplitPlan, StaleHalo, \
+    build_split, overlapped_propagate
 from ngra.distributed.ring import RingPlan, build_ring, ring_propagate
 from ngra.graph import EdgeFactors, Graph
 from ngra.runtime.budget import current_budget, forced_grid
@@ -77,6 +77,8 @@ class DistGraph(Partitioned):
             ``False``: it blocks.
         halo_bits: ``8``: halo rows and their gradients travel quantized
             (:mod:`ngra.distributed.halo`); ``None``: exact.
+        staleness: ``1``: an overlapped halo's training step reads the previous step's
+            halo rows and gradients (:mod:`ngra.distributed.overlap`); ``0``: exact.
     """
 
     def __init__(self, local: Graph, num_own: int, halo_ids: torch.Tensor,
@@ -84,7 +86,7 @@ class DistGraph(Partitioned):
                  world_size: int, group: Any = None, exchange: str = "auto",
                  link: LinkModel | None = None, traffic: Traffic | None = None,
                  edge_ids: torch.Tensor | None = None, overlap: bool = True,
-                 halo_bits: int | None = None) -> None:
+                 halo_bits: int | None = None, staleness: int = 0) -> None:
         self.local = local
         self.edge_ids = local.perm if edge_ids is None else edge_ids
         self.num_nodes = int(num_own)
@@ -99,6 +101,8 @@ class DistGraph(Partitioned):
         self.halo = halo
         self._ring: RingPlan | None = None
         self.overlap = bool(overlap)
+        self.staleness = int(staleness)
+        self._stale: dict[tuple[int, int], StaleHalo] = {}
         self._split: SplitPlan | None = None
         self._blocking: set[int] = set()  # layers whose dict accumulator cannot overlap
         self._records: dict[tuple[int, int], list[ExchangeRecord]] = {}
@@ -138,7 +142,7 @@ class DistGraph(Partitioned):
                       world_size=self.world_size, group=self.group, exchange=self.exchange,
                       link=self.link, traffic=self.traffic,
                       edge_ids=self.edge_ids.to(device), overlap=self.overlap,
-                      halo_bits=self.halo.bits)
+                      halo_bits=self.halo.bits, staleness=self.staleness)
         return g
 
     def __repr__(self) -> str:
@@ -176,6 +180,9 @@ class DistGraph(Partitioned):
             self._choices[key] = (weakref.ref(layer), choice)
             self._records.pop(key, None)  # a dead layer's, whose id this one took
             self._how.pop(key, None)
+            old = self._stale.pop(key, None)
+            if old is not None:
+                old.settle()
             if key not in self._order:
                 self._order.append(key)
             log.info("%s: exchange %s", type(layer).__name__, choice.describe())
@@ -197,6 +204,7 @@ class DistGraph(Partitioned):
         order: how it ran (``halo``, ``halo (blocking)``, ``ring``), the calls recorded,
         the last call's bytes sent forward and backward, and the median seconds blocked
         waiting per call (forward, backward, both)."""
+        self.settle()
         out = []
         for key in self._order:
             ref, _ = self._choices[key]
@@ -218,6 +226,11 @@ class DistGraph(Partitioned):
                         "wait_s": med(lambda r: r.wait_s)})
         return out
 
+    def settle(self) -> None:
+        """Wait for the stale halos' exchanges still in flight (see ``staleness``)."""
+        for stale in self._stale.values():
+            stale.settle()
+
     def _record(self, key: tuple[int, int]) -> ExchangeRecord | None:
         """A new record of a training call (``None`` outside autograd: evaluation)."""
         if not torch.is_grad_enabled():
@@ -234,7 +247,7 @@ class DistGraph(Partitioned):
         if choice.strategy == "ring":
             self._how[key] = "ring"
             return ring_propagate(self.ring, plan, terms, self._per_edge(edata),
-                                  self.in_degrees(), drop)
+                                  self.in_degrees(), drop, record=self._record(key))
         if self.overlap and id(plan.layer) not in self._blocking and current_budget() is None \
                 and forced_grid(self.local) is None:
             rng = torch.get_rng_state()
@@ -242,10 +255,12 @@ class DistGraph(Partitioned):
             try:
                 factors = isinstance(edata, EdgeFactors) and not (
                     edata.src.requires_grad or edata.dst.requires_grad)
+                stale = self._stale.setdefault(key, StaleHalo()) if self.staleness else None
                 out = overlapped_propagate(self.halo, self.split, plan, terms,
                                            edata if factors else self._per_edge(edata),
-                                           self.in_degrees(), drop, record)
-                self._how[key] = "halo" + self._bits_note()
+                                           self.in_degrees(), drop, record, stale)
+                self._how[key] = "halo" + self._bits_note() + (
+                    f", stale {self.staleness}" if self.staleness else "")
                 return out
             except NotTensorAccumulator as err:  # every rank raises here alike
                 log.info("%s: its accumulator is a %s, not one tensor: the halo exchange "

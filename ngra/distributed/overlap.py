@@ -19,10 +19,20 @@ The result is the blocking halo's (:meth:`ngra.distributed.DistGraph.propagate`)
 float tolerance: the same edges, summed in two tiles instead of one. The bytes are the
 blocking exchange's too; what changes is how long the rank waits for them
 (:class:`~ngra.distributed.halo.ExchangeRecord`).
+
+**Stale halos** (``--halo-staleness 1``, PipeGCN's bounded staleness; off by default,
+not exact): a training step's boundary tile reads the halo rows the *previous* step
+exchanged, and its owned rows receive the halo gradients the previous step sent back,
+so each exchange has a whole step (and the evaluation after it) to travel
+(:class:`StaleHalo`, one per layer). The first step after the start, a resume or a
+change of shape waits for its own rows, exactly; an evaluation (no autograd) reads
+exact rows and first settles what is still in flight, so no exchange outlives the
+step's evaluation, a checkpoint or the run.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +47,49 @@ from ngra.idtype import narrow
 from ngra.runtime.staging import Staged, flatten, plan_parameters, read_slots, unflatten
 from ngra.runtime.stream import tile_gradients
 
-__all__ = ["NotTensorAccumulator", "OverlappedPropagation", "SplitPlan", "build_split",
-           "overlapped_propagate"]
+__all__ = ["NotTensorAccumulator", "OverlappedPropagation", "SplitPlan", "StaleHalo",
+           "build_split", "overlapped_propagate"]
+
+
+class _Received:
+    """Rows already here, with a :class:`~ngra.distributed.halo.PendingRows`' ``wait``."""
+
+    def __init__(self, rows: list[torch.Tensor]) -> None:
+        self.rows = rows
+
+    def wait(self) -> list[torch.Tensor]:
+        return self.rows
+
+
+class StaleHalo:
+    """One layer's exchanges a step late (module docs): the halo rows and the returned
+    halo gradients of the last training step, in flight or arrived."""
+
+    def __init__(self) -> None:
+        self.rows: Any = None
+        self.grads: Any = None
+
+    def swap(self, which: str, pending: Any, like: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Keep ``pending`` (this step's exchange) for the next step and return the
+        previous step's rows, or this step's own (waited now) when there are none of the
+        shapes of ``like``."""
+        prev = getattr(self, which)
+        got = prev.wait() if prev is not None else None
+        if got is not None and [(t.shape, t.dtype) for t in got] == \
+                [(t.shape, t.dtype) for t in like]:
+            setattr(self, which, pending)
+            return got
+        got = pending.wait()
+        setattr(self, which, _Received(got))
+        return got
+
+    def settle(self) -> None:
+        """Wait for whatever is still in flight (before an exact exchange, an evaluation
+        or the end of the run)."""
+        for which in ("rows", "grads"):
+            prev = getattr(self, which)
+            if prev is not None and not isinstance(prev, _Received):
+                setattr(self, which, _Received(prev.wait()))
 
 
 class NotTensorAccumulator(Exception):
@@ -94,14 +145,14 @@ def build_split(num_own: int, num_halo: int, indptr: torch.Tensor,
 
 class _Context:
     __slots__ = ("plan", "halo", "split", "in_deg", "t_spec", "nt", "e_spec", "ne", "np",
-                 "src", "dst", "drop", "record")
+                 "src", "dst", "drop", "record", "stale")
 
     def __init__(self, plan, halo, split, in_deg, t_spec, nt, e_spec, ne, np_, src, dst, drop,
-                 record):
+                 record, stale=None):
         self.plan, self.halo, self.split, self.in_deg = plan, halo, split, in_deg
         self.t_spec, self.nt, self.e_spec, self.ne, self.np = t_spec, nt, e_spec, ne, np_
         self.src, self.dst = sorted(src), dst
-        self.drop, self.record = drop, record
+        self.drop, self.record, self.stale = drop, record, stale
 
     def drop_of(self, view: TileView) -> Any:
         return None if self.drop is None else self.drop.take(view.edge_ids)
@@ -120,21 +171,36 @@ def _walk(c: _Context, t_leaves: list, e_leaves: list,
     dst = c.side(t_leaves, c.dst)
     rng: dict[int, torch.Tensor] = {}
     state = None
-    for view in (split.inner, split.boundary):
-        if view is split.inner:
-            src = c.side(t_leaves, c.src)
-        else:  # the halo must be here now
-            halo = [None] * c.nt
-            for i, t in zip(c.src, pending.wait()):
+    halo: list[Any] = []
+    waited = []
+
+    def arrived() -> list[Any]:  # the halo must be here now (the previous step's, when stale)
+        if not waited:
+            waited.append(True)
+            like = [t_leaves[i] for i in c.src]
+            got = pending.wait() if c.stale is None else c.stale.swap("rows", pending, [
+                t.new_empty((c.halo.num_halo,) + tuple(t.shape[1:])) for t in like])
+            halo.extend([None] * c.nt)
+            for i, t in zip(c.src, got):
                 halo[i] = t
-            src = c.side(halo, c.src)
+        return halo
+
+    for view in _views(split):
+        src = c.side(t_leaves if view is split.inner else arrived(), c.src)
         edata = unflatten(c.e_spec, _tile_edges(c, e_leaves, view))
         if keep:
             rng[view.key[1]] = torch.get_rng_state()
         state = acc.combine(state, plan.edge(view, src, dst, edata, c.drop_of(view)),
                             in_place=True)
+    halo = arrived()  # waited for even when no edge reads it: every rank takes part
     out = acc.finalize(state, c.in_deg, in_place=True)
     return out, state, rng, [halo[i] for i in c.src]
+
+
+def _views(split: SplitPlan) -> list[TileView]:
+    """The tiles to run: those with edges (a rank alone has no halo edges), or the inner
+    one when neither has (the accumulator of a rank without in-edges)."""
+    return [v for v in (split.inner, split.boundary) if v.num_edges] or [split.inner]
 
 
 def _tile_edges(c: _Context, e_leaves: list[torch.Tensor], view: TileView) -> list:
@@ -223,36 +289,44 @@ class OverlappedPropagation(torch.autograd.Function):
             return mine
 
         # the boundary first: its halo rows' gradients travel while the inner tile runs
-        g_halo = tile(split.boundary, halo_rows)
+        views = _views(split)
+        g_halo = tile(split.boundary, halo_rows) if split.boundary in views else {}
         pending = None
         if wants:
             pending = start_reverse(c.halo, [g_halo[i] if i in g_halo
                                              else torch.zeros_like(halo_rows[i])
                                              for i in wants], record=c.record)
-        g_own = tile(split.inner, {i: t_vals[i] for i in c.src})
+        g_own = (tile(split.inner, {i: t_vals[i] for i in c.src}) if split.inner in views
+                 else {})
         for i, g in g_own.items():
             grads[i] = g if grads[i] is None else grads[i].add_(g)
         if pending is not None:
             idx = c.halo.send_idx
-            for i, g in zip(wants, pending.wait()):
+            like = [t_vals[i].new_empty((idx.numel(),) + tuple(t_vals[i].shape[1:]))
+                    for i in wants]
+            got = pending.wait() if c.stale is None else c.stale.swap("grads", pending, like)
+            for i, g in zip(wants, got):
                 if grads[i] is None:
                     grads[i] = torch.zeros_like(t_vals[i])
                 elif not grads[i].is_contiguous():
                     grads[i] = grads[i].contiguous()
-                d = grads[i].shape[0]
-                grads[i].reshape(d, -1).index_add_(0, idx, g.reshape(g.shape[0], -1))
+                d, w = grads[i].shape[0], math.prod(grads[i].shape[1:])
+                grads[i].view(d, w).index_add_(0, idx, g.reshape(g.shape[0], w))
         torch.set_rng_state(rng_now)
         return (None, *grads)
 
 
 def overlapped_propagate(halo: HaloPlan, split: SplitPlan, plan: Plan, terms: Any,
                          edata: Any, in_deg: torch.Tensor, drop: Any = None,
-                         record: ExchangeRecord | None = None) -> Any:
+                         record: ExchangeRecord | None = None,
+                         stale: StaleHalo | None = None) -> Any:
     """The accumulator ``[D, ...]`` of ``plan`` over this rank's in-edges, the halo
     arriving while the inner edges compute (differentiable; see the module docstring).
     ``terms``: the owned rows of ``pre``'s terms; ``edata``: edge data in local CSC
     order, or factored weights over the local rows (not differentiable); ``drop``: a softmax gather's attention dropout over
-    the local CSC edges, or ``None``; ``record``: where bytes and waits are added.
+    the local CSC edges, or ``None``; ``record``: where bytes and waits are added;
+    ``stale``: the layer's :class:`StaleHalo` for a step one exchange late (a call
+    without autograd settles it and runs exact).
 
     Raises :class:`NotTensorAccumulator` after the forward walk when a differentiable
     call's accumulator is a dict of fields: every rank runs the same layer, so every rank
@@ -261,9 +335,14 @@ def overlapped_propagate(halo: HaloPlan, split: SplitPlan, plan: Plan, terms: An
     e_leaves, e_spec = flatten(edata)
     src, dst = read_slots(plan, t_spec, len(t_leaves))
     params = [p for p in plan_parameters(plan) if p.requires_grad]
+    training = torch.is_grad_enabled() and (
+        bool(params) or any(t.requires_grad for t in t_leaves + e_leaves))
+    if stale is not None and not training:
+        stale.settle()
+        stale = None
     c = _Context(plan, halo, split, in_deg, t_spec, len(t_leaves), e_spec, len(e_leaves),
-                 len(params), src, dst, drop, record)
-    if torch.is_grad_enabled() and (params or any(t.requires_grad for t in t_leaves + e_leaves)):
+                 len(params), src, dst, drop, record, stale)
+    if training:
         return OverlappedPropagation.apply(c, *t_leaves, *e_leaves, *params)
     with torch.no_grad():
         return _walk(c, t_leaves, e_leaves, keep=False)[0]

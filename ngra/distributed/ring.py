@@ -26,13 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import time
+
 import torch
 import torch.distributed as dist
 
 from ngra import kernels
 from ngra.compiler.plan import Plan
 from ngra.compiler.tile import TileView
-from ngra.distributed.halo import Traffic
+from ngra.distributed.halo import ExchangeRecord, Traffic
 from ngra.graph import segment_ids
 from ngra.idtype import narrow
 from ngra.runtime.staging import Staged, flatten, plan_parameters, read_slots, unflatten
@@ -107,10 +109,12 @@ def build_ring(rank: int, world_size: int, num_own: int, indptr: torch.Tensor,
     return RingPlan(rank, world_size, group, chunk_rows, views, traffic)
 
 
-def _shift(ring: RingPlan, tensors: dict[int, torch.Tensor], rows: int,
-           tag: int = 0) -> tuple[dict[int, torch.Tensor], list[Any]]:
+def _shift(ring: RingPlan, tensors: dict[int, torch.Tensor], rows: int, tag: int = 0,
+           record: ExchangeRecord | None = None,
+           phase: str = "forward") -> tuple[dict[int, torch.Tensor], list[Any]]:
     """Send ``tensors`` to the next rank and receive same-shaped ones of ``rows`` rows
-    from the previous rank (async; wait on the returned requests)."""
+    from the previous rank (async; wait on the returned requests); the bytes sent are
+    added to ``record`` too."""
     k, r = ring.world_size, ring.rank
     if k == 1:  # a ring of one: the next rank is this one (gloo cannot send to itself)
         return {i: t.contiguous() for i, t in tensors.items()}, []
@@ -124,23 +128,31 @@ def _shift(ring: RingPlan, tensors: dict[int, torch.Tensor], rows: int,
         reqs.append(dist.isend(t, nxt, group=ring.group, tag=tag + i))
         reqs.append(dist.irecv(buf, prev, group=ring.group, tag=tag + i))
         ring.traffic.add("ring", t.numel() * t.element_size())
+        if record is not None:
+            record.add(phase, t.numel() * t.element_size(), 0.0)
         out[i] = buf
     return out, reqs
 
 
-def _wait(reqs: list[Any]) -> None:
+def _wait(reqs: list[Any], record: ExchangeRecord | None = None,
+          phase: str = "forward") -> None:
+    t0 = time.perf_counter()
     for q in reqs:
         q.wait()
+    if record is not None and reqs:
+        record.add(phase, 0, time.perf_counter() - t0)
 
 
 class _Context:
     __slots__ = ("ring", "plan", "in_deg", "t_spec", "nt", "e_spec", "ne", "np", "src", "dst",
-                 "drop")
+                 "drop", "record")
 
-    def __init__(self, ring, plan, in_deg, t_spec, nt, e_spec, ne, np_, src, dst, drop):
+    def __init__(self, ring, plan, in_deg, t_spec, nt, e_spec, ne, np_, src, dst, drop,
+                 record=None):
         self.ring, self.plan, self.in_deg = ring, plan, in_deg
         self.t_spec, self.nt, self.e_spec, self.ne, self.np = t_spec, nt, e_spec, ne, np_
         self.src, self.dst, self.drop = src, dst, drop
+        self.record = record
 
     def drop_of(self, view: TileView) -> Any:
         """The attention dropout on tile ``view``'s edges (its counters), or ``None``."""
@@ -160,7 +172,7 @@ def _walk(c: _Context, t_leaves: list, e_leaves: list, keep: bool) -> tuple[Any,
         j = (r - s) % k
         reqs: list[Any] = []
         if s < k - 1:
-            nxt, reqs = _shift(ring, cur, ring.chunk_rows[(j - 1) % k])
+            nxt, reqs = _shift(ring, cur, ring.chunk_rows[(j - 1) % k], record=c.record)
         view = ring.views[j]
         src = unflatten(c.t_spec, [cur.get(i) for i in range(c.nt)], keep=c.src)
         edata = unflatten(c.e_spec, [e.index_select(0, view.edge_ids) for e in e_leaves])
@@ -169,7 +181,7 @@ def _walk(c: _Context, t_leaves: list, e_leaves: list, keep: bool) -> tuple[Any,
         # no_grad: the partials are this walk's own, merged in place
         state = acc.combine(state, plan.edge(view, src, dst, edata, c.drop_of(view)),
                             in_place=True)
-        _wait(reqs)
+        _wait(reqs, c.record)
         if s < k - 1:
             cur = nxt
     out = acc.finalize(state, c.in_deg, in_place=True)
@@ -213,7 +225,8 @@ class RingPropagation(torch.autograd.Function):
             j = (r - s) % k
             v_reqs: list[Any] = []
             if s < k - 1:
-                nxt, v_reqs = _shift(ring, cur, ring.chunk_rows[(j - 1) % k])
+                nxt, v_reqs = _shift(ring, cur, ring.chunk_rows[(j - 1) % k],
+                                     record=c.record, phase="backward")
             view = ring.views[j]
             st = Staged(view, "ring")
             st.drop = c.drop_of(view)
@@ -254,18 +267,20 @@ class RingPropagation(torch.autograd.Function):
                 if g is not None:
                     grads[slot] = g if grads[slot] is None else grads[slot].add_(g)
             if wants:
-                _wait(g_reqs)
+                _wait(g_reqs, c.record, "backward")
                 total = {}
                 for i in wants:
                     g = mine.get(i)
                     if g is None:
                         g = torch.zeros_like(cur[i])
                     total[i] = g if i not in g_in else g_in[i].add_(g)
-                g_in, g_reqs = _shift(ring, total, ring.chunk_rows[(j - 1) % k], _GRAD_TAG)
-            _wait(v_reqs)
+                g_in, g_reqs = _shift(ring, total, ring.chunk_rows[(j - 1) % k], _GRAD_TAG,
+                                      c.record, "backward")
+            _wait(v_reqs, c.record, "backward")
             if s < k - 1:
                 cur = nxt
-        _wait(g_reqs)  # the last hop brings each rank its own chunk's whole gradient
+        # the last hop brings each rank its own chunk's whole gradient
+        _wait(g_reqs, c.record, "backward")
         for i in wants:
             grads[i] = g_in[i] if grads[i] is None else grads[i].add_(g_in[i])
         torch.set_rng_state(rng_now)
@@ -273,17 +288,19 @@ class RingPropagation(torch.autograd.Function):
 
 
 def ring_propagate(ring: RingPlan, plan: Plan, terms: Any, edata: Any,
-                   in_deg: torch.Tensor, drop: Any = None) -> Any:
+                   in_deg: torch.Tensor, drop: Any = None, *,
+                   record: ExchangeRecord | None = None) -> Any:
     """The accumulator ``[D, ...]`` of ``plan`` over this rank's in-edges, streaming the
     source chunks around the ring (differentiable; see the module docstring). ``drop``: a
     softmax gather's attention dropout over the local CSC edges (each tile takes its
-    edges' counters), or ``None``."""
+    edges' counters), or ``None``; ``record``: where the bytes sent and the seconds
+    blocked waiting for a hop are added."""
     t_leaves, t_spec = flatten(terms)
     e_leaves, e_spec = flatten(edata)
     src, dst = read_slots(plan, t_spec, len(t_leaves))
     params = [p for p in plan_parameters(plan) if p.requires_grad]
     c = _Context(ring, plan, in_deg, t_spec, len(t_leaves), e_spec, len(e_leaves),
-                 len(params), src, dst, drop)
+                 len(params), src, dst, drop, record)
     if torch.is_grad_enabled() and (params or any(t.requires_grad for t in t_leaves + e_leaves)):
         return RingPropagation.apply(c, *t_leaves, *e_leaves, *params)
     with torch.no_grad():

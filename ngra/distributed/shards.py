@@ -234,10 +234,11 @@ class Shard:
 
 def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, group: Any = None,
                exchange: str = "auto", link: Any = None, overlap: bool = True,
-               halo_bits: int | None = None) -> Shard:
+               halo_bits: int | None = None, staleness: int = 0) -> Shard:
     """Rank ``rank``'s shard from ``folder`` as a :class:`Shard` with its ``DistGraph``
     (``overlap``: its halo exchange overlaps the inner edges' compute, else blocks;
-    ``halo_bits``: its halo rows travel quantized to that many bits, else exact)."""
+    ``halo_bits``: its halo rows travel quantized to that many bits, else exact;
+    ``staleness``: 1 for a step's halo one step late, else 0)."""
     from ngra.distributed.graph import DistGraph
 
     folder = Path(folder)
@@ -255,6 +256,6 @@ def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, gr
                       PartitionStats.from_dict(meta["stats"]),
                       rank=rank, world_size=world_size, group=group, exchange=exchange,
                       link=link, edge_ids=s["edge_ids"], overlap=overlap,
-                      halo_bits=halo_bits)
+                      halo_bits=halo_bits, staleness=staleness)
     masks = {"train": s["train_mask"], "val": s["val_mask"], "test": s["test_mask"]}
     return Shard(graph, s["x"], s["y"], masks, s["edge_data"], s["row_ids"], meta)

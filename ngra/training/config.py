@@ -87,6 +87,8 @@ class TrainConfig:
     halo_overlap: bool = True
     #: halo rows travel quantized to this many bits with a per-row scale (None: exact)
     halo_bits: int | None = None
+    #: a training step reads the previous step's halo rows and gradients (0: exact)
+    halo_staleness: int = 0
     partition: str | None = None
     partition_method: str = "metis"
     dist_timeout: float = 300.0
@@ -248,6 +250,16 @@ def check_config(cfg: TrainConfig) -> None:
             raise ValueError(f"--halo-bits {cfg.halo_bits} quantizes the halo exchange, and "
                              "--exchange ring streams exact chunks; use --exchange halo (or "
                              "auto: layers the cost model sends round the ring stay exact).")
+    if isinstance(cfg.halo_staleness, bool) or cfg.halo_staleness not in (0, 1):
+        raise ValueError(f"--halo-staleness must be 0 (exact) or 1 (a step reads the previous "
+                         f"step's halo, PipeGCN's bound); got {cfg.halo_staleness!r}.")
+    if cfg.halo_staleness:
+        if not cfg.halo_overlap:
+            raise ValueError("--halo-staleness 1 lets the overlapped halo travel for a whole "
+                             "step; it cannot go with --no-halo-overlap.")
+        if cfg.exchange == "ring":
+            raise ValueError("--halo-staleness 1 delays the halo exchange, and --exchange ring "
+                             "streams exact chunks; use --exchange halo (or auto).")
     if cfg.partition_method not in BOOK_METHODS:
         raise ValueError(f"--partition-method must be one of {BOOK_METHODS}; "
                          f"got {cfg.partition_method!r}.")

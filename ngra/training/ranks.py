@@ -327,7 +327,7 @@ def open_shard(cfg: TrainConfig, folder: Path) -> tuple[Any, DenseLayout, Any]:
     link = link_model(device=device)  # forced strategies still report both predictions
     shard = load_shard(folder, layout.replica(rank), layout.data, group=groups.exchange,
                        exchange=cfg.exchange, link=link, overlap=cfg.halo_overlap,
-                       halo_bits=cfg.halo_bits)
+                       halo_bits=cfg.halo_bits, staleness=cfg.halo_staleness)
     if device == "cuda":  # NCCL: this rank's GPU (launch set it from LOCAL_RANK)
         shard = shard.to(torch.device("cuda", torch.cuda.current_device()))
     return shard, layout, groups

@@ -235,3 +235,46 @@ def overlap_steps(jobs: list, seed: int) -> list:
                              "grads": grads, "stats": sh.graph.exchange_stats()}
         out.append(both)
     return out if r == 0 else None
+
+
+def compressed_steps(folder: str, seed: int) -> dict | None:
+    """Two Adam steps of the zoo's GCN with exact, 8-bit (``halo_bits=8``) and stale
+    (``staleness=1``) overlapped halos: rank 0's losses (summed over ranks) per variant."""
+    import torch.nn.functional as F
+
+    from ngra.distributed.shards import load_shard
+    from ngra.kernels import dropout_rows
+    from ngra.models import build_model
+
+    r, k = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for name, kw in (("exact", {}), ("bits8", {"halo_bits": 8}), ("stale", {"staleness": 1})):
+        sh = load_shard(folder, r, k, exchange="halo", **kw)
+        m = sh.meta
+        torch.manual_seed(seed)
+        net = build_model("gcn", m["num_features"], m["num_classes"])
+        opt = torch.optim.Adam(net.parameters(), lr=0.05)
+        net.train()
+        losses = []
+        for step in range(3):
+            opt.zero_grad()
+            with dropout_rows(sh.row_ids):
+                logits = net(sh.graph, sh.x, sh.edge_data)
+            mask = sh.masks["train"]
+            loss = F.cross_entropy(logits[mask], sh.y[mask], reduction="sum")
+            loss.backward()
+            for p in net.parameters():
+                dist.all_reduce(p.grad)
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            losses.append(float(total))
+            opt.step()
+        out[name] = {"losses": losses, "stats": sh.graph.exchange_stats()}
+    return out if r == 0 else None
+
+
+def overlap_and_compressed(jobs: list, seed: int, folder: str) -> tuple | None:
+    """:func:`overlap_steps` and :func:`compressed_steps` in one launch."""
+    a = overlap_steps(jobs, seed)
+    b = compressed_steps(folder, seed)
+    return (a, b) if dist.get_rank() == 0 else None

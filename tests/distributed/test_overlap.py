@@ -94,7 +94,8 @@ def _one_process(data, model, seed):
 def test_overlapped_equals_blocking_and_one_process(data):
     jobs = [(model, str(prepare_shards(_cfg(data, model, nprocs=2, partition_method=method))))
             for model in MODELS for method in METHODS]
-    got = launch(dist_ranks.overlap_steps, 2, jobs, 5, threads=1)[0]
+    got, compressed = launch(dist_ranks.overlap_and_compressed, 2, jobs, 5, jobs[0][1],
+                             threads=1)[0]
     for (model, folder), both in zip(jobs, got):
         where = f"{model} ({folder.split('/shards')[0].rsplit('-', 3)[1]})"
         ref_out, ref_loss, ref_grads = _one_process(data, model, 5)
@@ -117,38 +118,68 @@ def test_overlapped_equals_blocking_and_one_process(data):
         for a, b in zip(off["stats"], on["stats"]):
             assert a["forward_bytes"] == b["forward_bytes"], where
             assert b["backward_bytes"] <= a["backward_bytes"], where
+    # --halo-bits 8 and --halo-staleness 1 (GCN, METIS, 3 Adam steps): close, not exact
+    exact, bits8, stale = (compressed[v]["losses"] for v in ("exact", "bits8", "stale"))
+    assert bits8 != exact and stale != exact
+    torch.testing.assert_close(bits8, exact, rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(stale, exact, rtol=2e-2, atol=1e-3)
+    assert stale[0] == pytest.approx(exact[0], rel=1e-6)  # the first step waits for its own
+    assert [s["how"] for s in compressed["stale"]["stats"]] == ["halo, stale 1"] * 2
+    for a, b in zip(compressed["exact"]["stats"], compressed["bits8"]["stats"]):
+        assert b["forward_bytes"] < 0.5 * a["forward_bytes"]
 
 
+@pytest.mark.slow  # ~45 s (8 runs on 2 ranks); the flags' steps run in the test above
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-def test_halo_flags_in_a_run(data):
+def test_halo_flags_in_a_run(data, tmp_path):
     """``--halo-overlap`` / ``--no-halo-overlap`` train as one process; ``--halo-bits 8``
     trains close to it (a bounded difference on a fixed seed) and sends about a quarter of
-    the halo bytes."""
+    the halo bytes; ``--halo-staleness 1`` trains close to it too, from a checkpoint as
+    well."""
     base = _cfg(data, "gat", nprocs=2, epochs=3, exchange="halo")
     folder = str(prepare_shards(base))
     jobs = [(dataclasses.replace(base, halo_overlap=on, halo_bits=bits), folder)
             for bits in (None, 8) for on in (True, False)]
-    on, off, on8, off8 = launch(dist_ranks.train_configs, 2, jobs, threads=1)[0]
+    stale = _cfg(data, "gcn", nprocs=2, epochs=6, exchange="halo", halo_staleness=1)
+    gcn_folder = str(prepare_shards(stale))
+    ck = str(tmp_path / "ck")
+    jobs += [(stale, gcn_folder),
+             (dataclasses.replace(stale, epochs=3, checkpoint=ck, checkpoint_every=3),
+              gcn_folder),
+             (dataclasses.replace(stale, checkpoint=ck, checkpoint_every=3, resume=True),
+              gcn_folder),
+             (dataclasses.replace(base, exchange="ring"), folder)]
+    on, off, on8, off8, st, _, resumed, ring = launch(dist_ranks.train_configs, 2, jobs,
+                                                      threads=1)[0]
     one = train(_cfg(data, "gat", epochs=3))
+    exact = train(_cfg(data, "gcn", epochs=6))
 
     def losses(s):
         return [h["loss"] for h in s["history"]]
 
-    for s in (on, off):
+    for s in (on, off, ring):
         torch.testing.assert_close(losses(s), losses(one), rtol=1e-4, atol=1e-5)
     for s in (on8, off8):  # 8-bit rows: close, not equal
         torch.testing.assert_close(losses(s), losses(one), rtol=2e-2, atol=1e-3)
         assert losses(s) != losses(one)
     torch.testing.assert_close(losses(on8), losses(off8), rtol=1e-4, atol=1e-5)
     for s, how in ((on, "halo"), (off, "halo (blocking)"), (on8, "halo, 8-bit"),
-                   (off8, "halo (blocking), 8-bit")):
+                   (off8, "halo (blocking), 8-bit"), (ring, "ring")):
         layers = s["exchange_per_layer"]
         assert [lay["how"] for lay in layers] == [how, how]
         assert all(lay["calls"] == 3 and len(lay["wait_s_per_rank"]) == 2
                    and all(b > 0 for b in lay["forward_bytes_per_rank"]) for lay in layers)
-    for exact, small in ((on, on8), (off, off8)):
-        for a, b in zip(exact["exchange_per_layer"], small["exchange_per_layer"]):
+    # stale halos: the first step (and the first after a resume) exact, then close
+    assert [lay["how"] for lay in st["exchange_per_layer"]] == ["halo, stale 1"] * 2
+    assert losses(st)[0] == pytest.approx(losses(exact)[0], rel=1e-5)
+    assert losses(st) != losses(exact)
+    torch.testing.assert_close(losses(st), losses(exact), rtol=2e-2, atol=1e-3)
+    assert len(resumed["history"]) == 6
+    torch.testing.assert_close(losses(resumed)[:3], losses(st)[:3], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(losses(resumed), losses(st), rtol=2e-2, atol=1e-3)
+    for exact8, small in ((on, on8), (off, off8)):
+        for a, b in zip(exact8["exchange_per_layer"], small["exchange_per_layer"]):
             for r in range(2):  # W floats a row: 4 W bytes exact, W + 4 quantized
                 assert b["forward_bytes_per_rank"][r] < 0.5 * a["forward_bytes_per_rank"][r]
                 assert b["backward_bytes_per_rank"][r] < 0.5 * a["backward_bytes_per_rank"][r]
@@ -165,6 +196,11 @@ def test_bad_halo_flags_are_refused_before_training(capsys):
     with pytest.raises(ValueError, match="--exchange ring streams exact chunks"):
         check_config(TrainConfig(model="gcn", dataset="cora", nprocs=2, halo_bits=8,
                                  exchange="ring"))
+    with pytest.raises(ValueError, match="--halo-staleness must be 0 .* or 1 .*; got 2"):
+        check_config(TrainConfig(model="gcn", dataset="cora", nprocs=2, halo_staleness=2))
+    with pytest.raises(ValueError, match="cannot go with --no-halo-overlap"):
+        check_config(TrainConfig(model="gcn", dataset="cora", nprocs=2, halo_staleness=1,
+                                 halo_overlap=False))
     assert main(["train", "--dataset", "cora", "--nprocs", "2", "--halo-bits", "3",
                  "--no-progress"]) == 2
     assert "--halo-bits must be 8" in capsys.readouterr().err
