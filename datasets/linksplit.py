@@ -61,6 +61,10 @@ class LinkSplit:
             ogbl-citation2's ``target_node_neg``: positive ``i`` is ranked against
             ``(val_pos[0, i], val_neg_dst[i, k])``, MRR), or ``None``.
         info: provenance (``seed``, ``val``, ``test``, ``source``, ...).
+        edge_type: ``[E_msg]`` relation of each message-passing edge (original edge
+            order) when split by relation, else ``None``; ``num_relations`` their count.
+        train_rel, val_rel, val_neg_rel, test_rel, test_neg_rel: ``[M]`` int64 relation
+            of each pair of the matching part when split by relation, else ``None``.
     """
 
     graph: Graph
@@ -74,6 +78,13 @@ class LinkSplit:
     val_neg_dst: torch.Tensor | None = None
     test_neg_dst: torch.Tensor | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    edge_type: torch.Tensor | None = None
+    num_relations: int = 1
+    train_rel: torch.Tensor | None = None
+    val_rel: torch.Tensor | None = None
+    val_neg_rel: torch.Tensor | None = None
+    test_rel: torch.Tensor | None = None
+    test_neg_rel: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.graph.num_nodes
@@ -117,19 +128,30 @@ class LinkSplit:
 
     def train_negatives(self, epoch: int, seed: int | None = None, ratio: float = 1.0,
                         dst_range: tuple[int, int] | None = None, *, kind: str = "uniform",
-                        degrees: np.ndarray | None = None) -> torch.Tensor:
+                        degrees: np.ndarray | None = None, return_index: bool = False
+                        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Epoch ``epoch``'s ``round(ratio * E_train)`` training negatives ``[2, M]``: pairs
         that are no edge of :attr:`graph` nor a self-loop, uniform (PyG's per-epoch
         ``negative_sampling``) or ``kind="degree"`` (in proportion to ``degrees``, default
         :func:`~ngra.datasets.negatives.degree_weights` of :attr:`graph`), from
         :func:`~ngra.datasets.negatives.sample_negatives`, so a rank owning destinations
-        ``dst_range`` gets its share of the same set. ``seed`` defaults to the split's."""
+        ``dst_range`` gets its share of the same set. ``seed`` defaults to the split's;
+        ``return_index`` also returns each negative's index in the epoch's set (what
+        :meth:`negative_relations` reads)."""
         seed = int(self.info.get("seed", 0)) if seed is None else seed
         if kind == "degree" and degrees is None:
             degrees = degree_weights(self.graph)
         return sample_negatives(self.num_nodes, self.num_train_negatives(ratio), seed,
                                 epoch=epoch, kind=kind, degrees=degrees, exclude=self.graph,
-                                dst_range=dst_range)
+                                dst_range=dst_range, return_index=return_index)
+
+    def negative_relations(self, index: torch.Tensor) -> torch.Tensor | None:
+        """The relation of each training negative (by its global ``index`` in the epoch's
+        set): negative ``i`` corrupts training pair ``i mod E_train``, so it keeps that
+        pair's relation. ``None`` when the split has no relations."""
+        if self.train_rel is None:
+            return None
+        return self.train_rel.index_select(0, index % max(self.train_rel.numel(), 1))
 
     def num_train_negatives(self, ratio: float = 1.0) -> int:
         """How many training negatives an epoch draws (before any dropped; see
@@ -143,7 +165,8 @@ class LinkSplit:
         return {"num_nodes": self.num_nodes, "message_edges": self.graph.num_edges,
                 "undirected": self.undirected, "train_pos": count(self.train_pos),
                 "val_pos": count(self.val_pos), "val_neg": count(self.val_neg),
-                "test_pos": count(self.test_pos), "test_neg": count(self.test_neg)}
+                "test_pos": count(self.test_pos), "test_neg": count(self.test_neg),
+                "relations": self.num_relations if self.train_rel is not None else None}
 
 
 def split_edges(
@@ -153,6 +176,7 @@ def split_edges(
     seed: int = 0,
     undirected: bool | None = None,
     neg_ratio: float = 1.0,
+    by_relation: bool = False,
 ) -> LinkSplit:
     """Hold out validation and test pairs of a graph (see the module docstring).
 
@@ -164,6 +188,11 @@ def split_edges(
         undirected: pairs unordered (``True``), ordered (``False``), or (``None``, default)
             unordered when every edge has its reverse.
         neg_ratio: negatives per held-out positive (default: 1.0, PyG's).
+        by_relation: split typed edges (a :class:`NodeDataset` with ``edge_type``) as
+            triples ``(u, relation, v)``: a pair is held out in one relation and stays in
+            the message-passing graph in the others, which keeps its edges' types; each
+            held-out negative (a pair that is no edge in any relation) takes the relation
+            of the positive of its position (DistMult-style relational link prediction).
 
     Raises:
         DatasetError: bad fractions, too few pairs for the requested split (the message
@@ -189,6 +218,10 @@ def split_edges(
         undirected = reciprocity(graph) == 1.0
     ei = graph.edge_index().numpy()
     keys = _pair_keys(ei[0], ei[1], n, undirected)
+    rel = num_rel = None
+    if by_relation:
+        rel, num_rel = _relations(data, n)
+        keys = rel * (n * n) + keys  # (relation, pair): one key a triple
     loops = ei[0] == ei[1]
     pairs = _sorted_unique(keys[~loops])
     kind = "undirected" if undirected else "directed"
@@ -213,13 +246,40 @@ def split_edges(
     message = Graph.from_edge_index(torch.from_numpy(ei[:, keep]), num_nodes=n,
                                     edge_weight=None if w is None else w[torch.from_numpy(keep)])
     n_val_neg, n_test_neg = round(neg_ratio * num_val), round(neg_ratio * num_test)
-    neg = _non_edges(n, n_val_neg + n_test_neg, pairs, undirected, rng_for(seed, "linkneg"))
-    return LinkSplit(
-        graph=message, train_pos=_pairs(train_keys, n), val_pos=_pairs(val_keys, n),
-        val_neg=_pairs(neg[:n_val_neg], n), test_pos=_pairs(test_keys, n),
+    plain = pairs if rel is None else _sorted_unique(pairs % (n * n))
+    neg = _non_edges(n, n_val_neg + n_test_neg, plain, undirected, rng_for(seed, "linkneg"))
+    nn2 = n * n
+    strip = (lambda k: k) if rel is None else (lambda k: k % nn2)  # the pair of a triple
+    out = LinkSplit(
+        graph=message, train_pos=_pairs(strip(train_keys), n),
+        val_pos=_pairs(strip(val_keys), n),
+        val_neg=_pairs(neg[:n_val_neg], n), test_pos=_pairs(strip(test_keys), n),
         test_neg=_pairs(neg[n_val_neg:], n), undirected=bool(undirected), x=x,
-        info={"seed": seed, "val": val, "test": test, "neg_ratio": neg_ratio},
+        info={"seed": seed, "val": val, "test": test, "neg_ratio": neg_ratio,
+              "by_relation": bool(by_relation)},
     )
+    if rel is not None:
+        val_rel, test_rel = torch.from_numpy(val_keys // nn2), torch.from_numpy(test_keys // nn2)
+        out.edge_type = torch.from_numpy(rel[keep])
+        out.num_relations = num_rel
+        out.train_rel = torch.from_numpy(train_keys // nn2)
+        out.val_rel, out.test_rel = val_rel, test_rel
+        out.val_neg_rel = val_rel[torch.arange(n_val_neg) % max(num_val, 1)]
+        out.test_neg_rel = test_rel[torch.arange(n_test_neg) % max(num_test, 1)]
+    return out
+
+
+def _relations(data: Any, n: int) -> tuple[np.ndarray, int]:
+    """The ``[E]`` int64 relations of a typed dataset, and their count; checks that triple
+    keys ``relation * N^2 + pair`` fit in int64."""
+    if not isinstance(data, NodeDataset) or data.edge_type is None:
+        raise DatasetError("split_edges(by_relation=True) splits typed edges: give a "
+                           "NodeDataset with edge_type (this one has no edge types).")
+    k = int(data.num_edge_types)
+    if k * n * n >= 1 << 62:
+        raise DatasetError(f"split_edges(by_relation=True): {k} relations over {n} vertices "
+                           "are too many to key each triple in 64 bits.")
+    return data.edge_type.numpy().astype(np.int64), k
 
 
 def _count(frac: float, total: int) -> int:

@@ -118,9 +118,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--embedding-dim", type=int, default=64,
                    help="link/graph: the encoder's output width, given to your factory as "
                         "its second argument (default: 64)")
-    t.add_argument("--decoder", default="dot", choices=["dot", "mlp"],
-                   help="link: score pairs by dot product or an MLP on their Hadamard "
-                        "product (default: dot)")
+    t.add_argument("--decoder", default="dot", choices=["dot", "mlp", "distmult"],
+                   help="link: score pairs by dot product, an MLP on their Hadamard "
+                        "product, or DistMult over the dataset's edge types (the split "
+                        "holds out typed pairs; an R-GCN encoder reads the types) "
+                        "(default: dot)")
     t.add_argument("--negatives", default="uniform", choices=["uniform", "degree"],
                    help="link: draw each epoch's training negatives uniformly or in "
                         "proportion to degree**0.75 (default: uniform)")

@@ -322,7 +322,9 @@ class DistGraph(Partitioned):
                    (f"rows quantized to {self.halo.bits} bits with a per-row scale; "
                     if self.halo.bits else "") +
                    (f"overlapped: the {inner:,} inner edges (of {self.num_edges:,}) compute "
-                    "while it travels, in both directions" if self.overlap else "blocking"))
+                    "while it travels, in both directions" if self.overlap else "blocking") +
+                   ("; a training step reads the previous step's halo rows and gradients "
+                    "(stale by one step)" if self.overlap and self.staleness else ""))
         else:
             how = (f"ring: {k} steps, each tile's compute overlapping the next source chunk's "
                    f"transfer; rank {r} sends {choice.ring_bytes:,} bytes at most forward")

@@ -30,7 +30,7 @@ __all__ = ["NEGATIVES", "TASKS", "TrainConfig", "check_config", "check_run_files
 #: What a run can learn: node classification, link prediction, graph classification.
 TASKS = ("node", "link", "graph")
 #: Link-prediction decoders, and graph readouts, by name (:mod:`ngra.training.link_task`, :mod:`ngra.training.graph_task`).
-DECODERS = ("dot", "mlp")
+DECODERS = ("dot", "mlp", "distmult")
 #: How link prediction draws its training negatives (:mod:`ngra.datasets.negatives`).
 NEGATIVES = ("uniform", "degree")
 READOUTS = ("sum", "mean", "max", "attention")

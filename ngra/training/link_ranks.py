@@ -62,6 +62,9 @@ __all__ = ["LinkRankSession", "train_link_distributed", "write_link_pairs"]
 log = logging.getLogger(__name__)
 
 _PARTS = ("train_pos", "val_pos", "val_neg", "test_pos", "test_neg")
+#: Each part's relations in a split by relation (DistMult).
+_RELS = {"train_pos": "train_rel", "val_pos": "val_rel", "val_neg": "val_neg_rel",
+         "test_pos": "test_rel", "test_neg": "test_neg_rel"}
 
 
 def train_link_distributed(cfg: TrainConfig, ds: Any, split: LinkSplit,
@@ -75,8 +78,8 @@ def train_link_distributed(cfg: TrainConfig, ds: Any, split: LinkSplit,
                          "--nprocs K, not under torchrun.")
     spec = ds.info.get("spec") or ds.name
     tag = f"{spec}#link:val={cfg.val},test={cfg.test},seed={split.info.get('seed')}"
-    message = replace(ds, graph=split.graph, edge_type=None, num_edge_types=1,
-                      info={**ds.info, "spec": tag})
+    message = replace(ds, graph=split.graph, edge_type=split.edge_type,
+                      num_edge_types=split.num_relations, info={**ds.info, "spec": tag})
     folder = prepare_shards(cfg, message)
     with tempfile.TemporaryDirectory(prefix=".link-", dir=folder) as pairs:
         write_link_pairs(split, folder, Path(pairs), cfg.negatives)
@@ -99,6 +102,8 @@ def write_link_pairs(split: LinkSplit, shards: Path, out: Path, negatives: str) 
     new_of = torch.empty(n, dtype=torch.int64)
     new_of[order] = torch.arange(n)
     common = {"new_of": new_of}
+    if split.train_rel is not None:  # negative i takes training pair i mod E_train's
+        common["train_rel"] = split.train_rel
     if negatives == "degree":
         common["degrees"] = torch.from_numpy(degree_weights(split.graph))
     torch.save(common, out / "common.pt")
@@ -109,13 +114,18 @@ def write_link_pairs(split: LinkSplit, shards: Path, out: Path, negatives: str) 
         mine: dict[str, torch.Tensor] = {}
         for name, pairs in parts.items():
             p = new_of[pairs]
-            mine[name] = p[:, _owner(p[1], bounds) == r].contiguous()
+            keep = _owner(p[1], bounds) == r
+            mine[name] = p[:, keep].contiguous()
+            rel = getattr(split, _RELS[name])
+            if rel is not None:
+                mine[_RELS[name]] = rel[keep].contiguous()
         own_edges = Graph.from_edge_index(ei[:, edge_owner == r], num_nodes=n)
         mine["exclude_indptr"] = own_edges.indptr.clone()
         mine["exclude_indices"] = own_edges.indices.clone()
         torch.save(mine, out / f"rank{r}.pt")
     info = {"num_nodes": n, "counts": {name: int(p.shape[1]) for name, p in parts.items()},
-            "num_train_negatives": split.num_train_negatives(), "negatives": negatives}
+            "num_train_negatives": split.num_train_negatives(), "negatives": negatives,
+            "num_relations": split.num_relations}
     (out / "meta.json").write_text(json.dumps(info) + "\n")
 
 
@@ -133,9 +143,11 @@ def _rank_main(cfg: TrainConfig, folder: str, pairs: str, meta: dict[str, Any]) 
     resolved = cfg.resolved()
 
     def session(seed: int) -> LinkRankSession:
+        k = info["num_relations"]
         encoder = cfg.source.build(shard.meta["num_features"], cfg.embedding_dim,
-                                   hyper=resolved, num_layers=resolved["num_layers"])
-        model = LinkModel(encoder, make_decoder(cfg.decoder, cfg.embedding_dim))
+                                   hyper=resolved, num_layers=resolved["num_layers"],
+                                   num_edge_types=k)
+        model = LinkModel(encoder, make_decoder(cfg.decoder, cfg.embedding_dim, k))
         return LinkRankSession(model, shard, mine, common, info, seed=seed,
                                budget=cfg.memory_budget, group=groups.gradients)
 
@@ -158,6 +170,7 @@ class LinkRankSession(RankSession):
         self.pairs, self.info, self.seed = pairs, info, seed
         self.new_of = common["new_of"]
         self.degrees = common["degrees"].numpy() if "degrees" in common else None
+        self.train_rel = common.get("train_rel")
         self.lo = int(shard.graph.bounds[self.rank])
         self.num_own = shard.graph.num_nodes
         n = info["num_nodes"]
@@ -174,20 +187,25 @@ class LinkRankSession(RankSession):
     def batches(self, epoch: int) -> tuple[int]:
         return (epoch,)  # one full-graph step, its negatives drawn for this epoch
 
-    def negatives(self, epoch: int) -> torch.Tensor:
-        """This rank's share of epoch ``epoch``'s negatives, in book ids."""
-        neg = sample_negatives(self.info["num_nodes"], self.info["num_train_negatives"],
-                               self.seed, epoch=epoch, kind=self.info["negatives"],
-                               degrees=self.degrees, exclude=self.exclude,
-                               dst_owned=self.owned)
-        return self.new_of[neg]
+    def negatives(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This rank's share of epoch ``epoch``'s negatives, in book ids, and their
+        relations (those of training pairs ``index mod E_train``; ``None`` untyped)."""
+        neg, index = sample_negatives(self.info["num_nodes"], self.info["num_train_negatives"],
+                                      self.seed, epoch=epoch, kind=self.info["negatives"],
+                                      degrees=self.degrees, exclude=self.exclude,
+                                      dst_owned=self.owned, return_index=True)
+        rel = None
+        if self.train_rel is not None:
+            rel = self.train_rel.index_select(0, index % max(self.train_rel.numel(), 1))
+        return self.new_of[neg], rel
 
     def loss(self, z: torch.Tensor, epoch: Any = 0) -> tuple[torch.Tensor, float]:
-        pos, neg = self.pairs["train_pos"], self.negatives(int(epoch or 0))
+        pos, (neg, neg_rel) = self.pairs["train_pos"], self.negatives(int(epoch or 0))
         plan, local = self._fetch_plan({"pos": pos, "neg": neg})
         zz = exchange_rows(plan, [z])[0]
         dec = self.model.decoder
-        p, q = dec(zz, local["pos"]), dec(zz, local["neg"])
+        p = dec(zz, local["pos"], self.pairs.get("train_rel"))
+        q = dec(zz, local["neg"], neg_rel)
         local_sum = pair_bce_sum(p, q)
         counts = self._sum(torch.tensor([float(local_sum.detach()), float(neg.shape[1])],
                                         dtype=torch.float64)).tolist()
@@ -204,7 +222,8 @@ class LinkRankSession(RankSession):
         plan, local = self._eval
         zz = exchange_rows(plan, [z])[0]
         dec = self.model.decoder
-        scores = {k: self._gather(dec(zz, v)) for k, v in local.items()}
+        scores = {k: self._gather(dec(zz, v, self.pairs.get(_RELS[k])))
+                  for k, v in local.items()}
         out: dict[str, float] = {"train": float("nan")}
         for part in ("val", "test"):
             p, n = scores[f"{part}_pos"], scores[f"{part}_neg"]

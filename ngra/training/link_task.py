@@ -25,8 +25,9 @@ from torch import nn
 
 from ngra.datasets import NodeDataset, degree_weights, split_edges
 from ngra.datasets.linksplit import LinkSplit
+from ngra.errors import DatasetError
 from ngra.metrics import hits_at_k, roc_auc
-from ngra.models import DotDecoder, HadamardMLPDecoder
+from ngra.models import DistMultDecoder, DotDecoder, HadamardMLPDecoder
 from ngra.runtime.explain import explain
 from ngra.training.config import DECODERS, TrainConfig
 from ngra.training.model_source import call_model
@@ -49,11 +50,13 @@ class LinkModel(nn.Module):
         return call_model(self.encoder, graph, x, edge_data)
 
 
-def make_decoder(name: str, dim: int) -> nn.Module:
+def make_decoder(name: str, dim: int, num_relations: int = 1) -> nn.Module:
     if name == "dot":
         return DotDecoder()
     if name == "mlp":
         return HadamardMLPDecoder(dim, dim)
+    if name == "distmult":
+        return DistMultDecoder(dim, num_relations)
     raise ValueError(f"decoder must be one of {DECODERS}; got {name!r}.")
 
 
@@ -82,9 +85,13 @@ class LinkSession(TaskSession):
         return call_model(self.net, self.graph, self.x, self.edge_data)
 
     def loss(self, z: torch.Tensor, epoch: Any = 0) -> tuple[torch.Tensor, float]:
-        neg = self.split.train_negatives(int(epoch or 0), seed=self.seed, kind=self.kind,
-                                         degrees=self.degrees)
-        loss = _pair_loss(self.model.decoder, z, self.split.train_pos, neg)
+        s = self.split
+        neg, index = s.train_negatives(int(epoch or 0), seed=self.seed, kind=self.kind,
+                                       degrees=self.degrees, return_index=True)
+        dec = self.model.decoder
+        scores = pair_bce_sum(dec(z, s.train_pos, s.train_rel),
+                              dec(z, neg, s.negative_relations(index)))
+        loss = scores / max(s.train_pos.shape[1] + neg.shape[1], 1)
         return loss, float(loss.detach())
 
     @torch.no_grad()
@@ -95,17 +102,20 @@ class LinkSession(TaskSession):
         dec = self.model.decoder
         s = self.split
         out: dict[str, float] = {"train": float("nan")}
-        for part, pos, neg in (("val", s.val_pos, s.val_neg), ("test", s.test_pos, s.test_neg)):
+        val_loss = float("nan")
+        for part, pos, neg, prel, nrel in (
+                ("val", s.val_pos, s.val_neg, s.val_rel, s.val_neg_rel),
+                ("test", s.test_pos, s.test_neg, s.test_rel, s.test_neg_rel)):
             if pos.shape[1] == 0 or neg is None or neg.shape[1] == 0:
                 out[part] = float("nan")
                 continue
-            p, n = dec(z, pos), dec(z, neg)
+            p, n = dec(z, pos, prel), dec(z, neg, nrel)
             out[part] = roc_auc(p, n)
             for k in HITS_KS:
                 self.last_metrics[f"{part}_hits@{k}"] = hits_at_k(p, n, k)
             self.last_metrics[f"{part}_roc_auc"] = out[part]
-        val_loss = (float(_pair_loss(dec, z, s.val_pos, s.val_neg))
-                    if s.val_pos.shape[1] and s.val_neg is not None else float("nan"))
+            if part == "val":
+                val_loss = float(pair_bce_sum(p, n)) / (p.numel() + n.numel())
         return out, val_loss
 
     def explain(self) -> str:
@@ -120,13 +130,12 @@ def pair_bce_sum(pos_scores: torch.Tensor, neg_scores: torch.Tensor) -> torch.Te
     return F.softplus(-pos_scores).sum() + F.softplus(neg_scores).sum()
 
 
-def _pair_loss(decoder: nn.Module, z: torch.Tensor, pos: torch.Tensor,
-               neg: torch.Tensor) -> torch.Tensor:
-    """The mean binary cross-entropy of ``decoder``'s positive and negative pairs."""
-    total = max(pos.shape[1] + neg.shape[1], 1)
-    return pair_bce_sum(decoder(z, pos), decoder(z, neg)) / total
-
-
 def link_split(cfg: TrainConfig, ds: NodeDataset) -> LinkSplit:
-    """The edge split of a link-prediction run (``val``/``test`` fractions, ``seed``)."""
-    return split_edges(ds, val=cfg.val, test=cfg.test, seed=cfg.seed)
+    """The edge split of a link-prediction run (``val``/``test`` fractions, ``seed``); by
+    relation for the ``distmult`` decoder, which scores typed pairs."""
+    typed = cfg.decoder == "distmult"
+    if typed and ds.edge_type is None:
+        raise DatasetError(f"--decoder distmult scores typed pairs (u, relation, v); "
+                           f"{cfg.dataset_name} has no edge types. Use a dataset with "
+                           "edge_type (e.g. sbm:...,edge_types=3), or --decoder dot or mlp.")
+    return split_edges(ds, val=cfg.val, test=cfg.test, seed=cfg.seed, by_relation=typed)

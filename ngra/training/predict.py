@@ -65,13 +65,15 @@ class Predictor:
 
     @torch.no_grad()
     def predict(self, data: Any, *, output: str = "labels", embeddings: str | None = None,
-                root: str | None = None, pairs: torch.Tensor | None = None) -> torch.Tensor:
+                root: str | None = None, pairs: torch.Tensor | None = None,
+                relations: torch.Tensor | None = None) -> torch.Tensor:
         """Per vertex of ``data``: ``labels`` (``[N]`` int64), ``scores`` (``[N, C]``
         logits) or ``probabilities`` (softmax), or with ``embeddings="layers.0"`` the
         output of that submodule (``dict(model.named_modules())``'s names).
 
         A link-prediction model gives each vertex's embedding ``[N, D]``, or with
-        ``pairs`` (``[2, P]``) each pair's probability of being an edge. A
+        ``pairs`` (``[2, P]``) each pair's probability of being an edge (a DistMult
+        model: of being an edge of ``relations``, ``[P]`` relation ids). A
         graph-classification model takes a collection of graphs (``tu:PATH``, a
         ``GraphDataset``) and gives one label (or row of scores) per graph.
 
@@ -86,7 +88,9 @@ class Predictor:
         graph, x, edge_data = self.prepare(data, root=root)
         if task == "link" and embeddings is None:
             z = call_model(self.model, graph, x, edge_data)
-            return z if pairs is None else torch.sigmoid(self.model.decoder(z, pairs))
+            if pairs is None:
+                return z
+            return torch.sigmoid(self.model.decoder(z, pairs, relations))
         if embeddings is None:
             out = call_model(self.model, graph, x, edge_data)
             if output == "labels":
@@ -165,7 +169,7 @@ def load_model(directory: str | Path, model: Any = None) -> Predictor:
             raise TypeError(f"model factory {source.name} returned a {type(net).__name__}, "
                             "not an nn.Module.")
     if task == "link":
-        net = LinkModel(net, make_decoder(meta["decoder"], width))
+        net = LinkModel(net, make_decoder(meta["decoder"], width, meta.get("num_relations", 1)))
     elif task == "graph":
         net = GraphModel(net, width, meta["num_classes"], meta["readout"])
     try:

@@ -128,8 +128,8 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
     say = echo or log.info
     r = cfg.resolved()
 
-    def encoder(num_features: int) -> nn.Module:
-        return _build(cfg, num_features, cfg.embedding_dim)
+    def encoder(num_features: int, num_edge_types: int = 1) -> nn.Module:
+        return _build(cfg, num_features, cfg.embedding_dim, num_edge_types)
 
     meta = {**_model_meta(cfg), "embedding_dim": cfg.embedding_dim, "decoder": cfg.decoder,
             "readout": cfg.readout}
@@ -162,9 +162,11 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
         meta.update(num_features=ds.num_features, num_classes=None,
                     dataset={"name": cfg.dataset_name, "fingerprint": fingerprint(ds)})
 
+        meta.update(num_edge_types=split.num_relations, num_relations=split.num_relations)
+
         def link_model() -> LinkModel:
-            return LinkModel(encoder(ds.num_features),
-                             make_decoder(cfg.decoder, cfg.embedding_dim))
+            return LinkModel(encoder(ds.num_features, split.num_relations),
+                             make_decoder(cfg.decoder, cfg.embedding_dim, split.num_relations))
 
         if cfg.nprocs > 1:
             summary, state = train_link_distributed(cfg, ds, split, meta, echo)
@@ -174,7 +176,7 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
             model = link_model()
             model.load_state_dict(state)
             return Outcome(summary, model, meta)
-        graph, edge_data = cfg.source.prepare(split.graph, None, 1)
+        graph, edge_data = cfg.source.prepare(split.graph, split.edge_type, split.num_relations)
 
         def session(seed: int) -> LinkSession:
             return LinkSession(link_model(), split, graph, ds.x, edge_data, seed=seed,

@@ -141,3 +141,48 @@ def test_train_negatives_avoid_the_message_graph_and_change_per_epoch():
     assert not any(p in mp for p in _pairs(a)) and bool((a[0] != a[1]).all())
     half = s.train_negatives(0, dst_range=(0, 30))
     assert torch.equal(half, a[:, a[1] < 30])
+
+
+def test_split_by_relation_holds_out_triples():
+    """Typed edges split as (u, relation, v): a held-out triple leaves the message graph
+    (both directions), the same pair in another relation stays with its type; negatives
+    are no edge in any relation and carry the relations of the positives."""
+    from ngra.datasets import load
+
+    ds = load("sbm:nodes=300,blocks=3,feat=4,edge_types=3,seed=1")
+    # the same pair in two relations: duplicate some edges with another type
+    ei = ds.graph.edge_index()
+    extra = ei[:, :40]
+    both = torch.cat([ei, extra], 1)
+    types = torch.cat([ds.edge_type, (ds.edge_type[:40] + 1) % 3])
+    from dataclasses import replace
+
+    ds = replace(ds, graph=Graph.from_edge_index(both, num_nodes=300), edge_type=types)
+    s = split_edges(ds, val=0.2, test=0.2, seed=0, by_relation=True)
+    assert s.num_relations == 3 and s.edge_type.shape == (s.graph.num_edges,)
+    msg = {(u, v, r) for (u, v), r in zip(s.graph.edge_index().t().tolist(), s.edge_type.tolist())}
+    triples = {(u, v, r) for (u, v), r in zip(both.t().tolist(), types.tolist())}
+    held = []
+    for pos, rel in ((s.val_pos, s.val_rel), (s.test_pos, s.test_rel)):
+        for (u, v), r in zip(pos.t().tolist(), rel.tolist()):
+            assert (u, v, r) not in msg and (v, u, r) not in msg
+            assert (u, v, r) in triples or (v, u, r) in triples
+            held.append((u, v, r))
+    # a held pair's edges in other relations stay typed in the message graph (unless
+    # those triples are held out themselves)
+    held_both = {t for u, v, r in held for t in ((u, v, r), (v, u, r))}
+    others = [(u, v, q) for u, v, r in held for q in range(3)
+              if q != r and ((u, v, q) in triples or (v, u, q) in triples)]
+    assert others
+    for u, v, q in others:
+        assert (u, v, q) in held_both or (u, v, q) in msg or (v, u, q) in msg
+    pairs = {(u, v) for u, v, _ in triples} | {(v, u) for u, v, _ in triples}
+    for neg, rel, pos_rel in ((s.val_neg, s.val_neg_rel, s.val_rel),
+                              (s.test_neg, s.test_neg_rel, s.test_rel)):
+        assert not any((u, v) in pairs for u, v in neg.t().tolist())
+        assert torch.equal(rel, pos_rel[torch.arange(rel.numel()) % pos_rel.numel()])
+    neg, index = s.train_negatives(3, return_index=True)
+    assert torch.equal(s.negative_relations(index), s.train_rel[index % s.train_rel.numel()])
+    assert s.summary()["relations"] == 3
+    with pytest.raises(DatasetError, match="typed edges"):
+        split_edges(load("sbm:nodes=100,blocks=2,feat=4"), by_relation=True)

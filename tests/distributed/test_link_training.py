@@ -57,3 +57,9 @@ def test_a_user_encoder_on_two_ranks(data, user_path):
     kw = dict(model="user_models:build_model", dataset="sbm:nodes=400,blocks=4,feat=16",
               embedding_dim=8)
     _same(_fit(data, **kw), _fit(data, 2, **kw))
+
+
+def test_relational_link_prediction_on_two_ranks(data):
+    kw = dict(model="rgcn", dataset="sbm:nodes=500,blocks=3,feat=8,edge_types=3",
+              decoder="distmult", embedding_dim=16)
+    _same(_fit(data, **kw), _fit(data, 2, **kw))

@@ -117,3 +117,23 @@ def test_link_and_graph_models_reload_and_predict(shared_data, tmp_path):
     assert prob.shape == (2,) and bool(((prob >= 0) & (prob <= 1)).all())
     assert torch.equal(prob, link.predict("sbm:nodes=200,blocks=2,feat=8",
                                           pairs=torch.tensor([[0, 1], [2, 3]])))
+
+
+def test_relational_link_prediction_with_distmult(tmp_path):
+    """--decoder distmult splits typed pairs, the R-GCN encoder reads the message graph's
+    types, and a reloaded model scores (pair, relation) queries."""
+    spec = "sbm:nodes=600,blocks=3,feat=8,edge_types=3"
+    r = ngra.fit("rgcn", spec, task="link", decoder="distmult", epochs=5, progress=False,
+                 checkpoint=str(tmp_path / "dm"))
+    s = r.summary
+    assert s["dataset_summary"]["link_split"]["relations"] == 3
+    assert s["config"]["decoder"] == "distmult" and 0.0 <= s["test_acc"] <= 1.0
+    assert r.model.decoder.relations.shape == (3, 64)
+    q = ngra.load_model(tmp_path / "dm")
+    pairs, rel = torch.tensor([[0, 1], [2, 3]]), torch.tensor([0, 2])
+    prob = q.predict(spec, pairs=pairs, relations=rel)
+    assert prob.shape == (2,) and torch.equal(prob, r.predict(spec, pairs=pairs, relations=rel))
+    with pytest.raises(ValueError, match=r"rel must be \[2\] relation ids"):
+        q.predict(spec, pairs=pairs)
+    with pytest.raises(DatasetError, match="has no edge types"):
+        ngra.fit("gcn", "sbm:nodes=100", task="link", decoder="distmult", progress=False)
