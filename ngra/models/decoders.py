@@ -11,7 +11,7 @@ probability is ``sigmoid(score)``):
   (Yang et al. 2015; R-GCN's link decoder).
 
 **Dot products through the pairs' CSC.** :class:`DotDecoder` makes no per-pair feature
-rows at all: the pairs become a CSC graph over the ``N`` vertices (sorted by
+rows at all: the pairs become a CSC graph over the ``N`` vertices (grouped by
 destination once per pair tensor, cached for the fixed ones), the scores are its
 g-SDDMM ``dot`` and, in backward, the gradient of ``z`` is two g-SpMMs weighted by the
 scores' gradients (over the pairs' destinations and, through the cached transpose,
@@ -38,7 +38,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-from ngra.kernels import gsddmm, gspmm
+from ngra.kernels import gsddmm, gspmm, transpose_csc
 from ngra.kernels.transpose import reverse_of
 
 __all__ = ["CHUNK", "DistMultDecoder", "DotDecoder", "HadamardMLPDecoder", "PairCSC",
@@ -146,10 +146,12 @@ class PairCSC:
 
     def __init__(self, pairs: torch.Tensor, num_nodes: int) -> None:
         src, dst = pairs[0], pairs[1]
-        order = torch.argsort(dst, stable=True)
+        # grouped by destination with the transpose kernel's counting sort (no
+        # comparison sort): the pairs as one column whose "sources" are their destinations
+        one = torch.tensor([0, dst.numel()], dtype=torch.int64, device=dst.device)
+        self.indptr, _, order = transpose_csc(one, dst, num_nodes)
+        order = order.to(torch.int64)
         self.indices = src.index_select(0, order)
-        counts = torch.bincount(dst, minlength=num_nodes)
-        self.indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
         self.inverse = torch.empty_like(order)
         self.inverse[order] = torch.arange(order.numel(), device=order.device)
         self.num_nodes = num_nodes
