@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import operator
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,13 +37,36 @@ class TraceFailure(Exception):
 
 
 class SagaTracer(fx.Tracer):
-    """fx tracer that keeps every ``torch.nn`` module (``nn.Sequential`` too) as a leaf."""
+    """fx tracer that keeps every ``torch.nn`` module (``nn.Sequential`` too) as a leaf.
+
+    While it traces, torch.fx patches ``torch.nn.Module.__call__`` and ``__getattr__`` for
+    the whole process, so a module called by another thread meanwhile (a layer already
+    compiled, a plain ``nn.Linear``) reaches this tracer: such calls and attribute reads
+    run as if nothing were traced (only the tracing thread records nodes).
+    """
 
     proxy_buffer_attributes = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = threading.get_ident()
+
+    def _foreign(self) -> bool:
+        return threading.get_ident() != self._thread
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         mod = type(m).__module__
         return mod.startswith("torch.nn") or mod.startswith("torch.ao.nn")
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:
+        if self._foreign():
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict) -> Any:
+        if self._foreign():
+            return attr_val
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
 
 
 # ---------------------------------------------------------------------------- structures
