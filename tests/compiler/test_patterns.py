@@ -733,3 +733,50 @@ def test_unmatched_softmax_runs_hoisted_and_interpreted():
     assert "hoist    fired" in text
     assert "contract skipped" in text  # q(dst) * k(src): neither side is row-independent
     assert "c * expr.sum(-1)" in text  # what the score would have to be
+
+
+class LinearOfDifference(SagaLayer):
+    """``lin(edge.src - edge.dst)`` (and, with ``plus``, ``lin(edge.dst + edge.src)``) under
+    max: distributed into per-side Linears, hoisted, fused (compiled == generic: the bias
+    is added once)."""
+
+    gather = "max"
+
+    def __init__(self, f, plus=False):
+        super().__init__()
+        self.lin = nn.Linear(f, 3)
+        self.plus = plus
+
+    def apply_edge(self, edge):
+        d = edge.dst + edge.src if self.plus else edge.src - edge.dst
+        return torch.tanh(self.lin(d))
+
+
+@pytest.mark.parametrize("plus", [False, True])
+@pytest.mark.parametrize("case", ["random", "isolated", "multi_edges"])
+def test_linear_over_a_difference_distributes_and_fuses(case, plus):
+    g = make_graph(case)
+    plan = _check(LinearOfDifference(F_IN, plus), g, _x(g), kinds=("fused_edge",))
+    text = "\n".join(plan.describe())
+    assert "distributed" in text and "one linear per part" in text, text
+
+
+class LinearOfBroadcastSum(SagaLayer):
+    """``lin(edge.src + edge.data)`` with a width-1 edge term: a broadcast part, so the
+    Linear is not distributed (its parts would have other shapes)."""
+
+    gather = "sum"
+
+    def __init__(self, f):
+        super().__init__()
+        self.lin = nn.Linear(f, 3)
+
+    def apply_edge(self, edge):
+        return self.lin(edge.src + edge.data.unsqueeze(-1))
+
+
+def test_linear_over_a_broadcast_sum_is_not_distributed():
+    g = make_graph("random")
+    w = torch.randn(g.num_edges, dtype=torch.float64)
+    plan = _check(LinearOfBroadcastSum(F_IN), g, _x(g), w)
+    assert "distributed" not in "\n".join(plan.describe())
