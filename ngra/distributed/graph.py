@@ -120,6 +120,10 @@ class DistGraph(Partitioned):
     def perm(self) -> torch.Tensor:
         return self.local.perm
 
+    def to_csc_order(self, edge_data: torch.Tensor) -> torch.Tensor:
+        """Edge data of the local edges (a shard stores it in local CSC order already)."""
+        return self.local.to_csc_order(edge_data)
+
     @property
     def edge_weight(self) -> torch.Tensor | None:
         return self.local.edge_weight
