@@ -9,6 +9,14 @@ input or a new format never returns stale data. Entries are written
 into a temporary folder and renamed into place, so readers never see half an
 entry and concurrent writers cannot corrupt one.
 
+Disk space: every array's bytes are reserved before they are written (mapped ones
+included: :func:`ngra.diskspace.reserve`), so a full disk is an
+:class:`~ngra.errors.DiskFullError` naming the array, the bytes and the folder, never a
+``SIGBUS``; the partial folder is removed and an existing entry is untouched. The
+temporary folder's name carries its writer's host and pid
+(``.tmp-<entry>-@host~pid@<random>``): a new writer removes those of writers that are
+gone (killed) and logs the space freed.
+
 ``meta.json`` keeps the dataset's ``info`` values that are strings, numbers or lists
 of strings (``synthesized``), so a cache hit reports the same provenance.
 
@@ -46,6 +54,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ngra.diskspace import collect_leftovers, disk_full_error, reserve, writer_tag
 from ngra.graph import Graph
 from ngra.mapped import register_mapped, release_mapped
 from ngra.settings import get
@@ -146,15 +155,27 @@ class EntryWriter:
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
+        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        collect_leftovers(self.directory.parent, [".tmp-*"], "partial cache folders")
         self.tmp = self.directory.parent / (
-            f".tmp-{self.directory.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            f".tmp-{self.directory.name}-{writer_tag()}{uuid.uuid4().hex[:8]}")
         self.tmp.mkdir(parents=True)
         self._arrays: dict[str, np.memmap] = {}
 
     def array(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.memmap:
-        """A new ``name.npy`` of ``shape`` / ``dtype`` in the entry, mapped for writing."""
-        a = np.lib.format.open_memmap(self.tmp / f"{name}.npy", mode="w+", dtype=np.dtype(dtype),
+        """A new ``name.npy`` of ``shape`` / ``dtype`` in the entry, mapped for writing;
+        its bytes are reserved on disk first (:class:`~ngra.errors.DiskFullError` when
+        they do not fit)."""
+        path = self.tmp / f"{name}.npy"
+        a = np.lib.format.open_memmap(path, mode="w+", dtype=np.dtype(dtype),
                                       shape=tuple(int(s) for s in shape))
+        fd = os.open(path, os.O_RDWR)
+        try:
+            reserve(fd, os.fstat(fd).st_size,
+                    f"array {name!r} {tuple(a.shape)} {a.dtype} of a dataset cache entry",
+                    self.tmp)
+        finally:
+            os.close(fd)
         register_mapped(a)  # writers drop written blocks' pages (ngra.mapped.release_mapped)
         self._arrays[name] = a
         return a
@@ -245,7 +266,7 @@ def save_cached(ds: NodeDataset, directory: Path, spec: str,
                     a.flush()
                 else:
                     a = t.detach().contiguous().numpy()
-                    np.save(tmp / f"{k}.npy", a, allow_pickle=False)
+                    _save_npy(tmp / f"{k}.npy", a, f"array {k!r} of a dataset cache entry")
                 meta["arrays"][k] = {"shape": list(t.shape),
                                      "dtype": str(t.dtype).replace("torch.", ""),
                                      "crc32": _block_crcs(a, bar)}
@@ -258,14 +279,23 @@ def save_cached(ds: NodeDataset, directory: Path, spec: str,
         writer.discard()
         if directory.is_dir() and (directory / _META).is_file():
             return True  # another process finished the same entry first
+        full = disk_full_error(err, "a dataset cache entry", tmp, None)
         log.warning(
             "could not write dataset cache %s (%s); set NGRA_CACHE to a writable folder",
             directory,
-            err,
+            full if full is not None else err,
         )
         return False
     log.info("cached %s in %s", spec, directory)
     return True
+
+
+def _save_npy(path: Path, a: np.ndarray, what: str) -> None:
+    """``np.save`` with the bytes reserved first (a header is at most 4 KiB here)."""
+    with open(path, "w+b") as fh:
+        reserve(fh.fileno(), a.nbytes + 4096, what, path.parent)
+        np.save(fh, a, allow_pickle=False)
+        fh.truncate()
 
 
 def remove_entry(directory: Path) -> None:

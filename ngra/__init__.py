@@ -5,6 +5,7 @@ from ngra.errors import (
     DamagedFileError,
     DatasetError,
     DatasetNotFoundError,
+    DiskFullError,
     DistributedError,
     DownloadError,
     SpecError,
@@ -20,7 +21,7 @@ __all__ = [
     "fit", "load_model", "TrainResult",
     # errors a user can catch (README: "Errors you may see")
     "CheckpointError", "DamagedFileError", "DatasetError", "DatasetNotFoundError",
-    "DistributedError", "DownloadError", "SpecError", "TrainingDivergedError",
+    "DiskFullError", "DistributedError", "DownloadError", "SpecError", "TrainingDivergedError",
 ]
 __version__ = "0.1.0"
 

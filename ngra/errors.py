@@ -18,6 +18,7 @@ __all__ = [
     "DamagedFileError",
     "DatasetError",
     "DatasetNotFoundError",
+    "DiskFullError",
     "DistributedError",
     "DownloadError",
     "SpecError",
@@ -55,6 +56,29 @@ class DamagedFileError(DatasetError):
 
     def __reduce__(self) -> tuple:  # picklable across processes (the args are not (message,))
         return type(self), (self.path, str(self))
+
+
+class DiskFullError(OSError):
+    """A file could not be written for lack of disk space (or over the file-size limit):
+    the message says what was being written, how many bytes it needed and where. What was
+    partly written is removed; what was there before is untouched.
+
+    Attributes:
+        path: the file (or folder) being written.
+        needed: the bytes it needed (``None`` when unknown).
+    """
+
+    def __init__(self, path: str | Path, needed: int | None, message: str,
+                 errno_: int = 28) -> None:
+        super().__init__(errno_, message)
+        self.path = Path(path)
+        self.needed = needed
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> tuple:  # picklable across processes
+        return type(self), (self.path, self.needed, str(self), self.errno)
 
 
 class CheckpointError(ValueError):

@@ -16,6 +16,8 @@ import weakref
 
 import numpy as np
 
+from ngra.diskspace import reserve
+
 __all__ = ["is_mapped", "mapped_file", "prefetch_mapped", "register_mapped", "register_mmap",
            "release_mapped", "scratch_file", "scratch_mapped"]
 
@@ -70,13 +72,17 @@ def scratch_mapped(near, shape: tuple[int, ...], dtype) -> np.ndarray:
     memory-mapped array (``near``) is as large as it, it goes to disk beside it instead of
     into memory. The file is made in the folder ``near`` was mapped from (else the temp
     folder) and unlinked at once, so its disk space goes back when the array is freed, or
-    the process ends. Writers drop the pages they wrote with :func:`release_mapped`."""
+    the process ends. Its bytes are reserved on disk first: a full disk raises
+    :class:`~ngra.errors.DiskFullError`. Writers drop the pages they wrote with :func:`release_mapped`."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes == 0:
         return np.empty(shape, dtype=dtype)
     fd, path = scratch_file(near, ".ngra-scratch-")
     try:
+        # a sparse file's pages fail with SIGBUS on a full disk: reserve them first
+        reserve(fd, nbytes, f"a {tuple(shape)} {dtype} scratch array derived from data on disk",
+                os.path.dirname(path))
         os.ftruncate(fd, nbytes)
         a = np.memmap(path, dtype=dtype, mode="r+", shape=tuple(shape))
     finally:

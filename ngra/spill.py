@@ -35,6 +35,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from ngra.diskspace import reserve
 from ngra.mapped import is_mapped, mapped_file, register_mmap, scratch_file
 
 __all__ = ["saved_on_disk", "is_spilled", "SPILL_MIN_BYTES"]
@@ -62,6 +63,8 @@ class _Spilled:
         self.file = os.fdopen(fd, "r+b", buffering=0)
         a = t.detach().numpy()
         self.shape, self.dtype, self.nbytes = a.shape, a.dtype, a.nbytes
+        reserve(fd, a.nbytes, f"a saved {tuple(a.shape)} activation (spilled to disk)",
+                os.path.dirname(path))
         view = memoryview(a.reshape(-1)).cast("B")  # contiguous: no copy
         while view.nbytes:  # a write() may take less than asked (2 GiB at most on Linux)
             view = view[self.file.write(view):]

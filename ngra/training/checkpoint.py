@@ -5,7 +5,12 @@ A checkpoint folder holds ``checkpoint.pt`` (the newest) and ``checkpoint.prev.p
 name and flushes it to disk, then renames the current ``checkpoint.pt`` to
 ``checkpoint.prev.pt`` and the new file to ``checkpoint.pt``: at every moment the
 folder holds at least one complete checkpoint, and a crash mid-write leaves only a
-temporary file behind.
+temporary file behind. The temporary's name carries its writer's host and pid
+(``.ckpt-@host~pid@<random>.tmp``); the next save removes those of writers that are gone
+and logs the space freed. The new file's bytes (the state's tensors and a margin) are
+reserved before it is written: on a full disk :func:`save_checkpoint` raises
+:class:`~ngra.errors.DiskFullError` (the bytes needed, the folder) and leaves the folder
+as it was.
 
 :func:`load_checkpoint` verifies a file before trusting it: a torch checkpoint is a
 zip archive whose members carry CRC-32 checksums, which torch itself does not check
@@ -39,6 +44,7 @@ import random
 import numpy as np
 import torch
 
+from ngra.diskspace import collect_leftovers, disk_full_error, reserve, writer_tag
 from ngra.errors import CheckpointError
 
 __all__ = [
@@ -93,21 +99,54 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike[str]) ->
     ``checkpoint.prev.pt``. Returns the new file's path."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
+    collect_leftovers(folder, [".ckpt-*.tmp"], "partial checkpoint files")
     path, prev = folder / CHECKPOINT_NAME, folder / PREVIOUS_NAME
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ckpt-", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".ckpt-{writer_tag()}", suffix=".tmp")
+    needed = _state_bytes(state) + _MARGIN
     try:
         with os.fdopen(fd, "wb") as f:
+            reserve(f.fileno(), needed, "a checkpoint", folder)
             torch.save(state, f)
+            f.truncate()  # the reserved bytes past the archive's end
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before a rename makes it the checkpoint
         if path.exists():
             os.replace(path, prev)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        full = disk_full_error(err, "a checkpoint", folder, needed)
+        if full is not None and full is not err:
+            raise full from None
         raise
     _fsync_dir(folder)
     return path
+
+
+#: Bytes reserved for a checkpoint beyond its tensors' data (zip headers, pickled metadata).
+_MARGIN = 1 << 20
+
+
+def _state_bytes(obj: Any) -> int:
+    """The bytes of the tensors and arrays in a nested state (each storage once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            key = (st.data_ptr(), st.nbytes())
+            if key not in seen:
+                seen.add(key)
+                total += st.nbytes()
+        elif isinstance(o, np.ndarray):
+            total += o.nbytes
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            stack.extend(o)
+    return total
 
 
 def load_checkpoint(path: str | os.PathLike[str], required: Iterable[str] = ()) -> dict[str, Any]:

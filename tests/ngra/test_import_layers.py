@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = (
     "ngra.errors",  # the exception types everything raises; imports nothing of ngra
     "ngra.settings",  # the NGRA_* environment variables, read at use (stdlib only)
+    "ngra.diskspace",  # space reserved before writes, killed writers' leftovers (stdlib)
     "ngra.compat",
     "ngra.memstat",
     "ngra.mapped",  # memory-mapped arrays: pages dropped once read, scratch files (numpy)
