@@ -13,6 +13,7 @@ from ngra.kernels.edge_score import edge_score
 from ngra.kernels.edge_softmax import edge_softmax
 from ngra.kernels.gsddmm import gsddmm
 from ngra.kernels.gspmm import gspmm
+from ngra.kernels.pair_bce import pair_bce
 from ngra.kernels.registry import (
     available,
     backward_only,
@@ -44,6 +45,7 @@ __all__ = [
     "forward_skipped",
     "gsddmm",
     "gspmm",
+    "pair_bce",
     "keep_value",
     "lookup",
     "register",

@@ -18,6 +18,7 @@ from ngra.kernels.cpu import (  # noqa: E402, F401
     fused_edge,
     gsddmm,
     gspmm,
+    pair_bce,
     segment_reduce,
     softmax_aggregate,
     sparse_input,

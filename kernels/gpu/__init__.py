@@ -27,6 +27,7 @@ from ngra.kernels.gpu import (  # noqa: E402, F401
     fused_edge,
     gsddmm,
     gspmm,
+    pair_bce,
     segment_reduce,
     softmax_aggregate,
     transpose,

@@ -10,6 +10,7 @@ from ngra.kernels.ref import (  # noqa: F401
     fused_edge,
     gsddmm,
     gspmm,
+    pair_bce,
     segment_reduce,
     softmax_aggregate,
     sparse_input,

@@ -38,14 +38,22 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-from ngra.kernels import gsddmm, gspmm, transpose_csc
+from ngra.kernels import gsddmm, gspmm, pair_bce, transpose_csc
 from ngra.kernels.transpose import reverse_of
 
 __all__ = ["CHUNK", "DistMultDecoder", "DotDecoder", "HadamardMLPDecoder", "PairCSC",
-           "PairDecoder", "pair_csc"]
+           "PairDecoder", "bce_of_scores", "pair_csc"]
 
 #: Pairs scored at once by default.
 CHUNK = 1 << 16
+
+
+def bce_of_scores(pos_scores: torch.Tensor, neg_scores: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy summed over positive scores (label 1) and negative scores
+    (label 0): ``softplus(-s)`` and ``softplus(s)``, with no concatenated copy of the
+    scores nor label vectors."""
+    return (torch.nn.functional.softplus(-pos_scores).sum()
+            + torch.nn.functional.softplus(neg_scores).sum())
 
 
 class PairDecoder(nn.Module):
@@ -92,6 +100,13 @@ class PairDecoder(nn.Module):
                 out.append(self._chunk(z, s, d, r))
         return torch.cat(out)
 
+    def bce_sum(self, z: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+                pos_rel: torch.Tensor | None = None,
+                neg_rel: torch.Tensor | None = None) -> torch.Tensor:
+        """The training loss's sum: binary cross-entropy of the ``pos`` pairs' scores
+        (label 1) and the ``neg`` pairs' (label 0)."""
+        return bce_of_scores(self(z, pos, pos_rel), self(z, neg, neg_rel))
+
     def _chunk(self, z: torch.Tensor, s: torch.Tensor, d: torch.Tensor,
                r: torch.Tensor | None) -> torch.Tensor:
         return self.score(z.index_select(0, s), z.index_select(0, d), r)
@@ -135,6 +150,20 @@ class DotDecoder(PairDecoder):
         scores = _PairDot.apply(z.contiguous(), csc)
         return scores.index_select(0, csc.inverse)
 
+    def bce_sum(self, z: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+                pos_rel: torch.Tensor | None = None,
+                neg_rel: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`PairDecoder.bce_sum` fused (:func:`ngra.kernels.pair_bce`): each set's
+        scores, loss and coefficients in one walk over its CSC, no score vector kept."""
+        total = None
+        for pairs, rel, label in ((pos, pos_rel, 1), (neg, neg_rel, 0)):
+            self._check(z, pairs, rel)
+            if pairs.shape[1]:
+                csc = pair_csc(pairs, z.shape[0])
+                part = pair_bce(csc.indptr, csc.indices, z, label=label)
+                total = part if total is None else total + part
+        return z.sum() * 0 if total is None else total  # no pairs: 0, still in the graph
+
     def score(self, src, dst, rel):
         return (src * dst).sum(-1)
 
@@ -157,6 +186,7 @@ class PairCSC:
         self.num_nodes = num_nodes
 
     def reverse(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The transpose (CSR over sources; cached by the kernels for these arrays)."""
         return reverse_of(self.indptr, self.indices, self.num_nodes, None)
 
 

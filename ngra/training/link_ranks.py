@@ -50,9 +50,10 @@ from ngra.distributed.halo import HaloPlan, exchange_rows
 from ngra.distributed.launch import in_worker, launch
 from ngra.graph import Graph
 from ngra.metrics import hits_at_k, roc_auc
+from ngra.models.decoders import bce_of_scores
 from ngra.runtime.explain import explain
 from ngra.training.config import TrainConfig
-from ngra.training.link_task import HITS_KS, LinkModel, make_decoder, pair_bce_sum
+from ngra.training.link_task import HITS_KS, LinkModel, make_decoder
 from ngra.training.loop import fit_runs
 from ngra.training.model_source import call_model
 from ngra.training.ranks import RankSession, open_shard, prepare_shards, rank_threads
@@ -204,9 +205,8 @@ class LinkRankSession(RankSession):
         plan, local = self._fetch_plan({"pos": pos, "neg": neg})
         zz = exchange_rows(plan, [z])[0]
         dec = self.model.decoder
-        p = dec(zz, local["pos"], self.pairs.get("train_rel"))
-        q = dec(zz, local["neg"], neg_rel)
-        local_sum = pair_bce_sum(p, q)
+        local_sum = dec.bce_sum(zz, local["pos"], local["neg"], self.pairs.get("train_rel"),
+                                neg_rel)
         counts = self._sum(torch.tensor([float(local_sum.detach()), float(neg.shape[1])],
                                         dtype=torch.float64)).tolist()
         total = max(self.train_count + counts[1], 1.0)
@@ -237,7 +237,7 @@ class LinkRankSession(RankSession):
         p, n = scores["val_pos"], scores["val_neg"]
         val_loss = float("nan")
         if p.numel() and n.numel():
-            val_loss = float(pair_bce_sum(p, n)) / (p.numel() + n.numel())
+            val_loss = float(bce_of_scores(p, n)) / (p.numel() + n.numel())
         return out, val_loss
 
     def explain(self) -> str:

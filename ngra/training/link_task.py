@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ngra.datasets import NodeDataset, degree_weights, split_edges
@@ -28,12 +27,13 @@ from ngra.datasets.linksplit import LinkSplit
 from ngra.errors import DatasetError
 from ngra.metrics import hits_at_k, roc_auc
 from ngra.models import DistMultDecoder, DotDecoder, HadamardMLPDecoder
+from ngra.models.decoders import bce_of_scores
 from ngra.runtime.explain import explain
 from ngra.training.config import DECODERS, TrainConfig
 from ngra.training.model_source import call_model
 from ngra.training.task_base import TaskSession
 
-__all__ = ["LinkModel", "LinkSession", "link_split", "make_decoder", "pair_bce_sum"]
+__all__ = ["LinkModel", "LinkSession", "link_split", "make_decoder"]
 
 #: Hits@K reported for link prediction (OGB's ogbl-collab/ppa/ddi Ks).
 HITS_KS = (20, 50, 100)
@@ -88,10 +88,9 @@ class LinkSession(TaskSession):
         s = self.split
         neg, index = s.train_negatives(int(epoch or 0), seed=self.seed, kind=self.kind,
                                        degrees=self.degrees, return_index=True)
-        dec = self.model.decoder
-        scores = pair_bce_sum(dec(z, s.train_pos, s.train_rel),
-                              dec(z, neg, s.negative_relations(index)))
-        loss = scores / max(s.train_pos.shape[1] + neg.shape[1], 1)
+        total = self.model.decoder.bce_sum(z, s.train_pos, neg, s.train_rel,
+                                           s.negative_relations(index))
+        loss = total / max(s.train_pos.shape[1] + neg.shape[1], 1)
         return loss, float(loss.detach())
 
     @torch.no_grad()
@@ -115,19 +114,12 @@ class LinkSession(TaskSession):
                 self.last_metrics[f"{part}_hits@{k}"] = hits_at_k(p, n, k)
             self.last_metrics[f"{part}_roc_auc"] = out[part]
             if part == "val":
-                val_loss = float(pair_bce_sum(p, n)) / (p.numel() + n.numel())
+                val_loss = float(bce_of_scores(p, n)) / (p.numel() + n.numel())
         return out, val_loss
 
     def explain(self) -> str:
         with self.context():
             return explain(self.net, self.graph, self.x, self.edge_data)
-
-
-def pair_bce_sum(pos_scores: torch.Tensor, neg_scores: torch.Tensor) -> torch.Tensor:
-    """Binary cross-entropy summed over positive scores (label 1) and negative scores
-    (label 0): ``softplus(-s)`` and ``softplus(s)``, with no concatenated copy of the
-    scores nor label vectors."""
-    return F.softplus(-pos_scores).sum() + F.softplus(neg_scores).sum()
 
 
 def link_split(cfg: TrainConfig, ds: NodeDataset) -> LinkSplit:

@@ -134,3 +134,32 @@ def test_errors_name_the_input():
         DistMultDecoder(4, 2)(z, torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="untyped"):
         DotDecoder()(z, torch.tensor([[0], [1]]), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("dec", _decoders(), ids=lambda d: type(d).__name__)
+def test_bce_sum_equals_the_loss_of_the_scores(dec):
+    """A decoder's training-loss sum (fused for the dot decoder) == binary cross-entropy
+    of its scores, forward and backward; empty sets count 0."""
+    z = torch.randn(30, 8, dtype=torch.float64)
+    dec = dec.double()
+    pos, neg = torch.randint(0, 30, (2, 40)), torch.randint(0, 30, (2, 25))
+    typed = isinstance(dec, DistMultDecoder)
+    pr = torch.randint(0, 3, (40,)) if typed else None
+    nr = torch.randint(0, 3, (25,)) if typed else None
+
+    def grads(fn):
+        zz = z.clone().requires_grad_()
+        dec.zero_grad()
+        out = fn(zz)
+        out.backward()
+        return out.detach(), zz.grad
+
+    got = grads(lambda zz: dec.bce_sum(zz, pos, neg, pr, nr))
+    want = grads(lambda zz: torch.nn.functional.binary_cross_entropy_with_logits(
+        torch.cat([dec(zz, pos, pr), dec(zz, neg, nr)]),
+        torch.cat([torch.ones(40), torch.zeros(25)]).double(), reduction="sum"))
+    torch.testing.assert_close(got, want)
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    zz = z.clone().requires_grad_()
+    zero = dec.bce_sum(zz, empty, empty, pr[:0] if typed else None, nr[:0] if typed else None)
+    assert float(zero.detach()) == 0.0 and zero.requires_grad
