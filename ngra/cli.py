@@ -31,6 +31,7 @@ from ngra.partition import build_book, parse_bytes, reorder_dataset, save_book
 from ngra.planner import command as planner_command
 from ngra.runtime.placement import move_to, placed, plan_placement, resident_bytes, resolve_device
 from ngra.training import TrainConfig, load_model
+from ngra.training.interrupt import Interrupted, interruptible, interrupted_line
 from ngra.training.run import train
 
 __all__ = ["main", "build_parser", "explain_model", "EXIT_BAD_INPUT", "EXIT_DIVERGED",
@@ -389,6 +390,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the subcommand's usage, not the top level's
@@ -401,7 +403,15 @@ def main(argv: list[str] | None = None) -> int:
                 "info": _cmd_info, "characterize": _cmd_characterize, "plan": _cmd_plan}
 
     try:
-        return handlers[args.command](args)
+        with interruptible():
+            return handlers[args.command](args)
+    except Interrupted as exc:
+        # SIGINT / SIGTERM: what was being written was removed on the way out
+        if args.verbose:
+            logging.exception("interrupted")
+        print(interrupted_line(exc, args.command, getattr(args, "checkpoint", None), argv),
+              file=sys.stderr)
+        return exc.exit_code
     except DistributedError as exc:
         print(f"ngra {args.command}: error: {exc}", file=sys.stderr)
         if exc.cause == "TrainingDivergedError":

@@ -1,0 +1,176 @@
+"""Killed and interrupted runs (issue 37, item 3): SIGTERM is handled like SIGINT by
+``ngra train`` (what was being written is removed, exit 143 / 130 with one line naming
+the last complete checkpoint and how to resume, no traceback), and what killed writers
+left (partial cache folders, checkpoint temporaries) is removed by a later run, which
+says how much it freed.
+
+The faults are real: children get the signals at whatever point of training, of a
+checkpoint save or of a cache build they have reached, or are SIGKILLed mid-write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ngra.datasets.cache import EntryWriter
+from ngra.diskspace import collect_leftovers, writer_alive, writer_tag
+from ngra.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_for(cond, timeout: float = 90.0, proc: subprocess.Popen | None = None) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the child ended first ({proc.returncode}): "
+                                 f"{proc.stderr.read()}")
+        if time.monotonic() > end:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
+
+
+def _finish(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_during_training_names_the_last_checkpoint(tmp_path, sig, code):
+    ck = tmp_path / "ck"
+    args = ["train", "--dataset", "sbm:nodes=300,blocks=2,feat=8", "--epochs", "100000",
+            "--checkpoint", str(ck), "--checkpoint-every", "1", "--no-progress",
+            "--data-root", str(tmp_path / "data")]
+    proc = _start("-m", "ngra", *args)
+    _wait_for(lambda: (ck / CHECKPOINT_NAME).is_file(), proc=proc)
+    time.sleep(0.3)  # a few epochs (and saves) on: the signal lands anywhere in them
+    proc.send_signal(sig)
+    rc, err = _finish(proc)
+    assert rc == code, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith(f"ngra train: interrupted by {sig.name}; the last complete "
+                           f"checkpoint is {ck / CHECKPOINT_NAME} (epoch ")
+    assert line.endswith("ngra " + " ".join(args) + " --resume")
+    epoch = int(line.split("(epoch ")[1].split(")")[0])
+    assert load_checkpoint(ck / CHECKPOINT_NAME)["epoch"] == epoch
+    assert not list(ck.glob(".ckpt-*"))  # a save it stopped was removed
+
+
+def test_sigterm_without_a_checkpoint_folder_says_so(tmp_path):
+    proc = _start("-m", "ngra", "train", "--dataset", "sbm:nodes=300,blocks=2,feat=8",
+                  "--epochs", "100000", "--no-progress", "--data-root", str(tmp_path))
+    _wait_for(lambda: proc.stdout.readline().startswith("ngra train"), proc=proc)
+    proc.send_signal(signal.SIGTERM)
+    rc, err = _finish(proc)
+    assert rc == 143, err
+    assert err.strip() == ("ngra train: interrupted by SIGTERM; no checkpoint was written "
+                           "(add --checkpoint DIR to make a run resumable).")
+
+
+def test_sigterm_during_a_cache_build_leaves_no_partial_folder(tmp_path):
+    cache = tmp_path / "cache"
+    proc = _start("-m", "ngra", "train", "--dataset", "rmat:scale=15,edge_factor=8,feat=16",
+                  "--epochs", "1", "--no-progress", "--data-root", str(tmp_path))
+    _wait_for(lambda: cache.is_dir() and any(cache.glob(".tmp-*")), proc=proc)
+    proc.send_signal(signal.SIGTERM)
+    rc, err = _finish(proc)
+    assert rc == 143, err
+    assert "Traceback" not in err
+    assert not list(cache.glob(".tmp-*"))
+
+
+def _killed_mid_write(code: str, *args: str) -> None:
+    """Run ``code`` in a child until it prints ``writing``, then SIGKILL it."""
+    proc = _start("-c", textwrap.dedent(code), *args)
+    _wait_for(lambda: proc.stdout.readline().strip() == "writing", proc=proc)
+    proc.kill()
+    proc.wait(30)
+
+
+def test_checkpoint_temporary_of_a_killed_save_is_collected(tmp_path, caplog):
+    _killed_mid_write("""
+        import sys, time, torch
+        import ngra.training.checkpoint as ck
+
+        def stuck(obj, f):  # half a checkpoint written, then the writer is killed
+            f.write(b"x" * 300000)
+            f.flush()
+            print("writing", flush=True)
+            time.sleep(120)
+
+        ck.torch.save = stuck
+        ck.save_checkpoint({"w": torch.ones(3)}, sys.argv[1])
+    """, str(tmp_path))
+    left = list(tmp_path.glob(".ckpt-*.tmp"))
+    assert len(left) == 1 and writer_alive(left[0].name) is False
+    alive = tmp_path / f".ckpt-{writer_tag()}x.tmp"  # this process: a writer still at work
+    alive.write_bytes(b"y")
+    other = tmp_path / ".ckpt-@another-host~1@x.tmp"  # another host's: cannot tell
+    other.write_bytes(b"z")
+    with caplog.at_level(logging.WARNING, logger="ngra.diskspace"):
+        save_checkpoint({"w": torch.ones(3)}, tmp_path)
+    assert not left[0].exists() and alive.exists() and other.exists()
+    assert "removed 1 partial checkpoint files left by stopped runs" in caplog.text
+    assert "freeing 1.0 MiB" in caplog.text  # the reserved size (tensors + 1 MiB margin)
+    assert torch.equal(load_checkpoint(tmp_path / CHECKPOINT_NAME)["w"], torch.ones(3))
+
+
+def test_partial_cache_folder_of_a_killed_build_is_collected(tmp_path, caplog):
+    cache = tmp_path / "cache"
+    _killed_mid_write("""
+        import sys, time
+        import numpy as np
+        from ngra.datasets.cache import EntryWriter
+
+        w = EntryWriter(sys.argv[1])
+        w.array("x", (1000, 64), np.float32)[:] = 1
+        print("writing", flush=True)
+        time.sleep(120)
+    """, str(cache / "rmat-0123"))
+    left = list(cache.glob(".tmp-*"))
+    assert len(left) == 1 and left[0].is_dir()
+    with caplog.at_level(logging.WARNING, logger="ngra.diskspace"):
+        w = EntryWriter(cache / "sbm-4567")
+    assert not left[0].exists() and w.tmp.is_dir()  # its own folder is not collected
+    assert "removed 1 partial cache folders left by stopped runs" in caplog.text
+    assert "freeing 250.1 KiB" in caplog.text
+    w.discard()
+
+
+def test_untagged_and_live_leftovers_are_kept(tmp_path):
+    (tmp_path / ".tmp-old-123-abc").mkdir()  # the old naming: no host, nothing to tell
+    live = tmp_path / f".tmp-e-{writer_tag()}abc"
+    live.mkdir()
+    assert collect_leftovers(tmp_path, [".tmp-*"], "partial cache folders") == 0
+    assert (tmp_path / ".tmp-old-123-abc").is_dir() and live.is_dir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    dead = tmp_path / f".tmp-e-{writer_tag().split('~')[0]}~{gone}@abc"
+    dead.mkdir()
+    (dead / "x.npy").write_bytes(np.zeros(10).tobytes())
+    assert collect_leftovers(tmp_path, [".tmp-*"], "partial cache folders") == 80
+    assert not dead.exists()
