@@ -36,6 +36,13 @@ Overlap (``--overlap``: issue 41's overlapped halo)
     over layers, the summary's ``exchange_per_layer``). Writes
     ``distributed_overlap.csv`` and a section of ``distributed.md``.
 
+Compression (``--compression``: issue 41's ``--halo-bits 8`` and ``--halo-staleness 1``)
+    ``ngra train --nprocs 2 --exchange halo`` with exact, 8-bit and stale halos on the
+    Planetoid graphs here (Cora, CiteSeer; PubMed's features are not on this machine),
+    GCN and GAT, ``--runs`` seeds of ``--epochs`` each: mean test accuracy over the seeds
+    (the selected epoch's), its difference, halo bytes a step and the step time. Writes
+    ``distributed_compression.csv`` and a section of ``distributed.md``.
+
 Run
     python experiments/distributed_bench.py                     # the full grid (about an hour)
     python experiments/distributed_bench.py --overlap           # overlapped vs blocking halo
@@ -69,6 +76,7 @@ OVERLAP_GRAPHS = {"rmat17": "rmat:scale=17,edge_factor=8,feat=64", "twitter": "t
 #: the overlap rows' models: zoo name and hidden width (None: the zoo's)
 OVERLAP_MODELS = {"gcn128": ("gcn", 128), "gcn16": ("gcn", 16), "gat": ("gat", None)}
 OVERLAP_MARK = "<!-- overlap rows (distributed_bench.py --overlap) -->"
+COMPRESSION_MARK = "<!-- compression rows (distributed_bench.py --compression) -->"
 
 
 def _tree_rss(pid: int) -> int:
@@ -83,13 +91,13 @@ def _tree_rss(pid: int) -> int:
 
 def run_case(spec: str, model: str, nprocs: int, threads: int, method: str, exchange: str,
              epochs: int, data_root: str | None, time_cap: float, mem_cap: float,
-             hidden: int | None = None) -> dict:
+             hidden: int | None = None, extra: tuple[str, ...] = ()) -> dict:
     """One ``ngra train`` run; its JSON summary, or ``{"error": why}``."""
     out = Path(tempfile.mkdtemp(prefix="ngra-dist-bench-")) / "summary.json"
     cmd = [sys.executable, "-m", "ngra", "train", "--model", model, "--dataset", spec,
            "--epochs", str(epochs), "--no-progress", "--threads", str(threads),
            "--nprocs", str(nprocs), "--partition-method", method, "--exchange", exchange,
-           "--out", str(out)] + (["--hidden", str(hidden)] if hidden else [])
+           "--out", str(out)] + (["--hidden", str(hidden)] if hidden else []) + list(extra)
     if data_root:
         cmd += ["--data-root", data_root]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
@@ -308,12 +316,87 @@ def overlap_report(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def _write_overlap_section(md: Path, section: str) -> None:
-    """``section`` in place of the previous one in ``md`` (kept from the mark on), else
-    appended; the grid's report above it is left as it is."""
+def _write_overlap_section(md: Path, section: str, mark: str = OVERLAP_MARK) -> None:
+    """``section`` (opening with ``mark``) in place of the previous one in ``md``, else
+    appended; the grid's report above the marked sections is left as it is."""
     text = md.read_text() if md.exists() else "# Multi-process training\n"
-    head = text.split(OVERLAP_MARK)[0].rstrip("\n")
-    md.write_text(head + "\n\n" + section)
+    marks = (OVERLAP_MARK, COMPRESSION_MARK)
+    found = sorted((text.index(m), m) for m in marks if m in text)
+    pieces = {m: text[at:(found[n + 1][0] if n + 1 < len(found) else len(text))]
+              for n, (at, m) in enumerate(found)}
+    pieces[mark] = section
+    head = text[:found[0][0]] if found else text
+    body = [pieces[m].rstrip("\n") for m in marks if m in pieces]
+    md.write_text(head.rstrip("\n") + "\n\n" + "\n\n".join(body) + "\n")
+
+
+# ---------------------------------------------------------------- --compression
+def compression_rows(args: argparse.Namespace) -> int:
+    """``--compression``: exact vs 8-bit halos, accuracy and bytes (module docs)."""
+    graphs = ["cora", "citeseer"] if args.graphs == ",".join(GRAPHS) else args.graphs.split(",")
+    rows = []
+    out = Path(args.out)
+    for name in graphs:
+        for model in args.models.split(","):
+            row: dict[str, Any] = {"graph": name, "model": model, "runs": args.runs,
+                                   "epochs": args.epochs}
+            for label, extra in (("exact", ()), ("bits8", ("--halo-bits", "8")),
+                                 ("stale1", ("--halo-staleness", "1"))):
+                s = run_case(name, model, 2, 1, "metis", "halo", args.epochs, args.data_root,
+                             args.time_cap, args.mem_cap_gb, None,
+                             ("--runs", str(args.runs), *extra))
+                if "error" in s:
+                    row[f"{label}_error"] = s["error"]
+                    continue
+                runs = s.get("results") or [s]
+                row[f"{label}_acc"] = s["test_acc_mean"]
+                row[f"{label}_acc_std"] = s["test_acc_std"]
+                row[f"{label}_step_s"] = s["epoch_time_s"]
+                row[f"{label}_halo_bytes"] = sum(
+                    b.get("halo", 0) for b in runs[0]["bytes_sent_per_epoch"]["per_rank"])
+            row["load_1m"] = round(os.getloadavg()[0], 1)
+            rows.append(row)
+            print(f"{name} {model}: exact {row.get('exact_acc')}, 8-bit {row.get('bits8_acc')}, "
+                  f"stale {row.get('stale1_acc')} (load {row['load_1m']})", flush=True)
+            write_csv(rows, out.with_name(out.name + "_compression").with_suffix(".csv"))
+            _write_overlap_section(out.with_suffix(".md"), compression_report(rows, args),
+                                   COMPRESSION_MARK)
+    return 0
+
+
+def compression_report(rows: list[dict], args: argparse.Namespace) -> str:
+    info = machine_info()
+    lines = [COMPRESSION_MARK, "", "## 8-bit and stale halos (issue 41, `--halo-bits 8`, "
+             "`--halo-staleness 1`)", "",
+             f"Regenerate: `python experiments/distributed_bench.py {' '.join(sys.argv[1:])}` "
+             f"(git {info.get('git', '?')}, {info.get('date', '?')}): `ngra train --nprocs 2 "
+             f"--threads 1 --exchange halo`, METIS, {args.epochs} epochs, {args.runs} seeds "
+             "(--runs), the zoo's hyper-parameters; test accuracy at the best validation "
+             "epoch, mean +- sample std over the seeds; halo bytes: both ranks, one training "
+             "step; step: median training step (the machine was shared: load in the row).",
+             ""]
+    shown = []
+    for r in rows:
+        d = {"cell": f"{r['graph']} {r['model']}", "load": f"{r['load_1m']:.1f}"}
+        for label in ("exact", "bits8", "stale1"):
+            if f"{label}_acc" in r:
+                d[label] = f"{r[f'{label}_acc']:.4f} +- {r[f'{label}_acc_std'] or 0:.4f}"
+                d[f"{label}_b"] = fmt_bytes(r[f"{label}_halo_bytes"])
+                d[f"{label}_t"] = fmt_seconds(r[f"{label}_step_s"])
+            else:
+                d[label] = r.get(f"{label}_error", "—")
+        for label in ("bits8", "stale1"):
+            if "exact_acc" in r and f"{label}_acc" in r:
+                d[f"{label}_d"] = f"{(r[f'{label}_acc'] - r['exact_acc']) * 100:+.2f} points"
+        shown.append(d)
+    lines.append(markdown_table(shown, [
+        ("cell", "graph model"), ("exact", "exact test acc"), ("bits8", "8-bit test acc"),
+        ("bits8_d", "8-bit - exact"), ("stale1", "stale test acc"),
+        ("stale1_d", "stale - exact"), ("exact_b", "halo bytes/step exact"),
+        ("bits8_b", "8-bit"), ("exact_t", "step exact"), ("bits8_t", "step 8-bit"),
+        ("stale1_t", "step stale"), ("load", "load 1m")]))
+    lines += ["", "Target: each within 0.5 points of the exact run.", ""]
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -340,10 +423,15 @@ def main() -> int:
                          "parallel-efficiency row (module docs)")
     ap.add_argument("--steps", type=int, default=10,
                     help="--overlap: training steps of each mode")
+    ap.add_argument("--compression", action="store_true",
+                    help="exact vs 8-bit halos: accuracy and bytes (module docs)")
+    ap.add_argument("--runs", type=int, default=3, help="--compression: seeds a case")
     args = ap.parse_args()
     out = Path(args.out)
     if args.overlap:
         return overlap_rows(args)
+    if args.compression:
+        return compression_rows(args)
     if args.rescore:
         import csv
 

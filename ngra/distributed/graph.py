@@ -323,7 +323,8 @@ class DistGraph(Partitioned):
                    f"({self.num_halo * choice.row_bytes:,} bytes) and sends "
                    f"{self.halo.num_send:,} ({self.halo.num_send * choice.row_bytes:,} bytes); "
                    "backward the same in reverse; " +
-                   (f"rows quantized to {self.halo.bits} bits with a per-row scale; "
+                   (f"rows quantized to {self.halo.bits} bits with a per-row scale (for float32 "
+                    "rows about a quarter of these bytes); "
                     if self.halo.bits else "") +
                    (f"overlapped: the {inner:,} inner edges (of {self.num_edges:,}) compute "
                     "while it travels, in both directions" if self.overlap else "blocking") +

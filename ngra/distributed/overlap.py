@@ -16,9 +16,10 @@ sent from. Each tile is differentiated as a chunked stream does
 recomputation), so no edge-level tensor outlives its tile.
 
 The result is the blocking halo's (:meth:`ngra.distributed.DistGraph.propagate`) to
-float tolerance: the same edges, summed in two tiles instead of one. The bytes are the
-blocking exchange's too; what changes is how long the rank waits for them
-(:class:`~ngra.distributed.halo.ExchangeRecord`).
+float tolerance: the same edges, summed in two tiles instead of one. Forward sends the
+blocking exchange's bytes, backward only the gradients of terms that have one (the
+blocking exchange returns zeros for the others, e.g. G-GCN's raw source features); what
+changes is how long the rank waits for them (:class:`~ngra.distributed.halo.ExchangeRecord`).
 
 **Stale halos** (``--halo-staleness 1``, PipeGCN's bounded staleness; off by default,
 not exact): a training step's boundary tile reads the halo rows the *previous* step
