@@ -17,6 +17,15 @@ and ``meta.json`` the figures every rank shares: the partition's statistics for 
 cost model, the dataset's sizes, and stamps (book and data fingerprints, the model's
 graph preparation) so that a shard of another dataset, book or preparation is rebuilt,
 never read.
+
+Integrity: ``meta.json`` records each shard file's size and BLAKE2b digest, and a digest
+of itself. Shards are verified like dataset cache entries: the first time they are opened
+after being written or modified (a full read), then only by ``stat`` against the stamp of
+the verified state (``verified.json``: each file's size, mtime and inode).
+:func:`shards_current` treats a damaged or swapped file as stale (it is rebuilt, with a
+warning naming it); :func:`load_shard` refuses one with a
+:class:`~ngra.errors.DamagedFileError` naming the file, and each shard records its own
+rank and rank count, so a shard of another rank is never trained on.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ngra.errors import DamagedFileError
 from ngra.distributed.cost import PartitionStats
 from ngra.distributed.halo import HaloPlan
 from ngra.graph import EdgeFactors, Graph
@@ -45,7 +55,10 @@ __all__ = ["Shard", "build_shards", "data_fingerprint", "load_shard", "prep_key"
 
 log = logging.getLogger(__name__)
 
-SHARD_VERSION = 4  # 3: 32-bit structure and edge ids; 4: GCN's weights as factors
+SHARD_VERSION = 5  # 3: 32-bit structure and edge ids; 4: GCN's weights as factors;
+#   5: checksums of the shards and of meta.json, each shard's rank
+_VERIFIED = "verified.json"
+_HASH_BLOCK = 16 << 20
 
 
 def prep_key(model: Any) -> str:
@@ -88,15 +101,98 @@ def _stamp(ds: Any, model: Any, book: PartitionBook) -> dict[str, Any]:
             "method": book.method, "data": data_fingerprint(ds), "prep": prep_key(model)}
 
 
-def shards_current(folder: Path, ds: Any, model: Any, book: PartitionBook) -> bool:
-    """Whether ``folder`` holds shards of exactly this dataset, model preparation and book."""
+def _file_digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as fh:
+        while block := fh.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _meta_digest(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def _read_meta(folder: Path) -> dict[str, Any]:
+    """``meta.json``, checked against its own digest (:class:`DamagedFileError` if not)."""
+    path = folder / "meta.json"
     try:
-        meta = json.loads((Path(folder) / "meta.json").read_text())
+        meta = json.loads(path.read_text())
+    except ValueError as err:
+        raise DamagedFileError(path, f"shard metadata {path} is damaged ({err}).") from None
+    if not isinstance(meta, dict) or meta.get("checksum") != _meta_digest(meta):
+        raise DamagedFileError(path, f"shard metadata {path} does not match its checksum.")
+    return meta
+
+
+def _file_stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _check_file(folder: Path, name: str, meta: dict[str, Any], verified: dict[str, Any]) -> str:
+    """Why shard file ``name`` cannot be trusted ("" when it can): missing, of another
+    size, or (when not verified since it last changed) of another digest."""
+    path = folder / name
+    want = meta.get("files", {}).get(name)
+    if want is None:
+        return f"{path} is not listed in {folder / 'meta.json'}"
+    try:
+        stamp = _file_stamp(path)
+    except OSError:
+        return f"{path} is missing"
+    if stamp[0] != want["size"]:
+        return (f"{path} has {stamp[0]} bytes, not the {want['size']} written "
+                "(truncated or replaced)")
+    if verified.get(name) == stamp:
+        return ""
+    if _file_digest(path) != want["blake2b"]:
+        return f"{path} does not match its checksum (damaged, or another rank's shard)"
+    return ""
+
+
+def _read_verified(folder: Path) -> dict[str, Any]:
+    try:
+        v = json.loads((folder / _VERIFIED).read_text())
     except (OSError, ValueError):
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def _write_verified(folder: Path, names: list[str]) -> None:
+    try:
+        stamps = {n: _file_stamp(folder / n) for n in names}
+        tmp = folder / f".{_VERIFIED}.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(stamps))
+        os.replace(tmp, folder / _VERIFIED)
+    except OSError:
+        pass  # a read-only folder: verified again next time
+
+
+def shards_current(folder: Path, ds: Any, model: Any, book: PartitionBook) -> bool:
+    """Whether ``folder`` holds intact shards of exactly this dataset, model preparation
+    and book (a damaged or swapped file is logged, naming it, and counts as stale)."""
+    folder = Path(folder)
+    if not (folder / "meta.json").is_file():
+        return False
+    try:
+        meta = _read_meta(folder)
+    except (OSError, DamagedFileError) as err:
+        log.warning("%s; rebuilding the shards", err)
         return False
     if meta.get("stamp") != _stamp(ds, model, book):
         return False
-    return all((Path(folder) / f"rank{r}.pt").is_file() for r in range(book.num_parts))
+    names = [f"rank{r}.pt" for r in range(book.num_parts)]
+    verified = _read_verified(folder)
+    for name in names:
+        why = _check_file(folder, name, meta, verified)
+        if why:
+            log.warning("%s; rebuilding the shards in %s", why, folder)
+            return False
+    if any(verified.get(n) != _file_stamp(folder / n) for n in names):
+        _write_verified(folder, names)
+    return True
 
 
 def build_shards(ds: Any, model: Any, book: PartitionBook, folder: str | os.PathLike[str],
@@ -117,6 +213,8 @@ def build_shards(ds: Any, model: Any, book: PartitionBook, folder: str | os.Path
     received = torch.zeros(k, dtype=torch.int64)
     edges = torch.zeros(k, k, dtype=torch.int64)
     new_owner = torch.repeat_interleave(torch.arange(k), rows)
+    files: dict[str, dict[str, Any]] = {}
+    (folder / _VERIFIED).unlink(missing_ok=True)
     for r in tqdm(range(k), desc="shards", disable=not progress):
         lo, hi = book.owned(r)
         e0, e1 = int(ip[lo]), int(ip[hi])
@@ -146,9 +244,12 @@ def build_shards(ds: Any, model: Any, book: PartitionBook, folder: str | os.Path
             "recv_counts": recv, "row_ids": rows_orig, "x": ds.x[rows_orig],
             "y": ds.y[rows_orig], "train_mask": ds.train_mask[rows_orig],
             "val_mask": ds.val_mask[rows_orig], "test_mask": ds.test_mask[rows_orig],
-            "num_own": d,
+            "num_own": d, "rank": r, "parts": k,
         }
-        _save(shard, folder / f"rank{r}.pt")
+        name = f"rank{r}.pt"
+        _save(shard, folder / name)
+        files[name] = {"size": (folder / name).stat().st_size,
+                       "blake2b": _file_digest(folder / name)}
     meta = {
         "stamp": _stamp(ds, model, book), "spec": ds.info.get("spec"),
         "bounds": book.bounds.tolist(),
@@ -161,7 +262,9 @@ def build_shards(ds: Any, model: Any, book: PartitionBook, folder: str | os.Path
                                                          ("val", ds.val_mask),
                                                          ("test", ds.test_mask))},
         "figures": book.figures(),
+        "files": files,
     }
+    meta["checksum"] = _meta_digest(meta)
     tmp = folder / f".meta.json.tmp{os.getpid()}"
     tmp.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(tmp, folder / "meta.json")
@@ -242,12 +345,20 @@ def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, gr
     from ngra.distributed.graph import DistGraph
 
     folder = Path(folder)
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = _read_meta(folder)
     if meta["stamp"]["parts"] != world_size:
         raise ValueError(f"the shards in {folder} are for {meta['stamp']['parts']} ranks, "
                          f"not {world_size}.")
+    path = folder / f"rank{rank}.pt"
+    fix = "delete the folder and run again: the shards are rebuilt from the dataset."
+    why = _check_file(folder, path.name, meta, _read_verified(folder))
+    if why:
+        raise DamagedFileError(path, f"{why}; {fix}")
     # mapped, not read: pages come in as they are touched (a GCN never reads edge_ids)
-    s = torch.load(folder / f"rank{rank}.pt", weights_only=True, mmap=True)
+    s = torch.load(path, weights_only=True, mmap=True)
+    if (s.get("rank"), s.get("parts")) != (rank, world_size):
+        raise DamagedFileError(path, f"{path} is rank {s.get('rank')} of {s.get('parts')}'s "
+                               f"shard, not rank {rank} of {world_size}'s; {fix}")
     d, h = int(s["num_own"]), int(s["halo"].numel())
     factors = EdgeFactors(s["src_factor"], s["dst_factor"]) if "src_factor" in s else None
     local = Graph(s["indptr"], s["indices"], None, d + h, s["edge_weight"], factors)  # CSC order
