@@ -137,6 +137,21 @@ def _draw_src(index, dst, keys, n, cdf, use_cdf, indptr, idx, has_exclude, self_
         ok[j] = good
 
 
+@njit(cache=True, nogil=True)
+def _counting_order(dst, n):
+    """The stable order that groups ``dst`` by value (a counting sort, ``O(len + n)``)."""
+    start = np.zeros(n + 1, dtype=np.int64)
+    for d in dst:
+        start[d + 1] += 1
+    for v in range(n):
+        start[v + 1] += start[v]
+    order = np.empty(dst.size, dtype=np.int64)
+    for j in range(dst.size):
+        order[start[dst[j]]] = j
+        start[dst[j]] += 1
+    return order
+
+
 class NegativeSampler:
     """Turns uniforms into vertex ids: uniformly, or in proportion to ``degrees``.
 
@@ -227,6 +242,7 @@ def sample_negatives(
     dst_range: tuple[int, int] | None = None,
     dst_owned: np.ndarray | None = None,
     return_index: bool = False,
+    by_dst: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Draw epoch ``epoch``'s ``num`` negative pairs (see the module docstring).
 
@@ -245,11 +261,13 @@ def sample_negatives(
         dst_owned: ``[N]`` bool: return only the negatives whose destination is marked
             (a rank's share when it owns no range); not with ``dst_range``.
         return_index: also return each returned negative's global index ``[M]``.
+        by_dst: return the pairs grouped by destination (a counting sort; by index within
+            a destination), the order a CSC over the pairs wants, instead of by index.
 
     Returns:
-        ``[2, M]`` int64 pairs in global index order (``M == num`` without
-        ``dst_range``, unless some could not avoid ``exclude``); with ``return_index``,
-        ``(pairs, index)``.
+        ``[2, M]`` int64 pairs in global index order (``by_dst``: by destination, then
+        index; ``M == num`` without ``dst_range``, unless some could not avoid
+        ``exclude``); with ``return_index``, ``(pairs, index)``.
     """
     n = int(num_nodes)
     if n <= 0 or num < 0:
@@ -283,6 +301,9 @@ def sample_negatives(
         index = np.flatnonzero(mine).astype(np.int64)
         dst = dst_all[index]
     del dst_all
+    if by_dst:
+        order = _counting_order(dst, n)
+        index, dst = index[order], dst[order]
     keys = np.array([_stream_key(seed, epoch, "src", r) for r in range(MAX_ROUNDS + 1)],
                     dtype=np.uint64)
     if exclude is not None:

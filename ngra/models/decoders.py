@@ -148,7 +148,7 @@ class DotDecoder(PairDecoder):
             return z.new_zeros(0) + 0 * z.sum()  # keeps the graph for an empty share
         csc = pair_csc(pairs, z.shape[0])
         scores = _PairDot.apply(z.contiguous(), csc)
-        return scores.index_select(0, csc.inverse)
+        return scores if csc.inverse is None else scores.index_select(0, csc.inverse)
 
     def bce_sum(self, z: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
                 pos_rel: torch.Tensor | None = None,
@@ -171,10 +171,19 @@ class DotDecoder(PairDecoder):
 class PairCSC:
     """Pairs ``[2, P]`` as a CSC graph over ``N`` vertices: ``indptr`` ``[N + 1]`` over
     destinations, ``indices`` the sources in that order, ``inverse`` ``[P]`` the CSC
-    position of each pair; its transpose made on first use (and cached by the kernels)."""
+    position of each pair (``None`` when the pairs come grouped by destination, as
+    ``sample_negatives(by_dst=True)`` gives them); its transpose made on first use (and
+    cached by the kernels)."""
 
     def __init__(self, pairs: torch.Tensor, num_nodes: int) -> None:
         src, dst = pairs[0], pairs[1]
+        self.num_nodes = num_nodes
+        self.inverse: torch.Tensor | None = None
+        if dst.numel() < 2 or bool((dst[1:] >= dst[:-1]).all()):  # grouped already
+            counts = torch.bincount(dst, minlength=num_nodes)
+            self.indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+            self.indices = src
+            return
         # grouped by destination with the transpose kernel's counting sort (no
         # comparison sort): the pairs as one column whose "sources" are their destinations
         one = torch.tensor([0, dst.numel()], dtype=torch.int64, device=dst.device)
@@ -183,7 +192,6 @@ class PairCSC:
         self.indices = src.index_select(0, order)
         self.inverse = torch.empty_like(order)
         self.inverse[order] = torch.arange(order.numel(), device=order.device)
-        self.num_nodes = num_nodes
 
     def reverse(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The transpose (CSR over sources; cached by the kernels for these arrays)."""

@@ -116,3 +116,16 @@ def test_errors_name_what_is_wrong():
         sample_negatives(10, 5, seed=0, kind="popular")
     with pytest.raises(DatasetError, match="exclude has 5 vertices; expected num_nodes=10"):
         sample_negatives(10, 5, seed=0, exclude=_graph(n=5, e=3))
+
+
+def test_by_dst_groups_the_same_set_by_destination():
+    graph = _graph()
+    whole, index = sample_negatives(50, 3000, seed=5, epoch=1, exclude=graph,
+                                    return_index=True)
+    grouped, gindex = sample_negatives(50, 3000, seed=5, epoch=1, exclude=graph,
+                                       return_index=True, by_dst=True)
+    assert bool((grouped[1, 1:] >= grouped[1, :-1]).all())
+    order = torch.argsort(gindex)
+    assert torch.equal(gindex[order], index) and torch.equal(grouped[:, order], whole)
+    same_dst = grouped[1, 1:] == grouped[1, :-1]
+    assert bool((gindex[1:][same_dst] > gindex[:-1][same_dst]).all())  # stable: by index

@@ -163,3 +163,23 @@ def test_bce_sum_equals_the_loss_of_the_scores(dec):
     zz = z.clone().requires_grad_()
     zero = dec.bce_sum(zz, empty, empty, pr[:0] if typed else None, nr[:0] if typed else None)
     assert float(zero.detach()) == 0.0 and zero.requires_grad
+
+
+def test_dot_decoder_on_pairs_grouped_by_destination():
+    """Pairs already grouped by destination skip the sort (PairCSC.inverse is None) and
+    score the same, forward and backward."""
+    from ngra.models.decoders import PairCSC
+
+    z = torch.randn(40, 5, dtype=torch.float64)
+    pairs = torch.randint(0, 40, (2, 300))
+    grouped = pairs[:, torch.argsort(pairs[1], stable=True)]
+    assert PairCSC(grouped, 40).inverse is None and PairCSC(pairs, 40).inverse is not None
+    for p in (pairs, grouped):
+        zz = z.clone().requires_grad_()
+        got = DotDecoder()(zz, p)
+        (g,) = torch.autograd.grad(got.sum(), zz)
+        zr = z.clone().requires_grad_()
+        want = (zr[p[0]] * zr[p[1]]).sum(-1)
+        (gr,) = torch.autograd.grad(want.sum(), zr)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(g, gr)
