@@ -136,6 +136,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "or auto: disk when it would not fit the memory available (or the "
                         "budget) (default: memory)")
     d = p.add_argument_group("several processes (gloo on the CPU, NCCL with one GPU a rank)")
+    d.add_argument("--allow-oversubscribe", action="store_true",
+                   help="start --nprocs processes that may not fit in memory, and more "
+                        "--nprocs x --threads than cores, without refusal or warning")
     d.add_argument("--nprocs", type=int, default=1,
                    help="train on this many processes, the graph partitioned between them "
                         "(default: 1; under torchrun, its process count)")

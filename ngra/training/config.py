@@ -82,6 +82,8 @@ class TrainConfig:
     device: str = "cpu"
     cuda_graphs: str = "auto"
     nprocs: int = 1
+    #: start --nprocs / --threads past the machine's memory and cores (else refused / warned)
+    allow_oversubscribe: bool = False
     exchange: str = "auto"
     #: the halo exchange overlaps the edges whose sources a rank owns (else it blocks)
     halo_overlap: bool = True

@@ -32,6 +32,7 @@ from ngra.planner.train_plans import training_plan
 from ngra.runtime.placement import (Placement, move_to, plan_placement, resident_bytes,
                                     resolve_device)
 from ngra.training.config import TrainConfig, check_config, check_run_files, describe_run
+from ngra.training.resources import check_resources
 from ngra.training.data import as_dataset, fingerprint, prepare_dataset
 from ngra.training.loop import Session, fit_runs
 from ngra.training.model_source import ModelSource, call_model
@@ -68,6 +69,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
     say = echo or log.info
     check_config(cfg)
     check_run_files(cfg)
+    check_resources(cfg.nprocs, cfg.threads, cfg.allow_oversubscribe)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     main = os.environ.get("RANK", "0") == "0"  # not another torchrun rank
