@@ -153,6 +153,22 @@ def _buffer(x: torch.Tensor, rows: int) -> torch.Tensor:
     return buf[:need].view(rows, x.shape[1])
 
 
+def _linears_into(d: torch.Tensor, weights, biases, outs: list[torch.Tensor], r0: int,
+                  r1: int) -> None:
+    """Rows ``[r0, r1)`` of every output: the block ``d`` through each Linear."""
+    for w, b, out in zip(weights, biases, outs):
+        if b is None:
+            torch.mm(d, w.t(), out=out[r0:r1])
+        else:
+            torch.addmm(b, d, w.t(), out=out[r0:r1])
+
+
+def _dense_grads(grads, weights, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each output's incoming gradient, zeros where autograd gave none."""
+    return [torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+            if g is None else g.contiguous() for g, w in zip(grads, weights)]
+
+
 class _DropoutLinear(torch.autograd.Function):
     """Forward drops each row block of ``x`` into one reused buffer and keeps the block's
     mask (packed bits on the CPU: ``N * F_in / 8`` bytes in all); backward re-applies
@@ -188,11 +204,7 @@ class _DropoutLinear(torch.autograd.Function):
             else:
                 ctx.masks.append(replay.blocks[i])
                 kern(x[r0:r1], replay.blocks[i], scale, d)
-            for w, b, out in zip(weights, biases, outs):
-                if b is None:
-                    torch.mm(d, w.t(), out=out[r0:r1])
-                else:
-                    torch.addmm(b, d, w.t(), out=out[r0:r1])
+            _linears_into(d, weights, biases, outs, r0, r1)
             release_mapped(x, r0, r1)  # x on disk (storage=disk): keep one block resident
         ctx.save_for_backward(x, *weights)
         return tuple(outs)
@@ -203,8 +215,7 @@ class _DropoutLinear(torch.autograd.Function):
         x, *weights = ctx.saved_tensors
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[4:4 + ctx.k]
         need_b = ctx.needs_input_grad[4 + ctx.k:]
-        grads = [torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-                 if g is None else g.contiguous() for g, w in zip(grads, weights)]
+        grads = _dense_grads(grads, weights, x)
         blocks = _blocks(x)
         with use_backend(ctx.backend):
             apply = lookup("dropout_apply", x.device)
@@ -243,11 +254,7 @@ class _StreamedLinear(torch.autograd.Function):
         outs = [torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
                 for w in weights]
         for r0, r1 in _blocks(x):
-            for w, b, out in zip(weights, biases, outs):
-                if b is None:
-                    torch.mm(x[r0:r1], w.t(), out=out[r0:r1])
-                else:
-                    torch.addmm(b, x[r0:r1], w.t(), out=out[r0:r1])
+            _linears_into(x[r0:r1], weights, biases, outs, r0, r1)
             release_mapped(x, r0, r1)
         ctx.save_for_backward(x, *weights)
         return tuple(outs)
@@ -258,8 +265,7 @@ class _StreamedLinear(torch.autograd.Function):
         x, *weights = ctx.saved_tensors
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[2:2 + ctx.k]
         need_b = ctx.needs_input_grad[2 + ctx.k:]
-        grads = [torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-                 if g is None else g.contiguous() for g, w in zip(grads, weights)]
+        grads = _dense_grads(grads, weights, x)
         gx = None
         if need_x:
             gx = grads[0].mm(weights[0])
