@@ -37,6 +37,8 @@ from .base import DamagedFileError, DatasetError
 
 _PARSE_CHUNK = 32 << 20  # bytes of text per numpy parse call
 _LEAD = re.compile(rb"[ \t\r\n]*")  # leading blank space (matched, not copied as lstrip does)
+#: Bytes of the smallest gzip file (header and trailer around an empty stream).
+_GZIP_MIN = 20
 #: The fix named by a damaged-file error when the loader gives none.
 REPLACE_HINT = "Replace it with a good copy (download or copy it again)."
 
@@ -45,9 +47,16 @@ def read_text(path: Path, fix: str = REPLACE_HINT) -> bytes:
     """A file's bytes, gunzipped when it starts with the gzip magic (whatever its name).
 
     Raises:
-        DamagedFileError: the gzip stream is cut short or corrupted.
+        DamagedFileError: the gzip stream is cut short or corrupted, or a ``.gz`` file is
+            shorter than a gzip header (0 bytes: an interrupted copy, not "no lines").
     """
     data = Path(path).read_bytes()
+    if Path(path).name.endswith(".gz") and len(data) < _GZIP_MIN and data[:1] in (b"", b"\x1f"):
+        raise DamagedFileError(
+            path,
+            f"{path} is a damaged gzip file: {len(data)} bytes, fewer than the "
+            f"{_GZIP_MIN} of an empty one (an interrupted copy or download). {fix}",
+        )
     if data[:2] != b"\x1f\x8b":
         return data
     try:

@@ -4,9 +4,10 @@
 :class:`~ngra.errors.DatasetError` naming the dataset and the figure that makes
 training meaningless: no vertices, no feature columns, non-finite features or edge
 weights, no labelled vertices, fewer than two classes, an empty train, validation
-or test split, a split that selects unlabelled vertices, or a train split with a
-single class. A graph with no edges passes with a warning: models that also read a
-vertex's own features train on it as MLPs.
+or test split, a split that selects unlabelled vertices, splits that share vertices
+(a vertex tested on after being trained on; ``allow_overlap=True`` lets them), or a
+train split with a single class. A graph with no edges passes with a warning: models
+that also read a vertex's own features train on it as MLPs.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ _BLOCK = 1 << 22  # elements per finiteness scan block (16 MiB of float32)
 _SPLITS = (("train", "train_mask"), ("validation", "val_mask"), ("test", "test_mask"))
 
 
-def check_trainable(ds: NodeDataset, name: str | None = None) -> None:
+def check_trainable(ds: NodeDataset, name: str | None = None,
+                    allow_overlap: bool = False) -> None:
     """Raise :class:`DatasetError` if training on ``ds`` cannot give a meaningful accuracy.
 
     Args:
         ds: the dataset.
         name: how the user named it (the spec string), for messages (default: ``ds.name``).
+        allow_overlap: let the train, validation and test splits share vertices
+            (default: ``False``, refused with the counts).
     """
     name = name or ds.name
     if isinstance(ds, GraphDataset):
@@ -82,6 +86,8 @@ def check_trainable(ds: NodeDataset, name: str | None = None) -> None:
                 f"{split} split of {name} selects {unlabelled} unlabelled vertices (label -1) "
                 f"of its {size}; a split may select labelled vertices only."
             )
+    if not allow_overlap:
+        _check_disjoint(ds, name)
     train_classes = torch.unique(ds.y[ds.train_mask])
     if train_classes.numel() < 2:
         raise DatasetError(
@@ -91,6 +97,22 @@ def check_trainable(ds: NodeDataset, name: str | None = None) -> None:
         )
     if ds.graph.num_edges == 0:
         log.warning("%s has no edges: models see each vertex's own features only", name)
+
+
+def _check_disjoint(ds: NodeDataset, name: str) -> None:
+    """Refuse splits that share vertices, with each split's size and the shared count."""
+    masks = [(split, getattr(ds, attr)) for split, attr in _SPLITS]
+    shared = []
+    for i, (a, ma) in enumerate(masks):
+        for b, mb in masks[i + 1:]:
+            k = int((ma & mb).sum())
+            if k:
+                shared.append(f"{a} and {b} share {k} (of {int(ma.sum())} and {int(mb.sum())})")
+    if shared:
+        raise DatasetError(
+            f"the splits of {name} overlap: {'; '.join(shared)} vertices. A vertex evaluated "
+            "after being trained on inflates the accuracy. Make the masks disjoint, or pass "
+            "--allow-split-overlap (allow_split_overlap=True) to train anyway.")
 
 
 def _check_finite(what: str, t: torch.Tensor, index_names: str) -> None:

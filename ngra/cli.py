@@ -131,6 +131,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="graph: how node embeddings are pooled per graph (default: sum)")
     t.add_argument("--batch-size", type=int, default=128,
                    help="graph: graphs per batch (default: 128)")
+    p.add_argument("--allow-split-overlap", action="store_true",
+                   help="train although the train, validation and test splits share vertices "
+                        "(refused by default, with the counts)")
     p.add_argument("--storage", default="memory", choices=["memory", "disk", "auto"],
                    help="read the dataset into memory, map it from its cache entry on disk, "
                         "or auto: disk when it would not fit the memory available (or the "

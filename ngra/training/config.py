@@ -84,6 +84,8 @@ class TrainConfig:
     nprocs: int = 1
     #: start --nprocs / --threads past the machine's memory and cores (else refused / warned)
     allow_oversubscribe: bool = False
+    #: train when the train / validation / test masks share vertices (else refused)
+    allow_split_overlap: bool = False
     exchange: str = "auto"
     #: the halo exchange overlaps the edges whose sources a rank owns (else it blocks)
     halo_overlap: bool = True

@@ -35,10 +35,11 @@ _MASKS = ("train_mask", "val_mask", "test_mask")
 
 
 def as_dataset(data: Any, *, root: str | None = None, storage: str = "memory",
-               budget: int | None = None, check: bool = True) -> NodeDataset:
+               budget: int | None = None, check: bool = True,
+               allow_overlap: bool = False) -> NodeDataset:
     """``data`` as a :class:`NodeDataset` (module docstring); with ``check``, refused
     (:class:`~ngra.errors.DatasetError`) when training on it cannot mean anything
-    (:func:`ngra.datasets.check_trainable`).
+    (:func:`ngra.datasets.check_trainable`; ``allow_overlap``: splits may share vertices).
 
     Raises:
         TypeError: ``data`` is none of the accepted kinds.
@@ -59,7 +60,7 @@ def as_dataset(data: Any, *, root: str | None = None, storage: str = "memory",
                         f"DGL graph or a dict of tensors (edge_index, x, y, masks); got "
                         f"{type(data).__name__}.")
     if check:
-        check_trainable(ds, label)
+        check_trainable(ds, label, allow_overlap=allow_overlap)
     return ds
 
 

@@ -84,7 +84,7 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
         """The prepared dataset and the checkpoint metadata (once, by one process)."""
         budget = parse_bytes(given.memory_budget) if given.memory_budget else None
         ds = as_dataset(given.dataset, root=given.data_root, storage=given.storage,
-                        budget=budget)
+                        budget=budget, allow_overlap=given.allow_split_overlap)
         synthesized = list(ds.info.get("synthesized", []))
         log.info("ngra train config: %s", json.dumps(given.resolved(), sort_keys=True,
                                                      default=str))
