@@ -234,8 +234,9 @@ def overlap_rows(args: argparse.Namespace) -> int:
               for k in (args.graphs if args.graphs != ",".join(GRAPHS)
                         else ",".join(OVERLAP_GRAPHS)).split(",")}
     models = args.models if args.models != "gcn,gat" else ",".join(OVERLAP_MODELS)
-    rows = []
     out = Path(args.out)
+    csv_path = out.with_name(out.name + "_overlap").with_suffix(".csv")
+    rows = _read_rows(csv_path)  # other cells' rows stay; this run's replace their own
     for name, spec in graphs.items():
         for label in models.split(","):
             model, hidden = OVERLAP_MODELS.get(label, (label, None))
@@ -252,7 +253,10 @@ def overlap_rows(args: argparse.Namespace) -> int:
                                 args.data_root, args.time_cap, args.mem_cap_gb, hidden))
             one_s = [s["epoch_time_s"] for s in one if "error" not in s]
             row: dict[str, Any] = {"graph": name, "model": label, "steps": args.steps,
-                                   "load_1m": round(max(load, os.getloadavg()[0]), 1)}
+                                   "load_1m": round(max(load, os.getloadavg()[0]), 1),
+                                   "argv": " ".join(sys.argv[1:]),
+                                   "git": machine_info().get("git", "?"),
+                                   "date": time.strftime("%Y-%m-%d %H:%M")}
             for mode in ("overlapped", "blocking"):
                 ts = got["times"][mode]
                 per_rank = got["stats"][mode]  # [rank][layer]
@@ -269,25 +273,37 @@ def overlap_rows(args: argparse.Namespace) -> int:
             if one_s:
                 row["one_rank_s"] = statistics.median(one_s)
                 row["efficiency"] = min(row["overlapped_s"], row["blocking_s"]) / row["one_rank_s"]
-            rows.append(row)
+            rows = [r for r in rows if (r["graph"], r["model"]) != (name, label)] + [row]
             print(f"{name} {label}: overlapped {fmt_seconds(row['overlapped_s'])}, blocking "
                   f"{fmt_seconds(row['blocking_s'])} ({row['ratio']:.2f}x), 1 rank "
                   f"{fmt_seconds(row.get('one_rank_s', float('nan')))} "
                   f"({time.monotonic() - t:.0f} s, load {row['load_1m']})", flush=True)
-            write_csv(rows, out.with_name(out.name + "_overlap").with_suffix(".csv"))
+            write_csv(rows, csv_path)
             _write_overlap_section(out.with_suffix(".md"), overlap_report(rows, args))
     return 0
 
 
+def _read_rows(path: Path) -> list[dict]:
+    import csv
+
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [{k: _number(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+
+
 def overlap_report(rows: list[dict], args: argparse.Namespace) -> str:
-    info = machine_info()
-    argv = " ".join(sys.argv[1:])
+    runs = {}
+    for r in rows:  # rows of earlier runs carry their own command (older ones: this run's)
+        key = (r.get("argv", " ".join(sys.argv[1:])), r.get("git", "?"), r.get("date", "?"))
+        runs.setdefault(key, []).append(f"{r['graph']} {r['model']}")
+    made = "; ".join(f"`python experiments/distributed_bench.py {a}` (git {g}, {d}: "
+                     f"{', '.join(cells)})" for (a, g, d), cells in runs.items())
     lines = [OVERLAP_MARK, "", "## Overlapped vs blocking halo (issue 41)", "",
-             f"Regenerate: `python experiments/distributed_bench.py {argv}` (git "
-             f"{info.get('git', '?')}, {info.get('date', '?')}): 2 ranks x 1 thread, METIS, "
-             f"halo forced; the two modes alternate training steps in one run ({args.steps} "
+             f"Regenerate: {made}. 2 ranks x 1 thread, METIS, "
+             "halo forced; the two modes alternate training steps in one run (`--steps` "
              "steps each after a warm-up step each; median of the slowest rank's step); "
-             f"1 rank x 1 thread is `ngra train --nprocs 1 --threads 1`, {args.epochs} epochs, "
+             "1 rank x 1 thread is `ngra train --nprocs 1 --threads 1`, `--epochs` epochs, "
              "run before and after (median epoch). The machine was shared with other "
              "work: the 1-minute load average is in each row (2 cores; above 2, the ranks "
              "shared their cores). Wait: seconds the slowest-waiting rank's compute thread "
