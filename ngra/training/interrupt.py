@@ -4,7 +4,9 @@ Inside :func:`interruptible`, ``SIGINT`` (Ctrl-C) and ``SIGTERM`` (``kill``, a b
 scheduler's stop) raise :class:`Interrupted` in the main thread. It derives from
 ``KeyboardInterrupt``, so the clean-ups written for Ctrl-C run for both: a checkpoint
 being written is removed (the previous one stays the newest), a cache entry being built
-is discarded. ``ngra`` then exits with ``128 + signal`` (130, 143) and one line from
+is discarded. With ``--nprocs K`` torch's elastic launcher takes the signals over while
+its ranks run (it stops them and raises its ``SignalException``): that becomes
+:class:`Interrupted` too. ``ngra`` then exits with ``128 + signal`` (130, 143) and one line from
 :func:`interrupted_line` naming the last complete checkpoint and the command that resumes
 from it.
 """
@@ -16,6 +18,8 @@ import signal
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from ngra.errors import CheckpointError
 from ngra.training.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME, load_checkpoint
@@ -54,6 +58,8 @@ def interruptible() -> Iterator[None]:
         signal.signal(s, _raise)
     try:
         yield
+    except SignalException as exc:  # the launcher stopped the ranks on this signal
+        raise Interrupted(int(exc.sigval)) from None
     finally:
         for s, h in before.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)

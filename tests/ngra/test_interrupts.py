@@ -174,3 +174,22 @@ def test_untagged_and_live_leftovers_are_kept(tmp_path):
     (dead / "x.npy").write_bytes(np.zeros(10).tobytes())
     assert collect_leftovers(tmp_path, [".tmp-*"], "partial cache folders") == 80
     assert not dead.exists()
+
+
+@pytest.mark.slow  # 2 ranks: about 20 s
+def test_sigterm_during_a_multi_process_run(tmp_path):
+    """The elastic launcher takes SIGTERM over while its ranks run: it stops them, and
+    ngra still exits 143 with the line (no SignalException traceback)."""
+    ck = tmp_path / "ck"
+    proc = _start("-m", "ngra", "train", "--dataset", "sbm:nodes=300,blocks=2,feat=8",
+                  "--epochs", "100000", "--checkpoint", str(ck), "--checkpoint-every", "1",
+                  "--no-progress", "--nprocs", "2", "--data-root", str(tmp_path / "data"))
+    _wait_for(lambda: (ck / CHECKPOINT_NAME).is_file(), timeout=180, proc=proc)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    rc, err = _finish(proc)
+    assert rc == 143, err
+    assert "Traceback" not in err
+    assert ("ngra train: interrupted by SIGTERM; the last complete checkpoint is "
+            f"{ck / CHECKPOINT_NAME} (epoch ") in err
+    assert not list(ck.glob(".ckpt-*"))
