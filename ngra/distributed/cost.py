@@ -22,6 +22,11 @@ of element-wise work over ``n`` rows (packing, padding, outputs, partial sums), 
   (its pass over destinations gathers every edge's value row again), where the ring's
   tiles run ``softmax_aggregate``'s edge-buffer backward (an ``H``-element buffer entry
   an edge instead); else 0;
+* overlapped halo (``overlap``, the default halo, :mod:`ngra.distributed.overlap`): each
+  direction's ``all_to_all`` travels while the rank computes its inner edges (``E_rr``,
+  sources it owns): forward ``o(t(E_rr), a2a) + t(E_r - E_rr)``, backward
+  ``o(2 t(E_rr), a2a) + 2 t(E_r - E_rr)``, the row work as above; ``a`` is 0 (its two
+  tiles run ``softmax_aggregate`` like the ring's), ``o`` as for the ring below;
 * ring: the ``K`` steps of the ring, each as slow as its slowest rank, each rank's step
   ``o(t(E_rj) + v(4 D_r + R_j), p2p(R_j * b))`` in forward (each step writes a
   ``D_r``-row partial and merges it, and receives the ``R_j`` rows of chunk ``j``) and
@@ -84,6 +89,7 @@ class ExchangeChoice:
     halo_bytes: int  # sent by the busiest rank in forward
     ring_bytes: int
     attention: bool = False  # the halo's tile runs attention_aggregate (module docs)
+    overlap: bool = False  # the halo's exchange overlaps the inner edges (module docs)
 
     def describe(self) -> str:
         why = "forced (--exchange)" if self.forced else "cost model"
@@ -96,13 +102,14 @@ class ExchangeChoice:
         return {"strategy": self.strategy, "forced": self.forced, "row_bytes": self.row_bytes,
                 "predicted_halo_s": self.halo_s, "predicted_ring_s": self.ring_s,
                 "halo_bytes": self.halo_bytes, "ring_bytes": self.ring_bytes,
-                "attention": self.attention}
+                "attention": self.attention, "overlap": self.overlap}
 
 
 def predict(stats: PartitionStats, row_bytes: int, link: LinkModel,
-            attention: bool = False) -> tuple[float, float]:
+            attention: bool = False, overlap: bool = False) -> tuple[float, float]:
     """``(halo_s, ring_s)``: predicted seconds of one layer's forward and backward
-    (``attention``: the layer's halo tile runs ``attention_aggregate``; module docs)."""
+    (``attention``: the layer's halo tile runs ``attention_aggregate``; ``overlap``: the
+    halo's exchange overlaps the inner edges; module docs)."""
     k = stats.world_size
     per_edge = row_bytes / link.gather_bytes * link.shared  # every rank gathers at once
 
@@ -112,15 +119,23 @@ def predict(stats: PartitionStats, row_bytes: int, link: LinkModel,
     def rows(n: float) -> float:
         return link.stream_time(n * row_bytes) * link.shared
 
-    def overlap(work: float, transfer: float) -> float:
+    def overlap_(work: float, transfer: float) -> float:
         # the transfer hides behind the work as far as a core is free to move it
         return max(work, transfer) + (1 - 1 / max(link.shared, 1.0)) * min(work, transfer)
 
     halo_comm = max(link.all_to_all(max(s, r) * row_bytes)
                     for s, r in zip(stats.sent, stats.received))
-    halo = 2 * halo_comm + max(
-        (3 + attention) * compute(sum(edges)) + rows(4 * s + 6 * d + 6 * h)
-        for edges, s, d, h in zip(stats.edges, stats.sent, stats.rows, stats.received))
+    if overlap:
+        halo = max(
+            overlap_(compute(edges[r]), halo_comm) + compute(sum(edges) - edges[r])
+            + overlap_(2 * compute(edges[r]), halo_comm) + 2 * compute(sum(edges) - edges[r])
+            + rows(4 * s + 6 * d + 6 * h)
+            for r, (edges, s, d, h) in enumerate(zip(stats.edges, stats.sent, stats.rows,
+                                                     stats.received)))
+    else:
+        halo = 2 * halo_comm + max(
+            (3 + attention) * compute(sum(edges)) + rows(4 * s + 6 * d + 6 * h)
+            for edges, s, d, h in zip(stats.edges, stats.sent, stats.rows, stats.received))
     ring = 0.0
     for s in range(k):
         fwd = bwd = 0.0
@@ -128,16 +143,18 @@ def predict(stats: PartitionStats, row_bytes: int, link: LinkModel,
             j = (r - s) % k
             c, m = compute(stats.edges[r][j]), link.p2p(stats.rows[j] * row_bytes)
             d, n = stats.rows[r], stats.rows[j]
-            fwd = max(fwd, overlap(c + rows(4 * d + n), m))
-            bwd = max(bwd, overlap(2 * c + rows(d + 6 * n), 2 * m))
+            fwd = max(fwd, overlap_(c + rows(4 * d + n), m))
+            bwd = max(bwd, overlap_(2 * c + rows(d + 6 * n), 2 * m))
         ring += fwd + bwd
     return halo, ring
 
 
 def choose_exchange(stats: PartitionStats, row_bytes: int, link: LinkModel | None,
-                    strategy: str = "auto", attention: bool = False) -> ExchangeChoice:
+                    strategy: str = "auto", attention: bool = False,
+                    overlap: bool = False) -> ExchangeChoice:
     """The exchange of a layer reading ``row_bytes`` per source row (``attention``: an
-    attention layer; see the module docs)."""
+    attention layer; ``overlap``: its halo exchange overlaps the inner edges; see the
+    module docs)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"exchange must be one of {STRATEGIES}; got {strategy!r}.")
     k = stats.world_size
@@ -147,10 +164,10 @@ def choose_exchange(stats: PartitionStats, row_bytes: int, link: LinkModel | Non
     if link is None or k < 2:
         halo_s = ring_s = 0.0
     else:
-        halo_s, ring_s = predict(stats, row_bytes, link, attention)
+        halo_s, ring_s = predict(stats, row_bytes, link, attention, overlap)
     if strategy == "auto":
         pick = "ring" if ring_s < halo_s else "halo"
     else:
         pick = strategy
     return ExchangeChoice(pick, strategy != "auto", row_bytes, halo_s, ring_s, halo_bytes,
-                          ring_bytes, bool(attention))
+                          ring_bytes, bool(attention), bool(overlap))

@@ -180,7 +180,8 @@ class DistGraph(Partitioned):
         hit = self._choices.get(key)
         if hit is None or hit[0]() is not layer:
             attention = plan.runs_attention_aggregate()
-            choice = choose_exchange(self.stats, key[1], self.link, self.exchange, attention)
+            choice = choose_exchange(self.stats, key[1], self.link, self.exchange, attention,
+                                     self._overlaps())
             self._choices[key] = (weakref.ref(layer), choice)
             self._records.pop(key, None)  # a dead layer's, whose id this one took
             self._how.pop(key, None)
@@ -252,8 +253,7 @@ class DistGraph(Partitioned):
             self._how[key] = "ring"
             return ring_propagate(self.ring, plan, terms, self._per_edge(edata),
                                   self.in_degrees(), drop, record=self._record(key))
-        if self.overlap and id(plan.layer) not in self._blocking and current_budget() is None \
-                and forced_grid(self.local) is None:
+        if self._overlaps() and id(plan.layer) not in self._blocking:
             rng = torch.get_rng_state()
             record = self._record(key)
             try:
@@ -275,6 +275,10 @@ class DistGraph(Partitioned):
                 torch.set_rng_state(rng)
         self._how[key] = "halo (blocking)" + self._bits_note()
         return self._halo_propagate(plan, terms, edata, drop, self._record(key))
+
+    def _overlaps(self) -> bool:
+        """Whether the halo overlaps now (not under a memory budget or a forced grid)."""
+        return self.overlap and current_budget() is None and forced_grid(self.local) is None
 
     def _bits_note(self) -> str:
         return f", {self.halo.bits}-bit" if self.halo.bits else ""

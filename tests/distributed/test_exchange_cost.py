@@ -73,3 +73,20 @@ def test_forced_strategy_and_bad_input():
     assert choose_exchange(st, 8, None).strategy == "halo"  # no link: halo, no prediction
     with pytest.raises(ValueError, match="exchange must be one of"):
         choose_exchange(st, 8, _link(1e-9), "both")
+
+
+def test_an_overlapped_halo_hides_its_exchange_behind_the_inner_edges():
+    st = _stats(100_000, 100_000, 3_000_000, 300_000)
+    link = _link(1e-9)
+    blocking, ring = predict(st, 64, link)
+    hidden, ring_too = predict(st, 64, link, overlap=True)
+    assert hidden < blocking and ring_too == ring
+    comm = link.all_to_all(100_000 * 64)
+    assert blocking - hidden == pytest.approx(2 * comm)  # both directions hidden whole
+    # no inner edges: nothing to hide behind, the exchange costs what it blocks
+    none = _stats(100_000, 100_000, 0, 300_000)
+    assert predict(none, 64, link, overlap=True)[0] == pytest.approx(predict(none, 64, link)[0])
+    # an attention layer's overlapped tiles run softmax_aggregate: no extra walk
+    assert predict(st, 64, link, attention=True, overlap=True)[0] == pytest.approx(hidden)
+    choice = choose_exchange(st, 64, link, overlap=True)
+    assert choice.as_dict()["overlap"] is True and choice.halo_s == pytest.approx(hidden)
