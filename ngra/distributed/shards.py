@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ngra.diskspace import disk_full_error, reserve
 from ngra.errors import DamagedFileError
 from ngra.distributed.cost import PartitionStats
 from ngra.distributed.halo import HaloPlan
@@ -298,8 +299,25 @@ def _save(obj: dict[str, Any], path: Path) -> None:
     file, and into the rank's memory when loaded."""
     obj = {k: _own(v) for k, v in obj.items()}
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    needed = _tensor_bytes(obj) + (1 << 20)  # and the archive's headers and pickle
+    try:
+        with open(tmp, "w+b") as fh:
+            reserve(fh.fileno(), needed, f"the shard {path.name}", path.parent)
+            torch.save(obj, fh)
+            fh.truncate()
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        full = disk_full_error(err, f"the shard {path.name}", path.parent, needed)
+        if full is not None and full is not err:
+            raise full from None
+        raise
+
+
+def _tensor_bytes(v: Any) -> int:
+    if isinstance(v, dict):
+        return sum(_tensor_bytes(t) for t in v.values())
+    return v.nbytes if isinstance(v, torch.Tensor) else 0
 
 
 def _own(v: Any) -> Any:

@@ -110,3 +110,21 @@ def test_a_run_rebuilds_a_damaged_shard(tmp_path, caplog):
     assert (folder / "rank1.pt").stat().st_size == len(good)
     for r in range(2):
         load_shard(folder, r, 2)
+
+
+def test_shards_on_a_full_disk_are_a_clear_error_and_leave_nothing(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    ds = load(SPEC, root=tmp_path / "data")
+    book = build_book(ds.graph, 2, method="range")
+
+    def fallocate(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    with pytest.raises(OSError) as info:
+        build_shards(ds, "gcn", book, tmp_path / "shards")
+    assert "could not write the shard rank0.pt" in str(info.value)
+    assert "needed" in str(info.value) and "no space left on device" in str(info.value)
+    assert list((tmp_path / "shards").iterdir()) == []
