@@ -32,6 +32,7 @@ Writes ``experiments/results/graph_throughput.md`` and ``.csv``::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -200,6 +201,7 @@ def main() -> None:
             runners[name] = make(data, args.layers, args.batch_size, args.seed)
         except ImportError as err:
             print(f"{name}: not installed ({err}), skipped")
+    load_before = os.getloadavg()[0]
     iters = {name: steps() for name, steps in runners.items()}
     for name, it in iters.items():
         run_window(it, args.warmup)
@@ -228,6 +230,12 @@ def main() -> None:
         [("framework", "framework"), ("rate", "graphs/s (median)"), ("range", "min - max"),
          ("ratio", "vs PyG (median of rounds)"), ("loss", "last batch loss")])
     machine = bu.machine_info()
+    load = max(load_before, os.getloadavg()[0])
+    loaded = ([f"**Measured on a loaded machine** (1-minute load average up to {load:.1f} on "
+               f"{os.cpu_count()} cores: other processes took the cores): the rates are far "
+               "below a quiet machine's and vary from round to round; the per-round ratio, "
+               "both frameworks back to back under the same load, is the figure to compare.",
+               ""] if load > (os.cpu_count() or 1) else [])
     cmd = "python experiments/graph_throughput.py" + "".join(
         f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items()
         if v != ap.get_default(k) and k != "no_write")
@@ -238,7 +246,7 @@ def main() -> None:
              f"included. Median over {args.rounds} alternating rounds of {args.window} batches "
              f"after {args.warmup} warm-up batches (module docstring of "
              "`experiments/graph_throughput.py`).", "",
-             table, "",
+             table, "", *loaded,
              "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
              f"Regenerate: `{cmd}`"]
     print("\n".join(lines))
