@@ -100,7 +100,9 @@ def test_layer_on_a_tile_grid(name):
     assert_close_all(tiled, whole, f"{name} on a 3x2 grid vs whole graph", **TOL)
 
 
-@pytest.mark.parametrize("name", LAYERS)
+# PNA's std masks values at a threshold (as PyG's): float32 sums in another order can
+# cross that discontinuity, so it is checked in float64 only
+@pytest.mark.parametrize("name", [n for n in LAYERS if n != "pna"])
 def test_layer_in_float32(name):
     case = conformance_case(name, make_graph("random"), dtype=torch.float32)
     got, probe = _run(case)
