@@ -160,7 +160,7 @@ class DotDecoder(PairDecoder):
             self._check(z, pairs, rel)
             if pairs.shape[1]:
                 csc = pair_csc(pairs, z.shape[0])
-                part = pair_bce(csc.indptr, csc.indices, z, label=label)
+                part = pair_bce(csc.indptr, csc.indices, z, label=label, rev=csc.reverse())
                 total = part if total is None else total + part
         return z.sum() * 0 if total is None else total  # no pairs: 0, still in the graph
 
@@ -179,6 +179,7 @@ class PairCSC:
         src, dst = pairs[0], pairs[1]
         self.num_nodes = num_nodes
         self.inverse: torch.Tensor | None = None
+        self._reverse: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         if dst.numel() < 2 or bool((dst[1:] >= dst[:-1]).all()):  # grouped already
             counts = torch.bincount(dst, minlength=num_nodes)
             self.indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
@@ -194,13 +195,18 @@ class PairCSC:
         self.inverse[order] = torch.arange(order.numel(), device=order.device)
 
     def reverse(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The transpose (CSR over sources; cached by the kernels for these arrays)."""
-        return reverse_of(self.indptr, self.indices, self.num_nodes, None)
+        """The transpose (CSR over sources), made on first use and kept here: a run's
+        fixed pairs are transposed once, whatever else the kernels' cache sees."""
+        if self._reverse is None:
+            self._reverse = reverse_of(self.indptr, self.indices, self.num_nodes, None)
+        return self._reverse
 
 
 _CSC_CACHE: list[tuple[Any, int, int, PairCSC]] = []  # (weakref to pairs, version, N, csc)
 _CSC_LOCK = threading.Lock()
-_CSC_KEEP = 4  # the fixed pair sets of a run: training, validation, test positives/negatives
+#: Pair tensors whose CSC is kept: a run's fixed sets (training positives, validation and
+#: test positives and negatives) and an epoch's negatives.
+_CSC_KEEP = 8
 
 
 def pair_csc(pairs: torch.Tensor, num_nodes: int) -> PairCSC:
