@@ -41,8 +41,6 @@ from numba import njit
 from ngra.errors import DatasetError
 from ngra.graph import Graph
 
-from ngra.kernels.cpu.util import run_ranges
-
 from .direction import _sources_sorted
 
 __all__ = ["DEGREE_POWER", "MAX_ROUNDS", "NegativeSampler", "degree_weights", "is_edge",
@@ -286,6 +284,10 @@ def sample_negatives(
     if exclude is not None and exclude.num_nodes != n:
         raise DatasetError(f"exclude has {exclude.num_nodes} vertices; expected "
                            f"num_nodes={n}.")
+    # the numba backend reads NGRA_* settings when imported: a bad value fails a draw,
+    # not `import ngra.datasets`
+    from ngra.kernels.cpu.util import run_ranges  # lazy: settings read on import
+
     draw = NegativeSampler(n, kind, degrees)
     cdf = draw.cdf if draw.cdf is not None else np.zeros(1)
     use_cdf = draw.cdf is not None

@@ -31,11 +31,14 @@ state (:func:`rng_state`: numpy's as a tensor).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import tempfile
+import threading
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +99,41 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike[str]) -> Path:
     """Write ``state`` as ``directory/checkpoint.pt``, keeping the previous one as
-    ``checkpoint.prev.pt``. Returns the new file's path."""
+    ``checkpoint.prev.pt``. Returns the new file's path.
+
+    ``SIGINT`` and ``SIGTERM`` arriving meanwhile take effect when the save is complete
+    (:func:`_signals_deferred`): a save is never cut in half, and the interrupted run's
+    last checkpoint is this one."""
+    with _signals_deferred():
+        return _save(state, directory)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold ``SIGINT``/``SIGTERM`` inside the block and deliver them to the handlers in
+    place before it when it ends (main thread only: Python runs handlers there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in sigs}
+    for s in sigs:
+        signal.signal(s, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+    if pending:
+        handler = before[pending[0]]
+        if callable(handler):
+            handler(pending[0], None)  # Python's default for SIGINT raises KeyboardInterrupt
+        elif handler != signal.SIG_IGN:
+            signal.raise_signal(pending[0])
+
+
+def _save(state: dict[str, Any], directory: str | os.PathLike[str]) -> Path:
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     collect_leftovers(folder, [".ckpt-*.tmp"], "partial checkpoint files")

@@ -193,3 +193,20 @@ def test_sigterm_during_a_multi_process_run(tmp_path):
     assert ("ngra train: interrupted by SIGTERM; the last complete checkpoint is "
             f"{ck / CHECKPOINT_NAME} (epoch ") in err
     assert not list(ck.glob(".ckpt-*"))
+
+
+def test_a_signal_during_a_save_takes_effect_when_the_save_is_complete(tmp_path, monkeypatch):
+    from ngra.training import checkpoint as ckpt
+    from ngra.training.interrupt import Interrupted, interruptible
+
+    real = torch.save
+
+    def save(obj, f):
+        os.kill(os.getpid(), signal.SIGTERM)  # lands while the archive is being written
+        real(obj, f)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(Interrupted), interruptible():
+        ckpt.save_checkpoint({"epoch": 3}, tmp_path)
+    assert load_checkpoint(tmp_path / CHECKPOINT_NAME)["epoch"] == 3  # complete, then stopped
+    assert not list(tmp_path.glob(".ckpt-*"))

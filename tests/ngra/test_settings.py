@@ -26,6 +26,8 @@ NOT_SETTINGS = {
     "_quiet_elastic": "silences torch's launcher loggers around a launch",
     "placed": "a training step's placement: enters memory_budget / device_streaming",
     "judged_on": "a plan's hook that enters partials_judged_on for its kernels",
+    "interruptible": "a run's signal handlers (SIGINT/SIGTERM raise Interrupted)",
+    "_signals_deferred": "holds SIGINT/SIGTERM while a checkpoint is written",
 }
 #: A value each setting refuses (path settings accept any string).
 BAD = {"NGRA_KERNEL_BACKEND": "bogus", "NGRA_DST_PARTIALS": "bogus", "NGRA_AVX512": "maybe",
