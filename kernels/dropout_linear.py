@@ -163,6 +163,24 @@ def _linears_into(d: torch.Tensor, weights, biases, outs: list[torch.Tensor], r0
             torch.addmm(b, d, w.t(), out=out[r0:r1])
 
 
+def _empty_outs(x: torch.Tensor, weights) -> list[torch.Tensor]:
+    """One ``[N, F_out_i]`` output per weight, like ``x``."""
+    return [torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+            for w in weights]
+
+
+def _through_weights(grads: list[torch.Tensor], weights) -> torch.Tensor:
+    """``sum_i g_i W_i``: the gradient of the Linears' shared input."""
+    out = grads[0].mm(weights[0])  # not sum(...): 0 + t would copy t
+    for g, w in zip(grads[1:], weights[1:]):
+        out.addmm_(g, w)
+    return out
+
+
+def _bias_grads(grads: list[torch.Tensor], need, has_bias) -> list[torch.Tensor | None]:
+    return [g.sum(0) if n and has else None for g, n, has in zip(grads, need, has_bias)]
+
+
 def _dense_grads(grads, weights, x: torch.Tensor) -> list[torch.Tensor]:
     """Each output's incoming gradient, zeros where autograd gave none."""
     return [torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
@@ -189,8 +207,7 @@ class _DropoutLinear(torch.autograd.Function):
         base = row_base(x) if replay is None else None  # dropout_rows: by global row ids
         with use_backend(ctx.backend):
             kern = lookup("dropout_mask" if replay is None else "dropout_apply", x.device)
-        outs = [torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-                for w in weights]
+        outs = _empty_outs(x, weights)
         blocks = _blocks(x)
         buf = _buffer(x, blocks[0][1] - blocks[0][0])
         ctx.masks = []
@@ -221,9 +238,7 @@ class _DropoutLinear(torch.autograd.Function):
             apply = lookup("dropout_apply", x.device)
             gx = None
             if need_x:  # d loss / d x = mask * scale * (sum_i g_i W_i)
-                gd = grads[0].mm(weights[0])  # not sum(...): 0 + t would copy t
-                for g, w in zip(grads[1:], weights[1:]):
-                    gd.addmm_(g, w)
+                gd = _through_weights(grads, weights)
                 for (r0, r1), mask in zip(blocks, ctx.masks):
                     apply(gd[r0:r1], mask, ctx.scale, gd[r0:r1])
                 gx = gd
@@ -237,8 +252,7 @@ class _DropoutLinear(torch.autograd.Function):
                             acc.addmm_(g[r0:r1].t(), d)
                     release_mapped(x, r0, r1)
         ctx.masks = None
-        gb = [g.sum(0) if n and has else None
-              for g, n, has in zip(grads, need_b, ctx.has_bias)]
+        gb = _bias_grads(grads, need_b, ctx.has_bias)
         return (gx, None, None, None, *gw, *gb)
 
 
@@ -251,8 +265,7 @@ class _StreamedLinear(torch.autograd.Function):
     def forward(ctx, x, k, *params):
         weights, biases = params[:k], params[k:]
         ctx.k, ctx.has_bias = k, tuple(b is not None for b in biases)
-        outs = [torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-                for w in weights]
+        outs = _empty_outs(x, weights)
         for r0, r1 in _blocks(x):
             _linears_into(x[r0:r1], weights, biases, outs, r0, r1)
             release_mapped(x, r0, r1)
@@ -268,9 +281,7 @@ class _StreamedLinear(torch.autograd.Function):
         grads = _dense_grads(grads, weights, x)
         gx = None
         if need_x:
-            gx = grads[0].mm(weights[0])
-            for g, w in zip(grads[1:], weights[1:]):
-                gx.addmm_(g, w)
+            gx = _through_weights(grads, weights)
         gw = [torch.zeros_like(w) if n else None for w, n in zip(weights, need_w)]
         if any(need_w):
             for r0, r1 in _blocks(x):
@@ -278,6 +289,5 @@ class _StreamedLinear(torch.autograd.Function):
                     if acc is not None:
                         acc.addmm_(g[r0:r1].t(), x[r0:r1])
                 release_mapped(x, r0, r1)
-        gb = [g.sum(0) if n and has else None
-              for g, n, has in zip(grads, need_b, ctx.has_bias)]
+        gb = _bias_grads(grads, need_b, ctx.has_bias)
         return (gx, None, *gw, *gb)
