@@ -31,6 +31,7 @@ from ngra.partition import build_book, parse_bytes, reorder_dataset, save_book
 from ngra.planner import command as planner_command
 from ngra.runtime.placement import move_to, placed, plan_placement, resident_bytes, resolve_device
 from ngra.training import TrainConfig, load_model
+from ngra.training.config import DECODERS, NEGATIVES, READOUTS, TASKS
 from ngra.training.interrupt import Interrupted, interruptible, interrupted_line
 from ngra.training.run import train
 
@@ -107,7 +108,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "(default: auto)")
     t = p.add_argument_group("tasks: node classification (default), link prediction, graph "
                              "classification")
-    t.add_argument("--task", default="node", choices=["node", "link", "graph"],
+    t.add_argument("--task", default="node", choices=TASKS,
                    help="node: classify vertices; link: predict edges (the encoder embeds, a "
                         "decoder scores pairs; metric ROC-AUC, Hits@K beside it); graph: "
                         "classify graphs of a collection such as tu:PATH (default: node)")
@@ -119,15 +120,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--embedding-dim", type=int, default=64,
                    help="link/graph: the encoder's output width, given to your factory as "
                         "its second argument (default: 64)")
-    t.add_argument("--decoder", default="dot", choices=["dot", "mlp", "distmult"],
+    t.add_argument("--decoder", default="dot", choices=DECODERS,
                    help="link: score pairs by dot product, an MLP on their Hadamard "
                         "product, or DistMult over the dataset's edge types (the split "
                         "holds out typed pairs; an R-GCN encoder reads the types) "
                         "(default: dot)")
-    t.add_argument("--negatives", default="uniform", choices=["uniform", "degree"],
+    t.add_argument("--negatives", default="uniform", choices=NEGATIVES,
                    help="link: draw each epoch's training negatives uniformly or in "
                         "proportion to degree**0.75 (default: uniform)")
-    t.add_argument("--readout", default="sum", choices=["sum", "mean", "max", "attention"],
+    t.add_argument("--readout", default="sum", choices=READOUTS,
                    help="graph: how node embeddings are pooled per graph (default: sum)")
     t.add_argument("--batch-size", type=int, default=128,
                    help="graph: graphs per batch (default: 128)")
