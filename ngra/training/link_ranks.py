@@ -49,11 +49,9 @@ from ngra.datasets.linksplit import LinkSplit
 from ngra.distributed.halo import HaloPlan, exchange_rows
 from ngra.distributed.launch import in_worker, launch
 from ngra.graph import Graph
-from ngra.metrics import hits_at_k, roc_auc
-from ngra.models.decoders import bce_of_scores
 from ngra.runtime.explain import explain
 from ngra.training.config import TrainConfig
-from ngra.training.link_task import HITS_KS, LinkModel, make_decoder
+from ngra.training.link_task import LinkModel, link_metrics, make_decoder
 from ngra.training.loop import fit_runs
 from ngra.training.model_source import call_model
 from ngra.training.ranks import RankSession, open_shard, prepare_shards, rank_threads
@@ -224,21 +222,8 @@ class LinkRankSession(RankSession):
         dec = self.model.decoder
         scores = {k: self._gather(dec(zz, v, self.pairs.get(_RELS[k])))
                   for k, v in local.items()}
-        out: dict[str, float] = {"train": float("nan")}
-        for part in ("val", "test"):
-            p, n = scores[f"{part}_pos"], scores[f"{part}_neg"]
-            if p.numel() == 0 or n.numel() == 0:
-                out[part] = float("nan")
-                continue
-            out[part] = roc_auc(p, n)
-            for k in HITS_KS:
-                self.last_metrics[f"{part}_hits@{k}"] = hits_at_k(p, n, k)
-            self.last_metrics[f"{part}_roc_auc"] = out[part]
-        p, n = scores["val_pos"], scores["val_neg"]
-        val_loss = float("nan")
-        if p.numel() and n.numel():
-            val_loss = float(bce_of_scores(p, n)) / (p.numel() + n.numel())
-        return out, val_loss
+        return link_metrics({part: (scores[f"{part}_pos"], scores[f"{part}_neg"])
+                             for part in ("val", "test")}, self.last_metrics)
 
     def explain(self) -> str:
         with self.context():

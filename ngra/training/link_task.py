@@ -33,7 +33,7 @@ from ngra.training.config import DECODERS, TrainConfig
 from ngra.training.model_source import call_model
 from ngra.training.task_base import TaskSession
 
-__all__ = ["LinkModel", "LinkSession", "link_split", "make_decoder"]
+__all__ = ["LinkModel", "LinkSession", "link_metrics", "link_split", "make_decoder"]
 
 #: Hits@K reported for link prediction (OGB's ogbl-collab/ppa/ddi Ks).
 HITS_KS = (20, 50, 100)
@@ -100,26 +100,38 @@ class LinkSession(TaskSession):
             z = call_model(self.net, self.graph, self.x, self.edge_data)
         dec = self.model.decoder
         s = self.split
-        out: dict[str, float] = {"train": float("nan")}
-        val_loss = float("nan")
+        scores = {}
         for part, pos, neg, prel, nrel in (
                 ("val", s.val_pos, s.val_neg, s.val_rel, s.val_neg_rel),
                 ("test", s.test_pos, s.test_neg, s.test_rel, s.test_neg_rel)):
-            if pos.shape[1] == 0 or neg is None or neg.shape[1] == 0:
-                out[part] = float("nan")
-                continue
-            p, n = dec(z, pos, prel), dec(z, neg, nrel)
-            out[part] = roc_auc(p, n)
-            for k in HITS_KS:
-                self.last_metrics[f"{part}_hits@{k}"] = hits_at_k(p, n, k)
-            self.last_metrics[f"{part}_roc_auc"] = out[part]
-            if part == "val":
-                val_loss = float(bce_of_scores(p, n)) / (p.numel() + n.numel())
-        return out, val_loss
+            if pos.shape[1] and neg is not None and neg.shape[1]:
+                scores[part] = (dec(z, pos, prel), dec(z, neg, nrel))
+        return link_metrics(scores, self.last_metrics)
 
     def explain(self) -> str:
         with self.context():
             return explain(self.net, self.graph, self.x, self.edge_data)
+
+
+def link_metrics(scores: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                 metrics: dict[str, float]) -> tuple[dict[str, float], float]:
+    """ROC-AUC of each part's ``(positive, negative)`` scores (``nan`` for a part without
+    both), Hits@K and ROC-AUC into ``metrics``, and the validation BCE: what a link
+    session's ``evaluate`` returns, on one process and on ranks (all scores gathered)."""
+    out: dict[str, float] = {"train": float("nan")}
+    val_loss = float("nan")
+    for part in ("val", "test"):
+        p, n = scores.get(part, (None, None))
+        if p is None or p.numel() == 0 or n.numel() == 0:
+            out[part] = float("nan")
+            continue
+        out[part] = roc_auc(p, n)
+        for k in HITS_KS:
+            metrics[f"{part}_hits@{k}"] = hits_at_k(p, n, k)
+        metrics[f"{part}_roc_auc"] = out[part]
+        if part == "val":
+            val_loss = float(bce_of_scores(p, n)) / (p.numel() + n.numel())
+    return out, val_loss
 
 
 def link_split(cfg: TrainConfig, ds: NodeDataset) -> LinkSplit:
