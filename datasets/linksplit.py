@@ -39,7 +39,7 @@ from .base import NodeDataset, rng_for
 from .direction import reciprocity
 from .negatives import degree_weights, sample_negatives
 
-__all__ = ["LinkSplit", "split_edges"]
+__all__ = ["LinkSplit", "negative_relations", "split_edges"]
 
 _ENUMERATE_MAX = 1 << 22  # vertex pairs up to which negatives come from the full non-edge list
 _ROUNDS = 100
@@ -151,9 +151,7 @@ class LinkSplit:
         """The relation of each training negative (by its global ``index`` in the epoch's
         set): negative ``i`` corrupts training pair ``i mod E_train``, so it keeps that
         pair's relation. ``None`` when the split has no relations."""
-        if self.train_rel is None:
-            return None
-        return self.train_rel.index_select(0, index % max(self.train_rel.numel(), 1))
+        return negative_relations(self.train_rel, index)
 
     def num_train_negatives(self, ratio: float = 1.0) -> int:
         """How many training negatives an epoch draws (before any dropped; see
@@ -169,6 +167,15 @@ class LinkSplit:
                 "val_pos": count(self.val_pos), "val_neg": count(self.val_neg),
                 "test_pos": count(self.test_pos), "test_neg": count(self.test_neg),
                 "relations": self.num_relations if self.train_rel is not None else None}
+
+
+def negative_relations(train_rel: torch.Tensor | None,
+                       index: torch.Tensor) -> torch.Tensor | None:
+    """:meth:`LinkSplit.negative_relations` from the training pairs' relations alone (what
+    a rank holds): ``train_rel[index mod E_train]``, or ``None`` untyped."""
+    if train_rel is None:
+        return None
+    return train_rel.index_select(0, index % max(train_rel.numel(), 1))
 
 
 def split_edges(

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from ngra.datasets import degree_weights, sample_negatives
-from ngra.datasets.linksplit import LinkSplit
+from ngra.datasets.linksplit import LinkSplit, negative_relations
 from ngra.distributed.halo import HaloPlan, exchange_rows
 from ngra.distributed.launch import in_worker, launch
 from ngra.graph import Graph
@@ -193,10 +193,7 @@ class LinkRankSession(RankSession):
                                       self.seed, epoch=epoch, kind=self.info["negatives"],
                                       degrees=self.degrees, exclude=self.exclude,
                                       dst_owned=self.owned, return_index=True)
-        rel = None
-        if self.train_rel is not None:
-            rel = self.train_rel.index_select(0, index % max(self.train_rel.numel(), 1))
-        return self.new_of[neg], rel
+        return self.new_of[neg], negative_relations(self.train_rel, index)
 
     def loss(self, z: torch.Tensor, epoch: Any = 0) -> tuple[torch.Tensor, float]:
         pos, (neg, neg_rel) = self.pairs["train_pos"], self.negatives(int(epoch or 0))
