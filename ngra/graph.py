@@ -8,6 +8,12 @@ none. Edge data handed to a layer is always in the original order; the runtime
 permutes it once. The reverse direction (CSR over sources), used by backward passes,
 is built on first use and cached.
 
+Threads: a Graph is shared by the layers (and threads) that run on it, so what it builds
+lazily (the reverse CSR and its ``perm``, the destination of each edge, what the runtime
+keeps with :meth:`Graph.cached`) is built under the graph's own lock, once, and then
+published: threads making a graph's first use at once wait for one build and all get
+the same object; later reads take no lock.
+
 Memory: ids and offsets are 32-bit where they fit (:mod:`ngra.idtype`); an edge weight
 that is a product of per-vertex factors (GCN's ``deg^-1/2`` on each side) is kept as
 the two ``[N]`` factors (:class:`EdgeFactors`), never as an ``[E]`` tensor, and kernels
@@ -16,8 +22,10 @@ apply the factors on the fly.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -29,6 +37,8 @@ from ngra.compat import import_dgl
 from ngra.kernels import transpose_csc
 
 __all__ = ["Graph", "CSR", "DeferredReverse", "EdgeFactors", "segment_ids"]
+
+_T = TypeVar("_T")
 
 #: Most vertices a graph may have (its offsets are allocated per vertex up front).
 MAX_NODES = 2**31 - 1
@@ -70,18 +80,23 @@ class CSR:
             per-edge data in backward need it, so it is built on first access.
     """
 
-    __slots__ = ("indptr", "indices", "_perm", "_make_perm")
+    __slots__ = ("indptr", "indices", "_perm", "_make_perm", "_lock")
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor,
                  perm: torch.Tensor | None = None, make_perm: Any = None) -> None:
         self.indptr, self.indices, self._perm, self._make_perm = indptr, indices, perm, make_perm
+        self._lock = threading.Lock()
 
     @property
     def perm(self) -> torch.Tensor:
-        if self._perm is None:
-            self._perm = self._make_perm()
-            self._make_perm = None
-        return self._perm
+        perm = self._perm
+        if perm is None:
+            with self._lock:  # one build, whichever threads ask first (module docstring)
+                if self._perm is None:
+                    self._perm = self._make_perm()
+                    self._make_perm = None
+                perm = self._perm
+        return perm
 
     @property
     def has_perm(self) -> bool:
@@ -147,7 +162,7 @@ class Graph:
     """
 
     __slots__ = ("num_nodes", "indptr", "indices", "_perm", "_weight", "edge_factors", "_cache",
-                 "_frozen")
+                 "_lock", "_frozen")
 
     def __init__(
         self,
@@ -166,6 +181,7 @@ class Graph:
         object.__setattr__(self, "_weight", edge_weight)
         object.__setattr__(self, "edge_factors", edge_factors)
         object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_lock", threading.RLock())  # lazy builds (module docstring)
         object.__setattr__(self, "_frozen", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -419,24 +435,36 @@ class Graph:
         """``[N]`` int64 out-degree of every vertex."""
         return torch.bincount(self.indices, minlength=self.num_nodes)
 
+    def cached(self, key: str, make: Callable[[], _T]) -> _T:
+        """``make()``, built once for this graph and kept under ``key``: the first callers
+        (several threads at once too) wait for one build, and every caller gets the same
+        object (module docstring). ``make`` must depend on the graph alone."""
+        hit = self._cache.get(key)
+        if hit is None:
+            with self._lock:
+                hit = self._cache.get(key)
+                if hit is None:
+                    hit = make()
+                    self._cache[key] = hit  # published whole: readers take no lock
+        return hit
+
     def dst_index(self) -> torch.Tensor:
         """``[E]`` destination of each CSC edge (cached; the dtype of ``indices``)."""
-        if "dst" not in self._cache:
-            self._cache["dst"] = segment_ids(self.indptr, dtype=self.indices.dtype)
-        return self._cache["dst"]
+        return self.cached("dst", lambda: segment_ids(self.indptr, dtype=self.indices.dtype))
 
     def csr(self) -> CSR:
         """Source-sorted view (cached): offsets over sources, destinations, and CSC positions
         (built on first access of ``perm``)."""
-        if "csr" not in self._cache:
-            rev_indptr, rev_indices, _ = transpose_csc(self.indptr, self.indices,
-                                                       self.num_nodes, with_perm=False)
+        return self.cached("csr", self._make_csr)
 
-            def make_perm() -> torch.Tensor:
-                return transpose_csc(self.indptr, self.indices, self.num_nodes)[2]
+    def _make_csr(self) -> CSR:
+        rev_indptr, rev_indices, _ = transpose_csc(self.indptr, self.indices,
+                                                   self.num_nodes, with_perm=False)
 
-            self._cache["csr"] = CSR(rev_indptr, rev_indices, make_perm=make_perm)
-        return self._cache["csr"]
+        def make_perm() -> torch.Tensor:
+            return transpose_csc(self.indptr, self.indices, self.num_nodes)[2]
+
+        return CSR(rev_indptr, rev_indices, make_perm=make_perm)
 
     def deferred_csr(self) -> DeferredReverse:
         """:meth:`csr`, made when first used (:class:`DeferredReverse`)."""

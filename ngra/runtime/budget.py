@@ -128,10 +128,8 @@ def forced_grid(graph: Graph) -> WalkGrid | None:
     if shape is None:
         return None
     p, q = min(shape[0], max(graph.num_nodes, 1)), min(shape[1], max(graph.num_nodes, 1))
-    key = ("ngra.forced-grid", p, q)
-    if key not in graph._cache:
-        graph._cache[key] = executor_grid(graph, *default_bounds(graph, p, q))
-    return graph._cache[key]
+    return graph.cached(f"ngra.forced-grid-{p}x{q}",
+                        lambda: executor_grid(graph, *default_bounds(graph, p, q)))
 
 
 def executor_grid(graph: Graph, dst_bounds: torch.Tensor, src_bounds: torch.Tensor) -> WalkGrid:

@@ -154,11 +154,11 @@ def interval_bounds(graph: Graph, k: int) -> tuple[int, ...]:
     n = graph.num_nodes
     if k <= 1 or n <= 1:
         return (0, n)
-    key = "ngra.device-schedule-degrees"
-    if key not in graph._cache:  # in + out degree offsets: one O(E) count per graph
-        graph._cache[key] = degree_indptr(graph.in_degrees().long() + graph.out_degrees())
+    degrees = graph.cached(  # in + out degree offsets: one O(E) count per graph
+        "ngra.device-schedule-degrees",
+        lambda: degree_indptr(graph.in_degrees().long() + graph.out_degrees()))
     mean = max(graph.num_edges / n, 1.0)
-    b = edge_balanced_ranges(graph._cache[key], min(k, n), vertex_cost=mean)
+    b = edge_balanced_ranges(degrees, min(k, n), vertex_cost=mean)
     return tuple(int(v) for v in torch.unique(b))
 
 

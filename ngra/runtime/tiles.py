@@ -52,14 +52,15 @@ class WalkGrid:
 
 def whole_graph_grid(graph: Graph) -> WalkGrid:
     """The 1 x 1 grid: one tile holding every edge, with global ids (cached on the graph)."""
-    key = "ngra.whole-grid"
-    if key not in graph._cache:
+
+    def make() -> WalkGrid:
         # the graph's CSR itself, made when a kernel first needs it (under a memory budget
         # a sum g-SpMM's backward walks the CSC instead); its perm only for edge data
         tile = TileView(0, graph.num_nodes, graph.indptr, graph.indices, None,
                         graph.deferred_csr(), whole=True)
-        graph._cache[key] = WalkGrid(((tile,),), ((tile,),), (1, 1))
-    return graph._cache[key]
+        return WalkGrid(((tile,),), ((tile,),), (1, 1))
+
+    return graph.cached("ngra.whole-grid", make)
 
 
 def empty_tile(col: int, dst_lo: int, dst_hi: int) -> Tile:
