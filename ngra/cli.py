@@ -15,10 +15,10 @@ import contextlib
 import json
 import logging
 import sys
+import traceback
 from dataclasses import fields
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import ngra
@@ -31,12 +31,13 @@ from ngra.partition import build_book, parse_bytes, reorder_dataset, save_book
 from ngra.planner import command as planner_command
 from ngra.runtime.placement import move_to, placed, plan_placement, resident_bytes, resolve_device
 from ngra.training import TrainConfig, load_model
-from ngra.training.config import DECODERS, NEGATIVES, READOUTS, TASKS
-from ngra.training.interrupt import Interrupted, interruptible, interrupted_line
+from ngra.training.config import DECODERS, NEGATIVES, READOUTS, STRATEGIES, TASKS
+from ngra.training.interrupt import Interrupted, interruptible, interrupted_line, resume_note
+from ngra.training.predict import save_predictions
 from ngra.training.run import train
 
-__all__ = ["main", "build_parser", "explain_model", "EXIT_BAD_INPUT", "EXIT_DIVERGED",
-           "EXIT_RANK_FAILED"]
+__all__ = ["main", "build_parser", "explain_model", "EXIT_BAD_INPUT", "EXIT_CRASHED",
+           "EXIT_DIVERGED", "EXIT_RANK_FAILED"]
 
 #: Exit status when the input cannot work: arguments, dataset, damaged or missing files.
 EXIT_BAD_INPUT = 2
@@ -44,6 +45,9 @@ EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 #: Exit status when a rank of a multi-process run failed otherwise (killed, crashed).
 EXIT_RANK_FAILED = 1
+#: Exit status when ngra itself failed unexpectedly (a bug, an unforeseen fault): the
+#: same code as a crashed rank.
+EXIT_CRASHED = 1
 #: A rank's error of these types is bad input (exit 2), as it would be on one process.
 _BAD_INPUT_TYPES = {"ValueError", "TypeError", "DatasetError", "SpecError", "DamagedFileError",
                     "CheckpointError", "BookError", "FileNotFoundError", "PermissionError"}
@@ -146,9 +150,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--nprocs", type=int, default=1,
                    help="train on this many processes, the graph partitioned between them "
                         "(default: 1; under torchrun, its process count)")
-    d.add_argument("--exchange", default="auto", choices=["auto", "halo", "ring"],
-                   help="how remote source rows arrive: halo all_to_all, ring streaming, or "
-                        "the cost model's pick per layer (default: auto)")
+    d.add_argument("--exchange", default="auto", choices=STRATEGIES,
+                   help="how remote source rows arrive: halo all_to_all, ring streaming, "
+                        "feature columns (each rank aggregates a slice of the columns over "
+                        "the whole graph), or the cost model's pick per layer (default: auto)")
     d.add_argument("--halo-overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="the halo exchange travels while a rank computes the edges whose "
                         "sources it owns, forward and backward; --no-halo-overlap: it "
@@ -298,18 +303,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     predictor = load_model(args.checkpoint, model=args.model)
     values = predictor.predict(args.dataset, output=args.output, embeddings=args.embeddings,
                                root=args.data_root).detach().cpu().numpy()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix == ".npy":
-        np.save(out, values)
-    else:
-        table = values.reshape(len(values), -1)
-        ids = np.arange(len(table)).reshape(-1, 1)
-        head = "vertex," + (",".join(f"v{i}" for i in range(table.shape[1]))
-                            if args.embeddings or args.output != "labels" else "label")
-        fmt = ["%d"] + (["%d"] if table.dtype.kind in "iu" else ["%.8g"]) * table.shape[1]
-        np.savetxt(out, np.hstack([ids, table]) if table.dtype.kind in "iu"
-                   else np.column_stack([ids, table]), delimiter=",", header=head,
-                   comments="", fmt=fmt)
+    labels = not args.embeddings and args.output == "labels"
+    save_predictions(values, out, label="label" if labels else None)
     what = f"layer {args.embeddings}" if args.embeddings else args.output
     print(f"{what} of {len(values)} vertices ({list(values.shape)}) written to {out}")
     return 0
@@ -409,6 +404,12 @@ def main(argv: list[str] | None = None) -> int:
                 "explain": _cmd_explain,
                 "info": _cmd_info, "characterize": _cmd_characterize, "plan": _cmd_plan}
 
+    def fail(line: str, code: int) -> int:
+        if args.verbose:  # -v: the traceback too
+            traceback.print_exc()
+        print(f"ngra {args.command}: {line}", file=sys.stderr)
+        return code
+
     try:
         with interruptible():
             return handlers[args.command](args)
@@ -420,18 +421,30 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return exc.exit_code
     except DistributedError as exc:
-        print(f"ngra {args.command}: error: {exc}", file=sys.stderr)
         if exc.cause == "TrainingDivergedError":
-            return EXIT_DIVERGED
-        return EXIT_BAD_INPUT if exc.cause in _BAD_INPUT_TYPES else EXIT_RANK_FAILED
+            return fail(f"error: {exc}", EXIT_DIVERGED)
+        return fail(f"error: {exc}",
+                    EXIT_BAD_INPUT if exc.cause in _BAD_INPUT_TYPES else EXIT_RANK_FAILED)
     except TrainingDivergedError as exc:
-        print(f"ngra {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_DIVERGED
+        return fail(f"error: {exc}", EXIT_DIVERGED)
     except (ValueError, TypeError, OSError) as exc:
-        # bad arguments, unusable or damaged data, missing or unwritable files
-        print(f"ngra {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        # bad arguments, unusable or damaged data, missing or unwritable files, a full disk
+        return fail(f"error: {exc}", EXIT_BAD_INPUT)
+    except Exception as exc:  # a bug or an unforeseen fault: one line, not a traceback
+        return fail(crash_line(exc, args, argv), EXIT_CRASHED)
 
+
+def crash_line(exc: BaseException, args: argparse.Namespace, argv: list[str]) -> str:
+    """What ``ngra`` says (after ``ngra <command>: ``) when ``exc`` ended a command that no
+    documented error explains: its type and first line, how to see the traceback and, for
+    ``train``, where the run can resume from."""
+    text = str(exc).strip().splitlines()
+    line = f"crashed: {type(exc).__name__}" + (f": {text[0]}" if text else "")
+    if not args.verbose:
+        line += " (run with -v for the traceback)"
+    if args.command == "train":
+        line += "; " + resume_note(getattr(args, "checkpoint", None), argv)
+    return line
 
 if __name__ == "__main__":
     sys.exit(main())

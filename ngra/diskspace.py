@@ -10,33 +10,51 @@ reserve too, so a full disk fails before a file is half written; :func:`disk_ful
 turns a failed write's ``ENOSPC`` / ``EFBIG`` / ``EDQUOT`` (also one that ``torch.save``
 wrapped in a ``RuntimeError``) into the same error.
 
+**Whole files or none.** :func:`atomic_output` (and :func:`write_file`, its one-call form)
+writes a file under a temporary name beside it, reserves its bytes when they are known,
+syncs it and renames it into place: a failure (a full disk, a signal, a bug) removes the
+temporary and leaves the previous file as it was. Partition books, shards, ``--out``
+summaries, predictions and calibrations are written this way.
+
 **Leftovers.** A writer that is killed (``SIGKILL``, a power cut) cannot remove its
 partial output. Writers name that output with :func:`writer_tag` (this host and process
 id); :func:`collect_leftovers` removes the ones whose process is gone from this host,
 logging how many bytes it freed. Output of another host's writer (a shared folder) is
-left alone.
+left alone. Temporaries that carry no tag (named by an ngra before the tags, with a pid
+and no host, or none) cannot be asked about their writer: they are taken as abandoned
+when nothing in them has changed for :data:`UNTAGGED_STALE_S` (a day), since a live
+writer keeps writing; younger ones are left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import glob
 import logging
 import os
 import re
 import shutil
 import socket
-from collections.abc import Iterable
+import time
+import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from ngra.errors import DiskFullError
 
-__all__ = ["DISK_FULL_ERRNOS", "collect_leftovers", "disk_full_error", "format_bytes",
-           "reserve", "writer_alive", "writer_tag"]
+__all__ = ["DISK_FULL_ERRNOS", "UNTAGGED_STALE_S", "atomic_output", "collect_leftovers",
+           "disk_full_error", "format_bytes", "reserve", "sync_folder", "write_file",
+           "writer_alive", "writer_tag"]
 
 log = logging.getLogger(__name__)
 
 #: errnos that mean "no room for these bytes": a full disk, a quota, the file-size limit
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+#: Seconds without a change after which a temporary with no writer tag (an older ngra's)
+#: is taken as abandoned by :func:`collect_leftovers`.
+UNTAGGED_STALE_S = 24 * 3600
 
 
 def format_bytes(n: int | None) -> str:
@@ -108,6 +126,65 @@ def reserve(fd: int, nbytes: int, what: str, path: str | os.PathLike[str],
             raise
 
 
+# -------------------------------------------------------------------- whole files
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str], what: str,
+                  needed: int | None = None) -> Iterator[BinaryIO]:
+    """Write ``path`` whole or not at all (module docstring): yields a binary file open on
+    ``.<name>.<writer tag><random>.tmp`` beside ``path``, with ``needed`` bytes reserved
+    first when given (the bytes reserved past what the block wrote are given back). When
+    the block ends the file is synced and renamed over ``path``; when it raises, the
+    temporary is removed and ``path`` is untouched. A full disk, at the reservation or at
+    a write past it, is :class:`~ngra.errors.DiskFullError` naming ``what`` and ``path``.
+    Temporaries of ``path`` that killed writers left are collected first."""
+    path = Path(path)
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    collect_leftovers(folder, [f".{glob.escape(path.name)}.*tmp*"],
+                      f"partial copies of {path.name}")
+    tmp = folder / f".{path.name}.{writer_tag()}{uuid.uuid4().hex[:8]}.tmp"
+    # a new file with the permissions of any other (mkstemp's would be 0600)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w+b") as fh:
+            if needed:
+                reserve(fh.fileno(), needed, what, path)
+            yield fh
+            fh.truncate()  # the reserved bytes past the end
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before the rename makes it the file
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        full = disk_full_error(err, what, path, needed)
+        if full is not None and full is not err:
+            raise full from None
+        raise
+    sync_folder(folder)
+
+
+def write_file(path: str | os.PathLike[str], data: bytes | str, what: str) -> None:
+    """``data`` (``str``: as UTF-8) to ``path`` through :func:`atomic_output`, its bytes
+    reserved first."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    with atomic_output(path, what, len(raw)) as fh:
+        fh.write(raw)
+
+
+def sync_folder(folder: str | os.PathLike[str]) -> None:
+    """Make the renames in ``folder`` durable (where the platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 # ------------------------------------------------------------------------ leftovers
 _TAG = re.compile(r"@(?P<host>[A-Za-z0-9_.-]+)~(?P<pid>\d+)@")
 
@@ -142,6 +219,22 @@ def writer_alive(name: str) -> bool | None:
         return True
 
 
+def _abandoned(p: Path, stale_s: float) -> bool:
+    """Whether the untagged entry ``p`` (a file, or a folder and all it holds) has not
+    changed for ``stale_s`` seconds."""
+    newest = 0.0
+    try:
+        newest = p.lstat().st_mtime
+        if p.is_dir() and not p.is_symlink():
+            for root, dirs, files in os.walk(p):
+                for f in (*dirs, *files):
+                    with contextlib.suppress(OSError):
+                        newest = max(newest, os.lstat(os.path.join(root, f)).st_mtime)
+    except OSError:
+        return False
+    return time.time() - newest > stale_s
+
+
 def _size(p: Path) -> int:
     if p.is_symlink() or not p.is_dir():
         try:
@@ -159,17 +252,21 @@ def _size(p: Path) -> int:
 
 
 def collect_leftovers(folder: str | os.PathLike[str], patterns: Iterable[str],
-                      what: str) -> int:
+                      what: str, untagged_stale_s: float | None = UNTAGGED_STALE_S) -> int:
     """Remove the entries of ``folder`` matching the glob ``patterns`` whose writer (the
-    :func:`writer_tag` in their name) is gone from this host; log what was freed. Returns
-    the bytes freed."""
+    :func:`writer_tag` in their name) is gone from this host, and those with no tag
+    unchanged for ``untagged_stale_s`` seconds (``None``: kept); log what was freed.
+    Returns the bytes freed."""
     folder = Path(folder)
     if not folder.is_dir():
         return 0
     freed, count = 0, 0
     for pattern in patterns:
         for p in folder.glob(pattern):
-            if writer_alive(p.name) is not False:
+            alive = writer_alive(p.name)
+            if alive is None and _TAG.search(p.name) is None and untagged_stale_s is not None:
+                alive = not _abandoned(p, untagged_stale_s)  # an older ngra's: by its age
+            if alive is not False:
                 continue
             size = _size(p)
             try:

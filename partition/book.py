@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ngra.diskspace import atomic_output, write_file
 from ngra.graph import Graph
 from ngra.partition.kway import _check_k, edge_balanced_ranges, metis_parts
 from ngra.partition.reorder import Reordering, permute_graph
@@ -256,7 +257,9 @@ def check_book(book: PartitionBook, graph: Graph, spec: str | None = None,
 
 
 def save_book(book: PartitionBook, folder: str | os.PathLike[str]) -> Path:
-    """Write ``book`` to ``folder`` (``book.pt`` and ``book.json``), atomically per file."""
+    """Write ``book`` to ``folder`` (``book.pt`` and ``book.json``), each whole or not at
+    all, its bytes reserved first (:func:`ngra.diskspace.atomic_output`: a full disk is a
+    :class:`~ngra.errors.DiskFullError`, and a previous book's file is left as it was)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {"order": book.reordering.order, "bounds": book.bounds,
@@ -264,12 +267,11 @@ def save_book(book: PartitionBook, folder: str | os.PathLike[str]) -> Path:
     meta = {"version": BOOK_VERSION, "num_parts": book.num_parts, "num_nodes": book.num_nodes,
             "num_edges": book.num_edges, "method": book.method, "seed": book.seed,
             "fingerprint": book.fingerprint, "spec": book.spec, "figures": book.figures()}
-    tmp = folder / f".book.pt.tmp{os.getpid()}"
-    torch.save(arrays, tmp)
-    os.replace(tmp, folder / "book.pt")
-    tmp = folder / f".book.json.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, folder / "book.json")
+    needed = sum(t.nbytes for t in arrays.values()) + (1 << 20)  # and the archive's headers
+    with atomic_output(folder / "book.pt", "the partition book's arrays", needed) as fh:
+        torch.save(arrays, fh)
+    write_file(folder / "book.json", json.dumps(meta, indent=1) + "\n",
+               "the partition book's figures")
     return folder
 
 

@@ -47,7 +47,6 @@ import datetime
 import json
 import logging
 import math
-import os
 import socket
 import statistics
 import time
@@ -57,7 +56,7 @@ from typing import Any
 
 import torch
 
-from ngra.calibration import calibration_file
+from ngra.calibration import calibration_file, save_calibration
 
 __all__ = ["AlphaBeta", "GemmTable", "LinkModel", "OPS", "calibrate", "calibration_path",
            "link_model", "load_link", "measure", "save_link"]
@@ -307,11 +306,8 @@ def load_link(path: Path) -> LinkModel | None:
 
 
 def save_link(model: LinkModel, path: Path) -> None:
-    """Write ``model`` to ``path`` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(model.to_json(), indent=1) + "\n")
-    os.replace(tmp, path)
+    """Write ``model`` to ``path`` whole or not at all (a full disk: ``DiskFullError``)."""
+    save_calibration(path, model.to_json(), "the link calibration")
 
 
 # ---------------------------------------------------------------- measuring

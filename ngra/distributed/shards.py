@@ -26,6 +26,13 @@ the verified state (``verified.json``: each file's size, mtime and inode).
 warning naming it); :func:`load_shard` refuses one with a
 :class:`~ngra.errors.DamagedFileError` naming the file, and each shard records its own
 rank and rank count, so a shard of another rank is never trained on.
+
+Writes: each file is written whole or not at all (:func:`~ngra.diskspace.atomic_output`:
+a temporary beside it, tagged with the writer's host and pid, its bytes reserved, renamed
+into place), so a full disk is a :class:`~ngra.errors.DiskFullError` naming the file and
+leaves nothing half-written; the temporaries of a writer that was killed (a ``--nprocs``
+run SIGKILLed while it built the shards) are removed by the next run that looks at the
+folder (:func:`collect_shard_leftovers`), which logs the bytes freed.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ngra.diskspace import disk_full_error, reserve
+from ngra.diskspace import atomic_output, collect_leftovers, write_file
 from ngra.errors import DamagedFileError
 from ngra.distributed.cost import PartitionStats
 from ngra.distributed.halo import HaloPlan
@@ -51,8 +58,8 @@ from ngra.partition import PartitionBook, permute_graph
 from ngra.models import MODELS
 from ngra.models import prepare
 
-__all__ = ["Shard", "build_shards", "data_fingerprint", "load_shard", "prep_key",
-           "shards_current"]
+__all__ = ["Shard", "build_shards", "collect_shard_leftovers", "data_fingerprint", "load_shard",
+           "prep_key", "shards_current"]
 
 log = logging.getLogger(__name__)
 
@@ -164,17 +171,24 @@ def _read_verified(folder: Path) -> dict[str, Any]:
 def _write_verified(folder: Path, names: list[str]) -> None:
     try:
         stamps = {n: _file_stamp(folder / n) for n in names}
-        tmp = folder / f".{_VERIFIED}.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(stamps))
-        os.replace(tmp, folder / _VERIFIED)
+        write_file(folder / _VERIFIED, json.dumps(stamps), "the shards' verified stamps")
     except OSError:
-        pass  # a read-only folder: verified again next time
+        pass  # a read-only folder or a full disk: verified again next time
+
+
+def collect_shard_leftovers(folder: str | os.PathLike[str]) -> int:
+    """Remove what killed shard writers left in ``folder`` (a ``--nprocs`` run SIGKILLed
+    while it wrote the shards: their temporaries, tagged with its host and pid, or an
+    older ngra's untagged ones a day old); logs and returns the bytes freed."""
+    return collect_leftovers(folder, [".rank*.pt.*tmp*", ".meta.json.*tmp*",
+                                      f".{_VERIFIED}.*tmp*"], "partial shard files")
 
 
 def shards_current(folder: Path, ds: Any, model: Any, book: PartitionBook) -> bool:
     """Whether ``folder`` holds intact shards of exactly this dataset, model preparation
     and book (a damaged or swapped file is logged, naming it, and counts as stale)."""
     folder = Path(folder)
+    collect_shard_leftovers(folder)
     if not (folder / "meta.json").is_file():
         return False
     try:
@@ -202,6 +216,7 @@ def build_shards(ds: Any, model: Any, book: PartitionBook, folder: str | os.Path
     training ``ModelSource``) under ``book``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    collect_shard_leftovers(folder)
     graph, edge_data = _prepare(model, ds)
     factors = graph.edge_factors  # GCN's weights: per-vertex factors, not per-edge weights
     rg = permute_graph(graph.with_edge_weight(None) if factors is not None else graph,
@@ -266,9 +281,7 @@ def build_shards(ds: Any, model: Any, book: PartitionBook, folder: str | os.Path
         "files": files,
     }
     meta["checksum"] = _meta_digest(meta)
-    tmp = folder / f".meta.json.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, folder / "meta.json")
+    write_file(folder / "meta.json", json.dumps(meta, indent=1) + "\n", "the shards' metadata")
     return folder
 
 
@@ -294,24 +307,14 @@ def _take_edges(edge_data: Any, ids: torch.Tensor) -> Any:
 
 
 def _save(obj: dict[str, Any], path: Path) -> None:
-    """``obj`` to ``path`` atomically, each tensor with only its own elements: a slice of
-    a larger tensor (``perm[e0:e1]``) would otherwise carry its whole storage into the
-    file, and into the rank's memory when loaded."""
+    """``obj`` to ``path`` whole or not at all (:func:`~ngra.diskspace.atomic_output`, its
+    bytes reserved), each tensor with only its own elements: a slice of a larger tensor
+    (``perm[e0:e1]``) would otherwise carry its whole storage into the file, and into the
+    rank's memory when loaded."""
     obj = {k: _own(v) for k, v in obj.items()}
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     needed = _tensor_bytes(obj) + (1 << 20)  # and the archive's headers and pickle
-    try:
-        with open(tmp, "w+b") as fh:
-            reserve(fh.fileno(), needed, f"the shard {path.name}", path.parent)
-            torch.save(obj, fh)
-            fh.truncate()
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        full = disk_full_error(err, f"the shard {path.name}", path.parent, needed)
-        if full is not None and full is not err:
-            raise full from None
-        raise
+    with atomic_output(path, f"the shard {path.name}", needed) as fh:
+        torch.save(obj, fh)
 
 
 def _tensor_bytes(v: Any) -> int:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
 import time
 import weakref
@@ -41,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ngra.calibration import calibration_file
+from ngra.calibration import calibration_file, save_calibration
 from ngra.mapped import is_mapped
 
 __all__ = ["Bandwidth", "Fetched", "Link", "TransferCounts", "copy_bandwidth", "pinned",
@@ -276,11 +275,8 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28, repeats: int = 5
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     bw = Bandwidth(nbytes / t_up, nbytes / t_down, name)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"h2d": bw.h2d, "d2h": bw.d2h, "device": name,
-                                   "bytes": nbytes, "repeats": repeats}) + "\n")
-        os.replace(tmp, path)
+        save_calibration(path, {"h2d": bw.h2d, "d2h": bw.d2h, "device": name,
+                                "bytes": nbytes, "repeats": repeats}, "the copy bandwidth")
     except OSError as exc:
         log.warning("could not cache the copy bandwidth at %s (%s)", path, exc)
     log.info("copy bandwidth of %s: host->device %.1f GB/s, device->host %.1f GB/s", name,

@@ -47,7 +47,7 @@ import random
 import numpy as np
 import torch
 
-from ngra.diskspace import collect_leftovers, disk_full_error, reserve, writer_tag
+from ngra.diskspace import collect_leftovers, disk_full_error, reserve, sync_folder, writer_tag
 from ngra.errors import CheckpointError
 
 __all__ = [
@@ -156,7 +156,7 @@ def _save(state: dict[str, Any], directory: str | os.PathLike[str]) -> Path:
         if full is not None and full is not err:
             raise full from None
         raise
-    _fsync_dir(folder)
+    sync_folder(folder)
     return path
 
 
@@ -277,17 +277,3 @@ def _set_aside(path: Path) -> Path | None:
 def _reason(err: Exception) -> str:
     text = str(err).split("\n")[0].split(". ")[0]
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the renames durable (where the platform allows opening a folder)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -24,7 +24,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from ngra.errors import CheckpointError
 from ngra.training.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME, load_checkpoint
 
-__all__ = ["Interrupted", "interruptible", "interrupted_line", "last_checkpoint"]
+__all__ = ["Interrupted", "interruptible", "interrupted_line", "last_checkpoint",
+           "resume_note"]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -90,11 +91,17 @@ def interrupted_line(exc: Interrupted, command: str, checkpoint: str | None,
     head = f"ngra {command}: interrupted by {signal.Signals(exc.signum).name}"
     if command != "train":
         return head + "."
+    return head + "; " + resume_note(checkpoint, argv)
+
+
+def resume_note(checkpoint: str | None, argv: Sequence[str]) -> str:
+    """Where a stopped ``ngra train`` (``argv``, its ``--checkpoint`` folder ``checkpoint``)
+    can resume from: the last complete checkpoint and the command, or why there is none."""
     if checkpoint is None:
-        return head + "; no checkpoint was written (add --checkpoint DIR to make a run resumable)."
+        return "no checkpoint was written (add --checkpoint DIR to make a run resumable)."
     last = last_checkpoint(checkpoint)
     if last is None:
-        return head + f"; no complete checkpoint in {checkpoint} yet (nothing to resume from)."
+        return f"no complete checkpoint in {checkpoint} yet (nothing to resume from)."
     args = list(argv) + ([] if "--resume" in argv else ["--resume"])
-    return (head + f"; the last complete checkpoint is {last[0]} (epoch {last[1]}); resume "
+    return (f"the last complete checkpoint is {last[0]} (epoch {last[1]}); resume "
             f"with: ngra {' '.join(args)}")

@@ -9,17 +9,22 @@ rebuilds the model (:mod:`ngra.training.checkpoint`). :func:`load_model` reads i
 preparation, the feature row-normalization the run used) and returns class scores,
 labels or the output of a named layer (embeddings) for every vertex. Evaluation is
 deterministic (:mod:`ngra.kernels`' fixed reduction order): a reloaded model gives
-bit-identical outputs to the one that was saved.
+bit-identical outputs to the one that was saved. :func:`save_predictions` writes them
+(``ngra predict --out``) whole or not at all (:func:`ngra.diskspace.atomic_output`): a
+full disk is a :class:`~ngra.errors.DiskFullError`, a previous file is left as it was.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from ngra.diskspace import atomic_output
 from ngra.errors import CheckpointError, DatasetError
 from ngra.graph import Graph
 from ngra.training.checkpoint import FORMAT_VERSION, load_latest_checkpoint
@@ -29,7 +34,7 @@ from ngra.training.model_source import ModelSource, call_model
 from ngra.training.graph_task import GraphModel, graph_dataset
 from ngra.training.link_task import LinkModel, make_decoder
 
-__all__ = ["OUTPUTS", "Predictor", "load_model"]
+__all__ = ["OUTPUTS", "Predictor", "load_model", "save_predictions"]
 
 #: What :meth:`Predictor.predict` returns per vertex.
 OUTPUTS = ("labels", "scores", "probabilities")
@@ -118,6 +123,31 @@ class Predictor:
         if output == "labels":
             return out.argmax(-1)
         return out.softmax(-1) if output == "probabilities" else out
+
+
+def save_predictions(values: np.ndarray, path: str | os.PathLike[str],
+                     label: str | None = None) -> Path:
+    """Write ``values`` (``[N]`` or ``[N, D]``) to ``path``: ``.npy`` (the array) or
+    ``.csv`` (a ``vertex`` column, then ``label`` when given and the array is ``[N]``,
+    else ``v0, v1, ...``), whole or not at all (module docstring)."""
+    path = Path(path)
+    if path.suffix not in (".npy", ".csv"):
+        raise ValueError(f"--out {path}: expected a .npy or .csv file name.")
+    what = f"the predictions ({len(values)} rows)"
+    if path.suffix == ".npy":
+        with atomic_output(path, what, values.nbytes + 4096) as fh:  # and the .npy header
+            np.save(fh, values)
+        return path
+    table = values.reshape(len(values), -1)
+    ids = np.arange(len(table)).reshape(-1, 1)
+    head = "vertex," + (label if label and values.ndim == 1
+                        else ",".join(f"v{i}" for i in range(table.shape[1])))
+    ints = table.dtype.kind in "iu"
+    fmt = ["%d"] + (["%d"] if ints else ["%.8g"]) * table.shape[1]
+    with atomic_output(path, what) as fh:  # text: its size is known once written
+        np.savetxt(fh, np.hstack([ids, table]) if ints else np.column_stack([ids, table]),
+                   delimiter=",", header=head, comments="", fmt=fmt)
+    return path
 
 
 def _source(meta: dict[str, Any]) -> ModelSource:

@@ -17,12 +17,12 @@ import json
 import logging
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from ngra.diskspace import write_file
 from ngra.distributed.launch import in_worker
 from ngra.errors import DatasetError
 from ngra.graph import Graph
@@ -119,9 +119,8 @@ def run(cfg: TrainConfig, echo: Callable[[str], None] | None = None) -> Outcome:
                                meta["num_edge_types"])
                 model.load_state_dict(state)
         outcome = Outcome(summary, model, meta or {})
-    if cfg.out and main:
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(outcome.summary, indent=2) + "\n")
+    if cfg.out and main:  # whole or not at all: a full disk is DiskFullError, nothing half-written
+        write_file(cfg.out, json.dumps(outcome.summary, indent=2) + "\n", "the JSON summary")
     return outcome
 
 

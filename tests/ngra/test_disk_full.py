@@ -190,3 +190,112 @@ def test_disk_full_error_is_exported_and_picklable():
     again = pickle.loads(pickle.dumps(err))
     assert type(again) is ngra.DiskFullError and str(again) == "no room"
     assert again.errno == errno.EFBIG and again.needed == 10 and again.path == Path("/x")
+
+
+# ---------------------------------------------------------------- every other write
+SBM = "sbm:nodes=60,blocks=2,feat=4"
+
+
+def _cli_child(limit: int, *argv: str) -> subprocess.CompletedProcess:
+    """``ngra ARGV`` in a child whose files may not grow past ``limit`` bytes."""
+    return _child("""
+        from ngra.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """, limit, *argv)
+
+
+def _no_temporaries(folder: Path) -> bool:
+    return not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def _assert_disk_full_exit(r: subprocess.CompletedProcess, what: str, where: Path) -> None:
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert f"could not write {what} to {where}" in line, r.stderr
+    assert "file-size limit" in line and "needed" in line
+
+
+def test_atomic_output_keeps_the_previous_file_when_the_block_fails(tmp_path):
+    path = tmp_path / "f.json"
+    path.write_text("previous")
+    with pytest.raises(KeyError):
+        with diskspace.atomic_output(path, "a file") as fh:
+            fh.write(b"half")
+            raise KeyError("a bug mid-write")
+    assert path.read_text() == "previous" and _no_temporaries(tmp_path)
+    diskspace.write_file(path, "new", "a file")
+    assert path.read_text() == "new" and _no_temporaries(tmp_path)
+    assert (path.stat().st_mode & 0o777) == (0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_partition_book_on_a_full_disk_exits_2_and_keeps_the_previous_book(tmp_path):
+    from ngra.partition import build_book, save_book
+
+    data, out = tmp_path / "data", tmp_path / "book"
+    spec = "sbm:nodes=3000,blocks=4,feat=4"
+    ds = load(spec, root=data)  # the dataset's cache entry exists: the book is all it writes
+    save_book(build_book(load(SBM, root=data).graph, 2, method="range"), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    r = _cli_child(16 << 10, "partition", "--dataset", spec, "--parts", "2", "--method",
+                   "range", "--out", str(out), "--data-root", str(data))
+    _assert_disk_full_exit(r, "the partition book's arrays", out / "book.pt")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # and no temporary
+    assert ds.num_nodes == 3000
+
+
+def test_train_summary_on_a_full_disk_exits_2_and_keeps_the_previous_summary(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "summary.json"
+    load(SBM, root=data)
+    out.write_text("{}\n")
+    r = _cli_child(2048, "train", "--dataset", SBM, "--epochs", "30", "--no-progress",
+                   "--data-root", str(data), "--out", str(out))
+    _assert_disk_full_exit(r, "the JSON summary", out)
+    assert out.read_text() == "{}\n" and _no_temporaries(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from ngra.cli import main
+
+    root = tmp_path_factory.mktemp("trained")
+    assert main(["train", "--dataset", SBM, "--epochs", "2", "--no-progress", "--checkpoint",
+                 str(root / "ck"), "--data-root", str(root / "data")]) == 0
+    return root
+
+
+@pytest.mark.parametrize("name", ["scores.npy", "scores.csv"])
+def test_predictions_on_a_full_disk_exit_2_and_keep_the_previous_file(trained, tmp_path, name):
+    out = tmp_path / name
+    out.write_text("previous")
+    r = _cli_child(512, "predict", "--checkpoint", str(trained / "ck"), "--dataset", SBM,
+                   "--output", "scores", "--out", str(out), "--data-root",
+                   str(trained / "data"))
+    _assert_disk_full_exit(r, "the predictions (60 rows)", out)
+    assert out.read_text() == "previous" and _no_temporaries(tmp_path)
+    if name.endswith(".npy"):  # reserved first: the figure is the array and its header
+        assert f"{(60 * 2 * 4 + 4096) / 1024:.1f} KiB needed" in r.stderr
+
+
+def test_calibration_on_a_full_disk_keeps_the_previous_file(tmp_path):
+    path = tmp_path / "link-host.json"
+    path.write_text('{"old": 1}\n')
+    r = _child("""
+        from pathlib import Path
+        from ngra.calibration import save_calibration
+        from ngra.errors import DiskFullError
+        try:
+            save_calibration(Path(sys.argv[1]), {"samples": list(range(5000))},
+                             "the link calibration")
+        except DiskFullError as e:
+            print("DISKFULL", e)
+    """, 4096, str(path))
+    assert r.returncode == 0, r.stderr
+    assert f"DISKFULL could not write the link calibration to {path}" in r.stdout
+    assert path.read_text() == '{"old": 1}\n' and _no_temporaries(tmp_path)

@@ -5,6 +5,7 @@ splits that share vertices are refused with the counts unless explicitly allowed
 from __future__ import annotations
 
 import gzip
+import textwrap
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,50 @@ def test_generated_and_real_splits_are_disjoint(capsys):
     # the refusal fires on no dataset ngra makes itself
     assert main(["train", "--dataset", "sbm:nodes=80,blocks=2,feat=4", "--epochs", "1",
                  "--no-progress"]) == 0
+
+
+def _crashing_train(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """``ngra [FLAGS] train`` whose third checkpoint save hits a bug (a RuntimeError no
+    documented error explains), in a child process."""
+    code = textwrap.dedent("""
+        import sys
+        import ngra.training.loop as loop
+
+        real, calls = loop.save_checkpoint, []
+
+        def save(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("an unforeseen fault\\nsecond line")
+            return real(*args, **kwargs)
+
+        loop.save_checkpoint = save
+        from ngra.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    args = [*flags, "train", "--dataset", "sbm:nodes=60,blocks=2,feat=4", "--epochs", "10",
+            "--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "1", "--no-progress",
+            "--data-root", str(tmp_path / "data")]
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_a_crash_is_one_line_with_the_checkpoint_and_exit_1(tmp_path):
+    r = _crashing_train(tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    ck = tmp_path / "ck" / "checkpoint.pt"
+    assert line.startswith("ngra train: crashed: RuntimeError: an unforeseen fault (run with "
+                           f"-v for the traceback); the last complete checkpoint is {ck} "
+                           "(epoch 2); resume with: ngra train ")
+    assert line.endswith(" --resume")
+
+
+def test_a_crash_with_v_shows_the_traceback(tmp_path):
+    r = _crashing_train(tmp_path, "-v")
+    assert r.returncode == 1, r.stderr
+    assert "Traceback (most recent call last)" in r.stderr and "in save" in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ngra train: crashed: RuntimeError: an unforeseen fault; the last "
+                           "complete checkpoint is ")

@@ -210,3 +210,59 @@ def test_a_signal_during_a_save_takes_effect_when_the_save_is_complete(tmp_path,
         ckpt.save_checkpoint({"epoch": 3}, tmp_path)
     assert load_checkpoint(tmp_path / CHECKPOINT_NAME)["epoch"] == 3  # complete, then stopped
     assert not list(tmp_path.glob(".ckpt-*"))
+
+
+def test_shard_temporary_of_a_killed_writer_is_collected_by_the_next_run(tmp_path, caplog):
+    from ngra.datasets import load
+    from ngra.distributed.shards import shards_current
+    from ngra.partition import build_book
+
+    shards = tmp_path / "shards"
+    _killed_mid_write("""
+        import sys, time, torch
+        import ngra.distributed.shards as sh
+
+        def stuck(obj, f):  # half a shard written, then the launcher is SIGKILLed
+            f.write(b"x" * 300000)
+            f.flush()
+            print("writing", flush=True)
+            time.sleep(120)
+
+        sh.torch.save = stuck
+        sh._save({"x": torch.ones(1000)}, sh.Path(sys.argv[1]) / "rank0.pt")
+    """, str(shards))
+    left = list(shards.glob(".rank0.pt.*.tmp"))
+    assert len(left) == 1 and writer_alive(left[0].name) is False
+    ds = load("sbm:nodes=60,blocks=2,feat=4", root=tmp_path / "data")
+    with caplog.at_level(logging.WARNING, logger="ngra.diskspace"):
+        assert not shards_current(shards, ds, "gcn", build_book(ds.graph, 2, method="range"))
+    assert not left[0].exists()
+    assert "removed 1 partial shard files left by stopped runs" in caplog.text
+    assert "freeing 1.0 MiB" in caplog.text  # the reserved size (its tensor and 1 MiB)
+
+
+def test_untagged_leftovers_of_an_older_ngra_are_collected_by_age(tmp_path, caplog):
+    from ngra.diskspace import UNTAGGED_STALE_S, write_file
+
+    old = time.time() - UNTAGGED_STALE_S - 60
+    folder = tmp_path / ".tmp-rmat-123-abc"  # an older ngra's cache folder: no writer tag
+    folder.mkdir()
+    (folder / "x.npy").write_bytes(b"a" * 1000)
+    book = tmp_path / ".book.pt.tmp4242"  # an older ngra's book temporary: a pid, no host
+    book.write_bytes(b"b" * 24)
+    for p in (folder / "x.npy", folder, book):
+        os.utime(p, (old, old))
+    young = tmp_path / ".book.json.tmp4243"  # untouched for less than a day: may be live
+    young.write_bytes(b"c")
+    with caplog.at_level(logging.WARNING, logger="ngra.diskspace"):
+        assert collect_leftovers(tmp_path, [".tmp-*"], "partial cache folders") == 1000
+        write_file(tmp_path / "book.pt", b"new", "a book")  # collects .book.pt's own
+        write_file(tmp_path / "book.json", b"{}", "a book's figures")
+    assert not folder.exists() and not book.exists() and young.exists()
+    assert "removed 1 partial cache folders left by stopped runs" in caplog.text
+    assert "removed 1 partial copies of book.pt left by stopped runs" in caplog.text
+    assert "freeing 24 B" in caplog.text
+    (folder / "sub").mkdir(parents=True)  # an old folder a writer still writes into is kept
+    os.utime(folder, (old, old))
+    assert collect_leftovers(tmp_path, [".tmp-*"], "partial cache folders") == 0
+    assert folder.exists()

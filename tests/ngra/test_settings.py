@@ -28,6 +28,7 @@ NOT_SETTINGS = {
     "judged_on": "a plan's hook that enters partials_judged_on for its kernels",
     "interruptible": "a run's signal handlers (SIGINT/SIGTERM raise Interrupted)",
     "_signals_deferred": "holds SIGINT/SIGTERM while a checkpoint is written",
+    "atomic_output": "a file being written under a temporary name, renamed when complete",
 }
 #: A value each setting refuses (path settings accept any string).
 BAD = {"NGRA_KERNEL_BACKEND": "bogus", "NGRA_DST_PARTIALS": "bogus", "NGRA_AVX512": "maybe",
