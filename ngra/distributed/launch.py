@@ -15,6 +15,12 @@ whichever failure it saw first, often a healthy peer's connection error, so
 a rank whose error is not a peer-connection error, else the earliest failure. Every
 collective also has a timeout (``timeout_s``), so a rank that stops answering without
 dying ends the run instead of hanging it.
+
+Interrupts: ``SIGINT`` / ``SIGTERM`` to the launching process make the launcher stop the
+ranks and raise its ``SignalException`` (:mod:`ngra.training.interrupt` turns it into one
+line); its own log lines about it are silenced (:func:`_quiet_elastic`), a rank that gets
+Ctrl-C itself (the terminal's whole process group) leaves without a message, and ranks
+hold no named semaphores (tqdm's lock) that a stopped rank would leak.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -36,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from ngra.errors import DistributedError
 
@@ -95,8 +103,12 @@ def init_process_group(backend: str | None = None, timeout_s: float = DEFAULT_TI
 
 @contextlib.contextmanager
 def _quiet_elastic() -> Iterator[None]:
-    """The launcher logs every failure with tracebacks at ERROR; we name it once ourselves."""
-    loggers = [logging.getLogger(n) for n in _ELASTIC_LOGGERS]
+    """The launcher logs every failure with tracebacks at ERROR, and a signal's stop ("Received
+    15 death signal, shutting down workers") at WARNING; we name them once ourselves. Its
+    modules' loggers carry their own levels, so each is quieted, not only the parents."""
+    names = {*_ELASTIC_LOGGERS, *(n for n in logging.root.manager.loggerDict
+                                  if n.startswith(_ELASTIC_LOGGERS))}
+    loggers = [logging.getLogger(n) for n in sorted(names)]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
@@ -119,11 +131,18 @@ def _worker(fn: Callable[..., Any], backend: str | None, timeout_s: float, threa
 
     for name in _ELASTIC_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    # progress bars lock with a thread lock: tqdm's default is a named semaphore, which a
+    # rank stopped by a signal leaves for the resource tracker to warn about
+    tqdm.set_lock(threading.RLock())
     if threads:
         torch.set_num_threads(threads)
     try:
         init_process_group(backend, timeout_s, device)
         result = fn(*args)
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every process of the terminal's group: the launcher reports it
+        # once (ngra: one line naming the last checkpoint); the ranks leave without a word
+        os._exit(128 + signal.SIGINT)
     except BaseException as exc:
         rank = int(os.environ.get("RANK", "-1"))
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
