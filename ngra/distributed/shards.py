@@ -59,7 +59,7 @@ from ngra.models import MODELS
 from ngra.models import prepare
 
 __all__ = ["Shard", "build_shards", "collect_shard_leftovers", "data_fingerprint", "load_shard",
-           "prep_key", "shards_current"]
+           "prep_key", "shard_sizes", "shards_current"]
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,15 @@ def shards_current(folder: Path, ds: Any, model: Any, book: PartitionBook) -> bo
     if any(verified.get(n) != _file_stamp(folder / n) for n in names):
         _write_verified(folder, names)
     return True
+
+
+def shard_sizes(folder: str | os.PathLike[str]) -> list[tuple[int, int, int]]:
+    """``(bytes, rows, in-edges)`` of each rank's shard in ``folder``, by rank (from its
+    ``meta.json``, checked against its digest)."""
+    meta = _read_meta(Path(folder))
+    stats = meta["stats"]
+    return [(int(meta["files"][f"rank{r}.pt"]["size"]), int(rows), int(sum(stats["edges"][r])))
+            for r, rows in enumerate(stats["rows"])]
 
 
 def build_shards(ds: Any, model: Any, book: PartitionBook, folder: str | os.PathLike[str],

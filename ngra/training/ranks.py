@@ -63,7 +63,7 @@ from ngra.distributed.gradsync import GradientSync
 from ngra.distributed.graph import exchange_table
 from ngra.distributed.launch import in_worker, init_process_group, launch
 from ngra.distributed.link import link_model
-from ngra.distributed.shards import build_shards, load_shard, shards_current
+from ngra.distributed.shards import build_shards, load_shard, shard_sizes, shards_current
 from ngra.kernels import dropout_rows
 from ngra.memstat import io_read_bytes, mapped_from, peak_rss_bytes, release_large_frees, rss_bytes
 from ngra.partition import BOOK_SEED, book_for
@@ -73,6 +73,7 @@ from ngra.training.config import TrainConfig
 from ngra.training.data import as_dataset, fingerprint, prepare_dataset
 from ngra.training.loop import fit_runs, grid_report
 from ngra.training.model_source import call_model
+from ngra.training.resources import RankShare, check_rank_data, local_ranks
 
 __all__ = ["RankSession", "open_shard", "prepare_shards", "rank_threads", "run_rank",
            "train_distributed"]
@@ -95,12 +96,19 @@ def train_distributed(cfg: TrainConfig, load: Callable[[], tuple[Any, dict[str, 
     ds, meta = load()
     folder = prepare_shards(cfg, ds)
     del ds
+    # the fixed cost was checked before loading; now each rank's share of the data too
+    check_rank_data(rank_shares(folder), cfg.allow_oversubscribe)
     results = launch(_rank_main, cfg.nprocs, cfg, str(folder), meta,
                      timeout_s=cfg.dist_timeout, threads=rank_threads(cfg), device=_device(cfg))
     summary, state = results[0]
     if echo is not None and cfg.explain and summary.get("explain"):
         echo(summary["explain"])
     return summary, state, meta
+
+
+def rank_shares(folder: Path) -> list[RankShare]:
+    """Each rank's share of the data, by rank: its shard's bytes, rows and in-edges."""
+    return [RankShare(*size) for size in shard_sizes(folder)]
 
 
 def rank_threads(cfg: TrainConfig) -> int:
@@ -131,8 +139,12 @@ def _torchrun_rank(cfg: TrainConfig, load: Callable[[], tuple[Any, dict[str, Any
     if rank == 0:
         try:
             ds, meta = load()
-            box[0] = (str(prepare_shards(cfg, ds)), meta)
+            folder = prepare_shards(cfg, ds)
             del ds
+            # this host's ranks run already: their shares of the data against what is left
+            check_rank_data(rank_shares(folder), cfg.allow_oversubscribe, ranks=local_ranks(),
+                            started=True)
+            box[0] = (str(folder), meta)
         except Exception as exc:  # every rank must hear of it, not wait for a timeout
             box[0] = exc
     dist.broadcast_object_list(box, src=0)

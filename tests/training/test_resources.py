@@ -84,3 +84,56 @@ def test_cli_warns_on_too_many_threads_and_trains(monkeypatch, caplog):
         torch.set_num_threads(before)
     assert rc == 0
     assert "--threads 3 on 2 cores" in caplog.text
+
+
+# ------------------------------------------------------ each rank's share of the data
+SHARES = [resources.RankShare(300 << 20, 5000, 80000), resources.RankShare(500 << 20, 5000,
+                                                                            120000)]
+
+
+def test_each_ranks_share_of_the_data_is_counted():
+    fixed = 2 * PROCESS_FIXED_BYTES
+    resources.check_rank_data(SHARES, here=Machine(2, fixed + (800 << 20)))  # fits exactly
+    with pytest.raises(ValueError) as info:
+        resources.check_rank_data(SHARES, here=Machine(2, fixed + (799 << 20)))
+    msg = str(info.value)
+    assert msg.startswith("2 processes need about 1.6 GiB of memory: 2 processes x 414.8 MiB "
+                          "each, plus their shares of the data, 800.0 MiB in all (the "
+                          "largest, rank 1's: 5000 rows and 120000 edges, 500.0 MiB), but "
+                          "1.6 GiB is available")
+    assert "--allow-oversubscribe" in msg
+    resources.check_rank_data(SHARES, True, here=Machine(2, 1))  # the override
+
+
+def test_under_torchrun_the_local_ranks_data_is_counted():
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    assert resources.local_ranks(env) == range(2, 4)
+    assert resources.local_ranks({"RANK": "0", "WORLD_SIZE": "2"}) is None
+    shares = [*SHARES, *SHARES]
+    # the processes run: only their data (300 + 500 MiB) against what is left
+    resources.check_rank_data(shares, ranks=range(2, 4), started=True,
+                              here=Machine(2, 800 << 20))
+    with pytest.raises(ValueError, match=r"^the 2 ranks on this host \(2-3 of 4\) need about "
+                                         r"800.0 MiB of memory: their shares of the data"):
+        resources.check_rank_data(shares, ranks=range(2, 4), started=True,
+                                  here=Machine(2, 700 << 20))
+
+
+def test_cli_refuses_ranks_whose_data_does_not_fit_before_starting_them(
+        monkeypatch, capsys, tmp_path):
+    import ngra.training.ranks as ranks
+
+    # room for two processes' fixed cost (the first check passes), not for their data
+    monkeypatch.setattr(resources, "machine",
+                        lambda: Machine(2, 2 * PROCESS_FIXED_BYTES + (64 << 10)))
+
+    def no_launch(*a, **k):
+        raise AssertionError("ranks were started before the refusal")
+
+    monkeypatch.setattr(ranks, "launch", no_launch)
+    rc = main(["train", "--dataset", "sbm:nodes=2000,blocks=2,feat=16", "--nprocs", "2",
+               "--no-progress", "--data-root", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == EXIT_BAD_INPUT, err
+    assert err.startswith("ngra train: error: 2 processes need about ")
+    assert "their shares of the data" in err and "rows and" in err and err.count("\n") == 1
