@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from _compiler_cases import make_graph
+from thread_race import run_threads as _run_threads
 from torch import nn
 
 import ngra
@@ -24,28 +25,6 @@ from ngra.models.sage import SAGEConv
 
 F_IN, THREADS, ROUNDS = 6, 4, 6
 TOL = {"rtol": 1e-5, "atol": 1e-6}
-
-
-def _run_threads(fn, n: int, timeout: float = 120) -> None:
-    barrier = threading.Barrier(n, timeout=timeout)
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        try:
-            barrier.wait()
-            fn(i)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a worker hung"
-    if errors:
-        raise errors[0]
 
 
 class _Model(nn.Module):

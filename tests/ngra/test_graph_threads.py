@@ -7,10 +7,10 @@ results.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import torch
+from thread_race import run_threads
 
 import ngra.graph as graph_module
 from ngra.graph import Graph
@@ -21,29 +21,8 @@ from ngra.models.sage import SAGEConv
 THREADS, ROUNDS = 8, 12
 
 
-def _race(fn, n: int = THREADS, timeout: float = 60) -> list:
-    """``fn(i)`` in ``n`` threads released at once; their results, by thread."""
-    barrier = threading.Barrier(n, timeout=timeout)
-    out: list = [None] * n
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        try:
-            barrier.wait()
-            out[i] = fn(i)
-        except BaseException as exc:  # noqa: BLE001 - raised by the main thread
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    if errors:
-        raise errors[0]
-    return out
+def _race(fn, n: int = THREADS) -> list:
+    return run_threads(fn, n, timeout=60)
 
 
 def _graph(n: int = 300, e: int = 2000, seed: int = 0) -> Graph:

@@ -111,20 +111,27 @@ def _killed_mid_write(code: str, *args: str) -> None:
     proc.wait(30)
 
 
-def test_checkpoint_temporary_of_a_killed_save_is_collected(tmp_path, caplog):
-    _killed_mid_write("""
+def _killed_in_torch_save(module: str, call: str, *args: str) -> None:
+    """Run ``call`` in a child, ``module``'s ``torch.save`` writing 300,000 bytes and then
+    hanging; SIGKILL the child there (half a file written)."""
+    _killed_mid_write(f"""
         import sys, time, torch
-        import ngra.training.checkpoint as ck
+        import {module} as m
 
-        def stuck(obj, f):  # half a checkpoint written, then the writer is killed
+        def stuck(obj, f):
             f.write(b"x" * 300000)
             f.flush()
             print("writing", flush=True)
             time.sleep(120)
 
-        ck.torch.save = stuck
-        ck.save_checkpoint({"w": torch.ones(3)}, sys.argv[1])
-    """, str(tmp_path))
+        m.torch.save = stuck
+        {call}
+    """, *args)
+
+
+def test_checkpoint_temporary_of_a_killed_save_is_collected(tmp_path, caplog):
+    _killed_in_torch_save("ngra.training.checkpoint",
+                          'm.save_checkpoint({"w": torch.ones(3)}, sys.argv[1])', str(tmp_path))
     left = list(tmp_path.glob(".ckpt-*.tmp"))
     assert len(left) == 1 and writer_alive(left[0].name) is False
     alive = tmp_path / f".ckpt-{writer_tag()}x.tmp"  # this process: a writer still at work
@@ -235,19 +242,10 @@ def test_shard_temporary_of_a_killed_writer_is_collected_by_the_next_run(tmp_pat
     from ngra.partition import build_book
 
     shards = tmp_path / "shards"
-    _killed_mid_write("""
-        import sys, time, torch
-        import ngra.distributed.shards as sh
-
-        def stuck(obj, f):  # half a shard written, then the launcher is SIGKILLed
-            f.write(b"x" * 300000)
-            f.flush()
-            print("writing", flush=True)
-            time.sleep(120)
-
-        sh.torch.save = stuck
-        sh._save({"x": torch.ones(1000)}, sh.Path(sys.argv[1]) / "rank0.pt")
-    """, str(shards))
+    # the launcher SIGKILLed while it writes a shard
+    _killed_in_torch_save("ngra.distributed.shards",
+                          'm._save({"x": torch.ones(1000)}, m.Path(sys.argv[1]) / "rank0.pt")',
+                          str(shards))
     left = list(shards.glob(".rank0.pt.*.tmp"))
     assert len(left) == 1 and writer_alive(left[0].name) is False
     ds = load("sbm:nodes=60,blocks=2,feat=4", root=tmp_path / "data")
