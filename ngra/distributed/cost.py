@@ -1,4 +1,5 @@
-"""Choosing halo exchange or ring streaming for a layer, from the partition and the link.
+"""Choosing halo exchange, ring streaming or feature columns for a layer, from the
+partition and the link.
 
 Every rank decides from the same figures, so every rank makes the same choice without
 talking: the partition's global statistics (:class:`PartitionStats`, from the book: rows
@@ -34,9 +35,19 @@ of element-wise work over ``n`` rows (packing, padding, outputs, partial sums), 
   travel; the chunk's gradient is computed, added to what arrived and passed on), where
   ``o(w, m) = max(w, m) + (1 - 1 / shared) min(w, m)``: a transfer hides behind the
   compute only as far as a core is free to move it (all of it when each rank has its
-  own cores, half when the ranks outnumber the cores two to one).
+  own cores, half when the ranks outnumber the cores two to one);
+* feature (:mod:`ngra.distributed.feature`, only for a layer whose edge stage splits by
+  columns): ``4 max_r all_to_all(max(D_r (K - 1) / K, (N - D_r) / K) * b)`` (the
+  transpose to columns and back, forward and backward; not overlapped)
+  ``+ 3 t(E) / K + max_r v(4 D_r + 10 N / K)``: every rank walks all ``E`` edges for
+  ``1 / K`` of the columns, packs its ``D_r`` rows in each transpose and unpacks,
+  aggregates and differentiates ``N``-row arrays ``1 / K`` as wide. Each rank keeps the
+  whole graph's structure, :func:`structure_bytes` ``(N, E)``: under a memory budget it
+  must fit in it, else feature is not a candidate (forced: an error).
 
-The cheaper prediction wins; ``--exchange halo|ring`` overrides it.
+The cheapest prediction wins; ``--exchange halo|ring|feature`` overrides it (feature
+only where the layer splits by columns and the structure fits the budget: a clear error
+otherwise, on every rank alike).
 """
 
 from __future__ import annotations
@@ -45,9 +56,35 @@ from dataclasses import dataclass
 
 from ngra.distributed.link import LinkModel
 
-__all__ = ["ExchangeChoice", "PartitionStats", "STRATEGIES", "choose_exchange"]
+__all__ = ["ExchangeChoice", "PartitionStats", "STRATEGIES", "check_structure_fits",
+           "choose_exchange", "structure_bytes"]
 
-STRATEGIES = ("auto", "halo", "ring")
+STRATEGIES = ("auto", "halo", "ring", "feature")
+
+
+def structure_bytes(num_nodes: int, num_edges: int) -> int:
+    """Bytes a rank keeps for the whole graph's structure under the feature layout: the CSC
+    (``8 (N + 1) + 4 E``), the transpose backward walks (``8 (N + 1) + 8 E``: offsets,
+    destinations and positions) and a per-edge weight (``4 E``)."""
+    return 16 * (int(num_nodes) + 1) + 16 * int(num_edges)
+
+
+def structure_misfit(num_nodes: int, num_edges: int, budget: int | None) -> str:
+    """Why the whole structure does not fit a rank's memory ``budget`` ("" if it does)."""
+    need = structure_bytes(num_nodes, num_edges)
+    if budget is None or need <= budget:
+        return ""
+    return (f"the whole graph's structure ({need:,} bytes a rank for {num_nodes:,} vertices "
+            f"and {num_edges:,} edges) does not fit the memory budget of {budget:,} bytes")
+
+
+def check_structure_fits(num_nodes: int, num_edges: int, budget: int | None) -> None:
+    """Refuse ``--exchange feature`` when the whole structure does not fit ``budget``
+    (before training: a :class:`ValueError` with the figures)."""
+    why = structure_misfit(num_nodes, num_edges, budget)
+    if why:
+        raise ValueError(f"--exchange feature keeps the whole graph on every rank, and {why}. "
+                         "Use --exchange auto, halo or ring, or a larger --memory-budget.")
 
 
 @dataclass(frozen=True)
@@ -68,6 +105,14 @@ class PartitionStats:
     @property
     def world_size(self) -> int:
         return len(self.rows)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(sum(self.rows))
+
+    @property
+    def num_edges(self) -> int:
+        return int(sum(sum(r) for r in self.edges))
 
     @classmethod
     def from_dict(cls, d: dict) -> PartitionStats:
@@ -90,18 +135,31 @@ class ExchangeChoice:
     ring_bytes: int
     attention: bool = False  # the halo's tile runs attention_aggregate (module docs)
     overlap: bool = False  # the halo's exchange overlaps the inner edges (module docs)
+    feature_s: float | None = None  # None: not a candidate (feature_why says why)
+    feature_bytes: int = 0
+    feature_why: str = ""
+    structure_bytes: int = 0
 
     def describe(self) -> str:
         why = "forced (--exchange)" if self.forced else "cost model"
-        return (f"{self.strategy} ({why}): predicted halo {self.halo_s * 1e3:.2f} ms vs ring "
-                f"{self.ring_s * 1e3:.2f} ms a step; forward bytes of the busiest rank: halo "
-                f"{self.halo_bytes:,}, ring {self.ring_bytes:,} (backward about the same for "
-                f"halo, twice for ring)")
+        feature = (f" vs feature {self.feature_s * 1e3:.2f} ms" if self.feature_s is not None
+                   else "")
+        fbytes = f", feature {self.feature_bytes:,}" if self.feature_s is not None else ""
+        out = (f"{self.strategy} ({why}): predicted halo {self.halo_s * 1e3:.2f} ms vs ring "
+               f"{self.ring_s * 1e3:.2f} ms{feature} a step; forward bytes of the busiest "
+               f"rank: halo {self.halo_bytes:,}, ring {self.ring_bytes:,}{fbytes} (backward "
+               f"about the same for halo and feature, twice for ring)")
+        if self.feature_why:
+            out += f"; feature: not a candidate, {self.feature_why}"
+        return out
 
     def as_dict(self) -> dict:
         return {"strategy": self.strategy, "forced": self.forced, "row_bytes": self.row_bytes,
                 "predicted_halo_s": self.halo_s, "predicted_ring_s": self.ring_s,
+                "predicted_feature_s": self.feature_s,
                 "halo_bytes": self.halo_bytes, "ring_bytes": self.ring_bytes,
+                "feature_bytes": self.feature_bytes, "feature_why": self.feature_why,
+                "structure_bytes": self.structure_bytes,
                 "attention": self.attention, "overlap": self.overlap}
 
 
@@ -149,25 +207,62 @@ def predict(stats: PartitionStats, row_bytes: int, link: LinkModel,
     return halo, ring
 
 
+def predict_feature(stats: PartitionStats, row_bytes: int, link: LinkModel) -> float:
+    """Predicted seconds of one layer's forward and backward in the feature layout
+    (module docs)."""
+    k, n = stats.world_size, stats.num_nodes
+    per_edge = row_bytes / link.gather_bytes * link.shared
+    comm = max(link.all_to_all(max(d * (k - 1) / k, (n - d) / k) * row_bytes)
+               for d in stats.rows)
+    work = max(link.stream_time((4 * d + 10 * n / k) * row_bytes) * link.shared
+               for d in stats.rows)
+    return 4 * comm + 3 * stats.num_edges * per_edge / k + work
+
+
+def feature_bytes(stats: PartitionStats, row_bytes: int) -> int:
+    """Bytes the busiest rank sends in a feature layer's forward: the other ranks'
+    columns of its rows, there and back (``2 D_r (K - 1) / K`` rows)."""
+    k = stats.world_size
+    return int(round(max(2 * d * (k - 1) / k for d in stats.rows) * row_bytes)) if k > 1 else 0
+
+
 def choose_exchange(stats: PartitionStats, row_bytes: int, link: LinkModel | None,
                     strategy: str = "auto", attention: bool = False,
-                    overlap: bool = False) -> ExchangeChoice:
+                    overlap: bool = False, feature: bool | str = False,
+                    budget: int | None = None) -> ExchangeChoice:
     """The exchange of a layer reading ``row_bytes`` per source row (``attention``: an
-    attention layer; ``overlap``: its halo exchange overlaps the inner edges; see the
-    module docs)."""
+    attention layer; ``overlap``: its halo exchange overlaps the inner edges; ``feature``:
+    ``True`` where the layer's edge stage splits by columns, else why not (a sentence;
+    ``False``: not asked); ``budget``: a rank's memory budget in bytes, which the whole
+    structure must fit for feature; see the module docs). A forced feature that cannot
+    run is a :class:`ValueError` saying why."""
     if strategy not in STRATEGIES:
         raise ValueError(f"exchange must be one of {STRATEGIES}; got {strategy!r}.")
     k = stats.world_size
     halo_bytes = max(stats.sent) * row_bytes if k > 1 else 0
     ring_bytes = max(sum(stats.rows) - stats.rows[(r + 1) % k] for r in range(k)) * row_bytes \
         if k > 1 else 0
+    structure = structure_bytes(stats.num_nodes, stats.num_edges)
+    why = "" if feature is True else (feature or "not asked of this layer")
+    if not why:
+        why = structure_misfit(stats.num_nodes, stats.num_edges, budget)
+    if strategy == "feature" and why:
+        raise ValueError(f"--exchange feature cannot run this layer: {why}. Use --exchange "
+                         "auto, halo or ring.")
     if link is None or k < 2:
         halo_s = ring_s = 0.0
+        feature_s = None if why else 0.0
     else:
         halo_s, ring_s = predict(stats, row_bytes, link, attention, overlap)
+        feature_s = None if why else predict_feature(stats, row_bytes, link)
     if strategy == "auto":
         pick = "ring" if ring_s < halo_s else "halo"
+        if feature_s is not None and link is not None and k > 1 \
+                and feature_s < min(halo_s, ring_s):
+            pick = "feature"
     else:
         pick = strategy
     return ExchangeChoice(pick, strategy != "auto", row_bytes, halo_s, ring_s, halo_bytes,
-                          ring_bytes, bool(attention), bool(overlap))
+                          ring_bytes, bool(attention), bool(overlap), feature_s,
+                          feature_bytes(stats, row_bytes) if not why else 0,
+                          why if feature is not False else "", structure)

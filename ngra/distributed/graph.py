@@ -16,7 +16,11 @@ which, per layer (:mod:`ngra.distributed.cost`):
   (read only at destinations, all owned) with zero halo rows, walks the local graph with
   the ordinary executor (the 1 x 1 grid, or under a memory budget the grid that fits it:
   the budget holds within the rank, halo rows included) and keeps the owned rows;
-* **ring**: streams source chunks around the ranks (:mod:`ngra.distributed.ring`).
+* **ring**: streams source chunks around the ranks (:mod:`ngra.distributed.ring`);
+* **feature**: transposes the terms to a column slice of every vertex, aggregates it over
+  the whole graph's structure (gathered from the ranks at the first such call, kept) and
+  transposes back (:mod:`ngra.distributed.feature`), for a layer whose edge stage splits
+  by columns (:func:`~ngra.distributed.feature.column_split`, cached per layer).
 
 Each layer's exchange is recorded per training call (bytes sent, seconds blocked
 waiting: :class:`~ngra.distributed.halo.ExchangeRecord`); :meth:`DistGraph.exchange_stats`
@@ -36,6 +40,7 @@ import torch
 from ngra.compiler.ir import format_key
 from ngra.compiler.plan import Plan
 from ngra.distributed.cost import ExchangeChoice, PartitionStats, choose_exchange
+from ngra.distributed.feature import ColumnSplit, WholeGraph, column_split, feature_propagate
 from ngra.distributed.halo import ExchangeRecord, HaloPlan, Traffic, exchange_rows
 from ngra.distributed.link import LinkModel
 from ngra.distributed.overlap import NotTensorAccumulator, SplitPlan, StaleHalo, \
@@ -68,7 +73,7 @@ class DistGraph(Partitioned):
         halo: the rank's side of the halo exchange.
         stats: the partition's global statistics (for the cost model).
         rank, world_size, group: this rank, ``K`` and the exchange's process group.
-        exchange: ``"auto"`` (the cost model), ``"halo"`` or ``"ring"``.
+        exchange: ``"auto"`` (the cost model), ``"halo"``, ``"ring"`` or ``"feature"``.
         link: the calibrated link model (``None``: no prediction; ``auto`` picks halo).
         traffic: where sent bytes are counted.
         edge_ids: ``[E]`` each local edge's id in the whole (prepared) graph's edge order
@@ -109,6 +114,8 @@ class DistGraph(Partitioned):
         self._how: dict[tuple[int, int], str] = {}  # each layer's last exchange as run
         self._weights: torch.Tensor | None = None  # factored weights per edge, for the ring
         self._choices: dict[tuple[int, int], tuple[Any, ExchangeChoice]] = {}
+        self._splits: dict[tuple[int, int], ColumnSplit | str] = {}
+        self._whole: WholeGraph | None = None
         self._order: list[tuple[int, int]] = []  # first-call order of (layer, width)
 
     # ------------------------------------------------------------ Graph-like
@@ -173,6 +180,25 @@ class DistGraph(Partitioned):
                                       self.local.indices.cpu()).to(self.local.indptr.device)
         return self._split
 
+    @property
+    def whole(self) -> WholeGraph:
+        """The whole graph's structure, gathered from every rank once (collective: every
+        rank's first feature layer call builds it; :mod:`ngra.distributed.feature`)."""
+        if self._whole is None:
+            self._whole = WholeGraph(self.local, self.num_nodes, self.halo_ids, self.bounds,
+                                     self.rank, list(self.stats.rows),
+                                     [sum(e) for e in self.stats.edges], self.group,
+                                     self.edge_ids)
+        return self._whole
+
+    def column_split(self, plan: Plan, terms: Any) -> ColumnSplit | str:
+        """How ``plan``'s layer splits by columns over the ranks, or why not (cached)."""
+        key = (id(plan.layer), _row_bytes(plan, terms))
+        hit = self._splits.get(key)
+        if hit is None:
+            hit = self._splits[key] = column_split(plan, terms, self.world_size)
+        return hit
+
     def choice(self, plan: Plan, terms: Any) -> ExchangeChoice:
         """The exchange of ``plan``'s layer for terms like ``terms`` (cached per layer)."""
         layer = plan.layer
@@ -180,8 +206,15 @@ class DistGraph(Partitioned):
         hit = self._choices.get(key)
         if hit is None or hit[0]() is not layer:
             attention = plan.runs_attention_aggregate()
-            choice = choose_exchange(self.stats, key[1], self.link, self.exchange, attention,
-                                     self._overlaps())
+            self._splits.pop(key, None)  # a dead layer's, whose id this one took
+            split = self.column_split(plan, terms)
+            try:
+                choice = choose_exchange(self.stats, key[1], self.link, self.exchange,
+                                         attention, self._overlaps(),
+                                         True if isinstance(split, ColumnSplit) else split,
+                                         current_budget())
+            except ValueError as err:  # a forced feature that cannot run: name the layer
+                raise ValueError(f"{type(layer).__name__}: {err}") from None
             self._choices[key] = (weakref.ref(layer), choice)
             self._records.pop(key, None)  # a dead layer's, whose id this one took
             self._how.pop(key, None)
@@ -206,7 +239,8 @@ class DistGraph(Partitioned):
 
     def exchange_stats(self) -> list[dict[str, Any]]:
         """This rank's exchange of each layer over its training calls, in first-call
-        order: how it ran (``halo``, ``halo (blocking)``, ``ring``), the calls recorded,
+        order: how it ran (``halo``, ``halo (blocking)``, ``ring``, ``feature``), the calls
+        recorded,
         the last call's bytes sent forward and backward, and the median seconds blocked
         waiting per call (forward, backward, both)."""
         self.settle()
@@ -253,6 +287,14 @@ class DistGraph(Partitioned):
             self._how[key] = "ring"
             return ring_propagate(self.ring, plan, terms, self._per_edge(edata),
                                   self.in_degrees(), drop, record=self._record(key))
+        if choice.strategy == "feature":
+            self._how[key] = "feature"
+            split = self.column_split(plan, terms)
+            assert isinstance(split, ColumnSplit)  # choose_exchange refused it otherwise
+            return feature_propagate(self.whole, split, plan, terms, edata, drop,
+                                     rank=self.rank, rows=list(self.stats.rows),
+                                     group=self.group, traffic=self.traffic,
+                                     record=self._record(key))
         if self._overlaps() and id(plan.layer) not in self._blocking:
             rng = torch.get_rng_state()
             record = self._record(key)
@@ -334,11 +376,22 @@ class DistGraph(Partitioned):
                     "while it travels, in both directions" if self.overlap else "blocking") +
                    ("; a training step reads the previous step's halo rows and gradients "
                     "(stale by one step)" if self.overlap and self.staleness else ""))
+        elif choice.strategy == "feature":
+            split = self.column_split(plan, terms)
+            how = (f"feature: one all_to_all to {split.describe(k)} for all "
+                   f"{self.stats.num_nodes:,} vertices, the whole graph's "
+                   f"{self.stats.num_edges:,} edges aggregated on every rank "
+                   f"({choice.structure_bytes:,} bytes of structure a rank), one all_to_all "
+                   "back to the owned rows; backward the same in reverse")
         else:
             how = (f"ring: {k} steps, each tile's compute overlapping the next source chunk's "
                    f"transfer; rank {r} sends {choice.ring_bytes:,} bytes at most forward")
+        split = self.column_split(plan, terms)
+        cols = (f"  columns: {split.describe(k)}: the layer splits by "
+                f"{split.unit}" if isinstance(split, ColumnSplit) else
+                f"  columns: the layer does not split by columns: {split}")
         return [f"exchange (rank {r} of {k}, between pre and edge) of {moved or 'nothing'}: "
-                f"{how}", f"  choice: {choice.describe()}"]
+                f"{how}", f"  choice: {choice.describe()}", cols]
 
 
 def _row_bytes(plan: Plan, terms: Any) -> int:

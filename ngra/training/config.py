@@ -250,10 +250,10 @@ def check_config(cfg: TrainConfig) -> None:
         if isinstance(cfg.halo_bits, bool) or cfg.halo_bits not in HALO_BITS:
             raise ValueError(f"--halo-bits must be 8 (8-bit halo rows with a per-row scale; "
                              f"leave it out for exact halos); got {cfg.halo_bits!r}.")
-        if cfg.exchange == "ring":
+        if cfg.exchange in ("ring", "feature"):
             raise ValueError(f"--halo-bits {cfg.halo_bits} quantizes the halo exchange, and "
-                             "--exchange ring streams exact chunks; use --exchange halo (or "
-                             "auto: layers the cost model sends round the ring stay exact).")
+                             f"--exchange {cfg.exchange} moves exact rows; use --exchange halo "
+                             "(or auto: layers the cost model sends another way stay exact).")
     if isinstance(cfg.halo_staleness, bool) or cfg.halo_staleness not in (0, 1):
         raise ValueError(f"--halo-staleness must be 0 (exact) or 1 (a step reads the previous "
                          f"step's halo, PipeGCN's bound); got {cfg.halo_staleness!r}.")
@@ -261,9 +261,9 @@ def check_config(cfg: TrainConfig) -> None:
         if not cfg.halo_overlap:
             raise ValueError("--halo-staleness 1 lets the overlapped halo travel for a whole "
                              "step; it cannot go with --no-halo-overlap.")
-        if cfg.exchange == "ring":
-            raise ValueError("--halo-staleness 1 delays the halo exchange, and --exchange ring "
-                             "streams exact chunks; use --exchange halo (or auto).")
+        if cfg.exchange in ("ring", "feature"):
+            raise ValueError(f"--halo-staleness 1 delays the halo exchange, and --exchange "
+                             f"{cfg.exchange} moves exact rows; use --exchange halo (or auto).")
     if cfg.partition_method not in BOOK_METHODS:
         raise ValueError(f"--partition-method must be one of {BOOK_METHODS}; "
                          f"got {cfg.partition_method!r}.")

@@ -44,6 +44,7 @@ epoch, ego-Twitter 63 -> 65-67 ms (from 1 MiB: 80 ms, its 1-8 MiB temporaries ma
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -58,6 +59,7 @@ import torch.nn.functional as F
 
 from ngra.datasets.base import data_root, writable
 from ngra.datasets.cache import book_folder, cache_root
+from ngra.distributed.cost import check_structure_fits
 from ngra.distributed.dense import DenseLayout, rank_groups, split_linears
 from ngra.distributed.gradsync import GradientSync
 from ngra.distributed.graph import exchange_table
@@ -66,7 +68,7 @@ from ngra.distributed.link import link_model
 from ngra.distributed.shards import build_shards, load_shard, shard_sizes, shards_current
 from ngra.kernels import dropout_rows
 from ngra.memstat import io_read_bytes, mapped_from, peak_rss_bytes, release_large_frees, rss_bytes
-from ngra.partition import BOOK_SEED, book_for
+from ngra.partition import BOOK_SEED, book_for, parse_bytes
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.explain import explain
 from ngra.training.config import TrainConfig
@@ -199,6 +201,10 @@ def prepare_shards(cfg: TrainConfig, ds: Any = None) -> Path:
         if shards.exists():
             shutil.rmtree(shards)
         build_shards(ds, source, book, shards, progress=cfg.progress)
+    if cfg.exchange == "feature" and cfg.memory_budget:
+        meta = json.loads((shards / "meta.json").read_text())
+        check_structure_fits(meta["num_nodes"], meta["num_edges"],
+                             parse_bytes(cfg.memory_budget))
     return shards
 
 
