@@ -192,6 +192,10 @@ def check_run_files(cfg: TrainConfig) -> None:
 
 
 
+#: What the exchanges that are not the halo move, exactly (the halo's options refused).
+_EXACT = {"ring": "streams exact chunks", "feature": "transposes exact columns"}
+
+
 def check_config(cfg: TrainConfig) -> None:
     """Refuse a configuration that cannot run, before any data is loaded."""
     cfg.source  # a model that does not resolve is refused here  # noqa: B018
@@ -252,8 +256,9 @@ def check_config(cfg: TrainConfig) -> None:
                              f"leave it out for exact halos); got {cfg.halo_bits!r}.")
         if cfg.exchange in ("ring", "feature"):
             raise ValueError(f"--halo-bits {cfg.halo_bits} quantizes the halo exchange, and "
-                             f"--exchange {cfg.exchange} moves exact rows; use --exchange halo "
-                             "(or auto: layers the cost model sends another way stay exact).")
+                             f"--exchange {cfg.exchange} {_EXACT[cfg.exchange]}; use --exchange "
+                             "halo (or auto: layers the cost model sends another way stay "
+                             "exact).")
     if isinstance(cfg.halo_staleness, bool) or cfg.halo_staleness not in (0, 1):
         raise ValueError(f"--halo-staleness must be 0 (exact) or 1 (a step reads the previous "
                          f"step's halo, PipeGCN's bound); got {cfg.halo_staleness!r}.")
@@ -263,7 +268,8 @@ def check_config(cfg: TrainConfig) -> None:
                              "step; it cannot go with --no-halo-overlap.")
         if cfg.exchange in ("ring", "feature"):
             raise ValueError(f"--halo-staleness 1 delays the halo exchange, and --exchange "
-                             f"{cfg.exchange} moves exact rows; use --exchange halo (or auto).")
+                             f"{cfg.exchange} {_EXACT[cfg.exchange]}; use --exchange halo (or "
+                             "auto).")
     if cfg.partition_method not in BOOK_METHODS:
         raise ValueError(f"--partition-method must be one of {BOOK_METHODS}; "
                          f"got {cfg.partition_method!r}.")

@@ -148,6 +148,6 @@ def test_feature_refused_before_training_when_the_structure_does_not_fit(data):
                                          r"not fit the memory budget of 128,000 bytes"):
         train(cfg)
     with pytest.raises(ValueError, match="--halo-bits 8 quantizes the halo exchange, and "
-                                         "--exchange feature moves exact rows"):
+                                         "--exchange feature transposes exact columns"):
         train(_cfg(data, "gcn", nprocs=2, exchange="feature", halo_bits=8))
 
