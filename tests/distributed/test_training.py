@@ -81,7 +81,8 @@ def test_ranks_train_as_one_process(data, single, k):
         assert abs(summary["test_acc"] - one["test_acc"]) <= 0.01, where
         assert summary["world_size"] == k
         layers = summary["exchange"]
-        assert len(layers) == 2 and all(lay["strategy"] in ("halo", "ring") for lay in layers)
+        assert len(layers) == 2 and all(lay["strategy"] in ("halo", "ring", "feature")
+                                        for lay in layers)
         if exchange != "auto":
             assert all(lay["strategy"] == exchange and lay["forced"] for lay in layers), where
         sent = summary["bytes_sent_per_epoch"]["per_rank"]
