@@ -54,6 +54,9 @@ class Layer:
         edges: graph layers: in-edges aggregated over the whole graph.
         read_width: graph layers: features read per edge (source and destination terms).
         exchange_width: graph layers: features of each source row another rank sends.
+        feature_width: graph layers whose edge stage splits by columns (the feature
+            layout, :mod:`ngra.distributed.feature`): the columns (heads) it splits, so at
+            most that many ranks; 0: it does not split.
     """
 
     name: str
@@ -68,6 +71,7 @@ class Layer:
     edges: int = 0
     read_width: int = 0
     exchange_width: int = 0
+    feature_width: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -81,7 +85,7 @@ class Layer:
             raise ValueError(f"layer {self.name!r}: splits must be a subset of {SPLITS} on a "
                              f"linear layer; got {self.splits!r} on a {self.kind} layer.")
         if min(self.param_bytes, self.saved_width, self.edges, self.read_width,
-               self.exchange_width) < 0:
+               self.exchange_width, self.feature_width) < 0:
             raise ValueError(f"layer {self.name!r}: sizes must be >= 0.")
 
 

@@ -24,7 +24,11 @@ weight gradient ``[b,r]x[r,a]``); element-wise and other row-wise ops cost their
 bytes at the calibrated element-wise rate; a graph layer gathers its local edges'
 rows (``edges / d * read_width * 4`` bytes at the random-gather rate) and exchanges
 the halo, an ``all_to_all`` of ``halo(d) * exchange_width * 4`` bytes among the ``d``
-replicas; backward does both again where a gradient flows. A graph layer needs all
+replicas, or, for a layer that splits by columns over ``d`` ranks (``feature_width >=
+d``), the feature layout's two transposes where they cost less
+(:func:`graph_exchange`: ``2 all_to_all(rows / d * (d - 1) / d * exchange_width * 4)``,
+the same gather work: every edge for ``1 / d`` of the columns); backward does both again
+where a gradient flows. A graph layer needs all
 rows at once (one micro-batch, one stage) and runs whole on each tensor-parallel rank.
 
 A stage's micro-batch time ``u = forward + backward`` (plus the forward again under
@@ -63,12 +67,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ngra.distributed.link import LinkModel
 from ngra.planner.chain import Chain
 
-__all__ = ["Devices", "Shape", "StageCost", "CONFIGS", "PARTS", "STEP_PARTS", "layer_configs",
+__all__ = ["Devices", "Shape", "StageCost", "CONFIGS", "PARTS", "STEP_PARTS", "graph_exchange",
+           "layer_configs",
            "layer_cost", "stage_cost", "ddp_all_reduce", "makespan_1f1b", "pipeline_time",
            "memory_bytes", "BYTES"]
 
@@ -218,7 +223,7 @@ def layer_cost(chain: Chain, i: int, link: LinkModel, shape: Shape,
             f[_TPO] = b[_TPO] = link.tp_layer(r * layer.out_width * BYTES) / 2
     elif layer.kind == "graph":
         f[_C] = link.gather_time(layer.edges / d * layer.read_width * BYTES)
-        f[_EX] = link.all_to_all(chain.halo_rows(d) * layer.exchange_width * BYTES, d)
+        f[_EX] = graph_exchange(chain, layer, link, d)[1]
         if grad:  # the gradients of the gathered rows go back the same way
             b[_C], b[_EX] = f[_C], f[_EX]
     else:
@@ -228,6 +233,18 @@ def layer_cost(chain: Chain, i: int, link: LinkModel, shape: Shape,
         f[_C] = link.stream_time(r * (w_in + w_out) * BYTES)
         b[_C] = link.stream_time(r * (w_in + 2 * w_out) * BYTES) if grad else 0.0
     return tuple(f), tuple(b), params, saved
+
+
+def graph_exchange(chain: Chain, layer: Any, link: LinkModel, d: int) -> tuple[str, float]:
+    """``(layout, seconds)`` of graph ``layer``'s forward exchange among ``d`` data-parallel
+    ranks: the halo's ``all_to_all``, or the feature layout's two transposes where the
+    layer splits by columns over ``d`` ranks and they cost less (module docs)."""
+    halo = link.all_to_all(chain.halo_rows(d) * layer.exchange_width * BYTES, d)
+    if d < 2 or layer.feature_width < d:
+        return "halo", halo
+    feature = 2 * link.all_to_all(chain.rows / d * (d - 1) / d * layer.exchange_width * BYTES,
+                                  d)
+    return ("feature", feature) if feature < halo else ("halo", halo)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ngra.compiler.ir import ELEMENTWISE, INPUTS, SHAPE_OPS, UNARY, Op
+from ngra.distributed.feature import ColumnSplit, column_split
 from ngra.planner.chain import Chain, Layer
 from ngra.partition import build_book
 from ngra.compiler.driver import compile_layer
@@ -121,6 +122,17 @@ class _Reader:
                 env[node.id] = self._add(name, "other", rows, _width(node, widest),
                                          param_bytes=params)
 
+    def feature_width(self, keys: set) -> int:
+        """The columns (heads) the layer's edge stage splits by in the feature layout
+        (:func:`~ngra.distributed.feature.column_split` on the traced terms' shapes), or 0."""
+        nodes = {k: self.program.pre.nodes[r.id] for k, r in self.program.pre.outputs.items()
+                 if k in keys}
+        if any(n.shape is None for n in nodes.values()):
+            return 0
+        terms = {k: torch.empty((1,) + tuple(n.rest), device="meta") for k, n in nodes.items()}
+        split = column_split(self.plan, terms, 1)
+        return split.width if isinstance(split, ColumnSplit) else 0
+
     def read(self, inp: int, in_width: int, num_edges: int) -> int:
         """Add the layer (input: chain index ``inp``); returns its output's index."""
         program = self.program
@@ -141,7 +153,8 @@ class _Reader:
         ins = tuple(dict.fromkeys(env[i] for i in src + dst))
         graph = self._add(f"{self.path}.graph({program.gather})", "graph", ins, acc_width,
                           edges=num_edges, read_width=sum(width[i] for i in src + dst),
-                          exchange_width=sum(width[i] for i in src))
+                          exchange_width=sum(width[i] for i in src),
+                          feature_width=self.feature_width(src_keys | dst_keys))
         if program.sink is not None:
             weight = self.resolver.param(program.sink["weight"]["path"])
             bias = program.sink["bias"]

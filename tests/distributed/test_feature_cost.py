@@ -161,3 +161,47 @@ def test_a_udf_that_mixes_columns_does_not_split(small):
     with ngra.compiler.disabled():
         plan, terms = _plan(_Elementwise(), g, x)
     assert "generic UDF" in column_split(plan, terms, 2)
+
+
+def test_the_planner_prices_the_feature_layout_of_a_layer_that_splits():
+    from ngra.planner.chain import Chain, Layer
+    from ngra.planner.cost import BYTES, Shape, graph_exchange, layer_cost
+
+    link = _link(1e-9)
+    lin = Layer("w", "linear", 64, 64, param_bytes=4 * 64 * 64, saved_width=64)
+
+    def chain(feature_width):
+        g = Layer("g", "graph", 64, 64, edges=100_000, read_width=64, exchange_width=64,
+                  feature_width=feature_width)
+        return Chain("gnn", (lin, g), 10_000, 64, halo=((2, 5_000), (4, 7_500)))
+
+    whole = chain(64)
+    assert Chain.from_json(whole.to_json()) == whole  # the width travels in plan files
+    layout, s = graph_exchange(whole, whole.layers[1], link, 4)
+    want = 2 * link.all_to_all(10_000 / 4 * 3 / 4 * 64 * BYTES, 4)
+    assert layout == "feature" and s == pytest.approx(want)
+    f, b, _, _ = layer_cost(whole, 1, link, Shape(1, 4, 1, 1), "rep")
+    assert f[4] == b[4] == pytest.approx(want)
+    # a layer that does not split, or splits over fewer columns than ranks: the halo
+    halo = link.all_to_all(7_500 * 64 * BYTES, 4)
+    for width in (0, 3):
+        c = chain(width)
+        assert graph_exchange(c, c.layers[1], link, 4) == ("halo", pytest.approx(halo))
+    # a small halo costs less than the transposes
+    small = Chain("gnn", whole.layers, 10_000, 64, halo=((4, 100),))
+    assert graph_exchange(small, small.layers[1], link, 4)[0] == "halo"
+
+
+def test_the_planner_reads_which_zoo_layers_split(small):
+    from ngra.models import prepare
+    from ngra.planner.gnn import gnn_chain
+
+    g, x = small
+    widths = {}
+    for name in ("gcn", "gat"):
+        gg, ed = prepare(name, g, None, 1)
+        chain = gnn_chain(build_model(name, 12, 5), gg, x, ed, parts=(2,))
+        widths[name] = [lay.feature_width for lay in chain.layers if lay.kind == "graph"]
+    # GCN aggregates its 12 inputs (the Linear sunk past the gather); GAT 8 heads, then one
+    # head's 5 columns
+    assert widths == {"gcn": [12, 5], "gat": [8, 5]}
