@@ -269,13 +269,14 @@ class WholeGraph:
         lo = int(bounds[rank])
         ip = local.indptr[: d + 1].to(torch.int64)
         e = int(ip[d])
-        gid = torch.cat([torch.arange(lo, lo + d, dtype=torch.int64),
-                         halo_ids.to(torch.int64)])
+        dev = ip.device
+        gid = torch.cat([torch.arange(lo, lo + d, dtype=torch.int64, device=dev),
+                         halo_ids.to(dev, torch.int64)])
         n = int(sum(rows))
         idtype = torch.int32 if n < 2 ** 31 else torch.int64
         src = gid.index_select(0, local.indices[:e].to(torch.int64)).to(idtype)
         counts = _gather_var(ip[1:] - ip[:-1], rows, group)
-        indptr = torch.zeros(n + 1, dtype=torch.int64)
+        indptr = torch.zeros(n + 1, dtype=torch.int64, device=dev)
         torch.cumsum(counts, 0, out=indptr[1:])
         indices = _gather_var(src, edges, group)
         weight = factors = None
