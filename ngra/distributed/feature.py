@@ -33,11 +33,23 @@ match, and said in ``ngra explain``):
 A term the edge stage reads whole (a per-edge scalar score) travels whole to every rank
 (an all-gather inside the same ``all_to_all``); its gradients add up on the way back.
 
+The rank runs a copy of the plan whose fuse-pass match has its shapes cut to the slice
+(:func:`sliced_plan`); a GAT's copy runs ``softmax_aggregate`` on the scores pre made
+(``attention_aggregate`` reads whole-width score weights). A term without a gradient (a
+first layer's input) is transposed forward only.
+
 The whole graph's CSC (in partition order), its edge weights (or factors) and, for an
 attention dropout, its edges' ids are gathered from the ranks once, at a layer's first
 feature call (every rank makes it together), and kept: about ``16 (N + E)`` bytes a rank
-(:func:`~ngra.distributed.cost.structure_bytes`, with the transpose backward builds), which the cost model
-checks against a memory budget. Edge data the layer reads is gathered once per tensor.
+(:func:`~ngra.distributed.cost.structure_bytes`, with the transpose backward builds),
+which the cost model checks against a memory budget. Edge data the layer reads is
+gathered once per tensor.
+
+Bytes: a transpose moves ``N F (K - 1) / K`` values over all ranks, a halo exchange
+``sum_r H_r F``; feature moves fewer only where the halos add up to more than about
+``2 N (K - 1) / K`` rows (both transposes of a layer against its one exchange): a
+partition whose halos stay near ``N`` in total (METIS on R-MAT 2^20 at 4 ranks) keeps
+the halo ahead (``experiments/results/distributed_feature.md``).
 
 Attention dropout: the masks hash ``counter * H + h`` (:class:`~ngra.kernels.EdgeDropout`);
 a rank holding heads ``[r H / K, (r + 1) H / K)`` draws the same masks as one process
@@ -65,7 +77,8 @@ from ngra.runtime.staging import flatten, read_slots, unflatten
 from ngra.runtime.stream import walk
 from ngra.runtime.tiles import whole_graph_grid
 
-__all__ = ["ColumnSplit", "WholeGraph", "column_slices", "column_split", "feature_propagate"]
+__all__ = ["ColumnSplit", "WholeGraph", "column_slices", "column_split", "feature_propagate",
+           "sliced_plan"]
 
 
 def column_slices(width: int, k: int) -> list[tuple[int, int]]:
