@@ -10,13 +10,19 @@ from ngra.kernels.registry import register
 
 
 @register("pair_bce", "ref")
-def pair_bce(indptr: torch.Tensor, indices: torch.Tensor, z: torch.Tensor, label: int,
-             scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(loss, coef [P], gdst [N, F])`` (:mod:`ngra.kernels.pair_bce`)."""
-    src = indices.long()
-    dst = dst_ids(indptr).to(z.device)
-    s = (z.index_select(0, src) * z.index_select(0, dst)).sum(-1)
-    loss = (F.softplus(-s) if label else F.softplus(s)).sum() * scale
-    coef = (torch.sigmoid(s) - label) * scale
-    gdst = torch.zeros_like(z).index_add_(0, dst, coef[:, None] * z.index_select(0, src))
-    return loss, coef, gdst
+def pair_bce(z: torch.Tensor, pos_indptr: torch.Tensor, pos_indices: torch.Tensor,
+             neg_indptr: torch.Tensor, neg_indices: torch.Tensor, scale: float,
+             grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(loss, d loss / d z or None)`` (:mod:`ngra.kernels.pair_bce`)."""
+    loss = z.new_zeros(())
+    gz = torch.zeros_like(z) if grad else None
+    for indptr, indices, label in ((pos_indptr, pos_indices, 1), (neg_indptr, neg_indices, 0)):
+        src = indices.long()
+        dst = dst_ids(indptr).to(z.device)
+        zs, zd = z.index_select(0, src), z.index_select(0, dst)
+        s = (zs * zd).sum(-1)
+        loss = loss + (F.softplus(-s) if label else F.softplus(s)).sum() * scale
+        if grad:
+            coef = ((torch.sigmoid(s) - label) * scale)[:, None]
+            gz.index_add_(0, dst, coef * zs).index_add_(0, src, coef * zd)
+    return loss, gz

@@ -153,16 +153,14 @@ class DotDecoder(PairDecoder):
     def bce_sum(self, z: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
                 pos_rel: torch.Tensor | None = None,
                 neg_rel: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`PairDecoder.bce_sum` fused (:func:`ngra.kernels.pair_bce`): each set's
-        scores, loss and coefficients in one walk over its CSC, no score vector kept."""
-        total = None
-        for pairs, rel, label in ((pos, pos_rel, 1), (neg, neg_rel, 0)):
+        """:meth:`PairDecoder.bce_sum` fused (:func:`ngra.kernels.pair_bce`): both sets'
+        scores, loss and gradient in one walk over their CSCs, no score vector kept."""
+        sets = []
+        for pairs, rel in ((pos, pos_rel), (neg, neg_rel)):
             self._check(z, pairs, rel)
-            if pairs.shape[1]:
-                csc = pair_csc(pairs, z.shape[0])
-                part = pair_bce(csc.indptr, csc.indices, z, label=label, rev=csc.reverse())
-                total = part if total is None else total + part
-        return z.sum() * 0 if total is None else total  # no pairs: 0, still in the graph
+            csc = pair_csc(pairs, z.shape[0]) if pairs.shape[1] else None
+            sets.append(None if csc is None else (csc.indptr, csc.indices))
+        return pair_bce(z, *sets)
 
     def score(self, src, dst, rel):
         return (src * dst).sum(-1)
@@ -172,7 +170,7 @@ class PairCSC:
     """Pairs ``[2, P]`` as a CSC graph over ``N`` vertices: ``indptr`` ``[N + 1]`` over
     destinations, ``indices`` the sources in that order, ``inverse`` ``[P]`` the CSC
     position of each pair (``None`` when the pairs come grouped by destination, as
-    ``sample_negatives(by_dst=True)`` gives them); its transpose made on first use (and
+    ``sample_negatives`` gives them); its transpose made on first use (and
     cached by the kernels)."""
 
     def __init__(self, pairs: torch.Tensor, num_nodes: int) -> None:
