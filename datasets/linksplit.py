@@ -128,8 +128,7 @@ class LinkSplit:
 
     def train_negatives(self, epoch: int, seed: int | None = None, ratio: float = 1.0,
                         dst_range: tuple[int, int] | None = None, *, kind: str = "uniform",
-                        degrees: np.ndarray | None = None, return_index: bool = False,
-                        by_dst: bool = False
+                        degrees: np.ndarray | None = None, return_index: bool = False
                         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Epoch ``epoch``'s ``round(ratio * E_train)`` training negatives ``[2, M]``: pairs
         that are no edge of :attr:`graph` nor a self-loop, uniform (PyG's per-epoch
@@ -138,14 +137,13 @@ class LinkSplit:
         :func:`~ngra.datasets.negatives.sample_negatives`, so a rank owning destinations
         ``dst_range`` gets its share of the same set. ``seed`` defaults to the split's;
         ``return_index`` also returns each negative's index in the epoch's set (what
-        :meth:`negative_relations` reads); ``by_dst`` groups them by destination."""
+        :meth:`negative_relations` reads). They come grouped by destination."""
         seed = int(self.info.get("seed", 0)) if seed is None else seed
         if kind == "degree" and degrees is None:
             degrees = degree_weights(self.graph)
         return sample_negatives(self.num_nodes, self.num_train_negatives(ratio), seed,
                                 epoch=epoch, kind=kind, degrees=degrees, exclude=self.graph,
-                                dst_range=dst_range, return_index=return_index,
-                                by_dst=by_dst)
+                                dst_range=dst_range, return_index=return_index)
 
     def negative_relations(self, index: torch.Tensor) -> torch.Tensor | None:
         """The relation of each training negative (by its global ``index`` in the epoch's

@@ -1,31 +1,39 @@
-"""Negative pairs for link prediction, drawn per epoch from a counter-based stream.
+"""Negative pairs for link prediction, drawn per epoch from counter-based streams.
 
 A negative is a vertex pair ``(src, dst)`` that is (probably, or with ``exclude``
-certainly) not an edge. :func:`sample_negatives` draws ``num`` of them for one epoch.
+certainly) not an edge. :func:`sample_negatives` draws ``num`` of them for one epoch: as a
+multiset, ``num`` independent pairs whose endpoints are each drawn uniformly (or in
+proportion to ``degrees``), the distribution PyG's ``negative_sampling`` draws from.
 
-**Mechanism.** Negative ``i`` of epoch ``e`` is a pure function of ``(seed, e, i)``:
-each endpoint is a splitmix64 hash of the counter ``i`` in a stream keyed by
-``(seed, epoch, endpoint, round)``, turned into a vertex id (``uniform``: ``floor(u * N)``;
-``degree``: the inverse of the cumulative ``degrees``, so a vertex is drawn in proportion
-to its weight). Nothing is sequential, so any subset of indices can be computed alone:
+**Mechanism.** The set comes **grouped by destination**, the order a CSC over the pairs
+wants, without sorting anything:
 
-* **Ranks.** A rank owning destinations ``[lo, hi)`` passes ``dst_range=(lo, hi)`` (or,
-  owning any set of vertices, ``dst_owned``, a ``[N]`` bool mask): it hashes every
-  index's destination (a few ns an index), keeps those it owns and draws only their sources. The union over ranks of their
-  negatives, in index order, is the single-process set; no process count changes it.
+1. How many negatives each vertex receives as destination is one multinomial draw of
+   ``num`` over the ``N`` vertices (uniform, or ``degrees`` normalized), from a generator
+   keyed by ``(seed, epoch)``: the destinations of ``num`` independent draws, counted.
+   Negative ``i`` of the epoch is the ``i``-th of the pairs laid out destination after
+   destination (vertex ``v``'s are ``starts[v] <= i < starts[v + 1]``).
+2. Negative ``i``'s source is a splitmix64 hash of ``i`` in a stream keyed by
+   ``(seed, epoch, round)``, turned into a vertex id (``uniform``: ``floor(u * N)``;
+   ``degree``: the inverse of the cumulative ``degrees``). Nothing here is sequential:
+   any destination's negatives can be drawn alone.
+
+* **Ranks.** Every rank draws the same counts (``O(N)``, a few ms a million vertices)
+  and then the sources of only the destinations it owns (``dst_range=(lo, hi)``, or any
+  set with ``dst_owned``, a ``[N]`` bool mask), by their global indices: the union over
+  ranks of their negatives, in index order, is the single-process set; no process count
+  changes it.
 * **Rejection** (``exclude=graph``): a pair that is an edge of ``exclude`` (or a
   self-loop, unless ``self_loops=True``) redraws its **source** only, in the next round's
   stream, so its destination (and the rank that owns it) never changes. Membership is a
   binary search of the candidate source among the sorted sources of its destination's
-  CSC column (sorted once per graph, kept on it).
-  A destination whose every source is excluded cannot be fixed by redrawing; after
-  :data:`MAX_ROUNDS` rounds the pairs still rejected are dropped (logged), so fewer than
-  ``num`` come back only in that corner.
+  CSC column (sorted once per graph, kept on it); walking destination after destination,
+  that column stays in cache. A destination whose every source is excluded cannot be
+  fixed by redrawing; after :data:`MAX_ROUNDS` rounds the pairs still rejected are
+  dropped (logged), so fewer than ``num`` come back only in that corner.
 
-Both passes (destinations, then sources with their redraws) are numba loops over
-ranges of indices on the torch threads (:func:`ngra.kernels.cpu.util.run_ranges`): on
-R-MAT 2^18's 3.3M negatives of an epoch took 1.7 s in vectorized numpy, and take 0.48 s
-(2 threads on a loaded 2-core machine).
+The sources are drawn by a numba loop over ranges of destinations on the torch threads,
+writing the ``[2, M]`` pairs in place.
 
 Shapes: pairs are ``[2, M]`` int64, row 0 the sources, row 1 the destinations.
 """
@@ -99,64 +107,56 @@ def _vertex(u, n, cdf, use_cdf):
 
 
 @njit(cache=True, nogil=True)
-def _draw_dst(key, n, cdf, use_cdf, out, lo, hi):
-    for i in range(lo, hi):
-        out[i] = _vertex(_hash_uniform(key, i), n, cdf, use_cdf)
-
-
-@njit(cache=True, nogil=True)
-def _draw_src(index, dst, keys, n, cdf, use_cdf, indptr, idx, has_exclude, self_loops,
-              src, ok, lo, hi):
-    """Each pair's source: round ``r``'s draw (stream ``keys[r]``) until one is neither a
-    self-loop (unless allowed) nor an excluded edge (binary search among the sorted
-    sources of the destination's column)."""
-    for j in range(lo, hi):
-        i, d = index[j], dst[j]
-        good = False
-        s = 0
-        for r in range(keys.size):
-            s = _vertex(_hash_uniform(keys[r], i), n, cdf, use_cdf)
-            if not self_loops and s == d:
-                continue
-            if has_exclude:
-                a, b = indptr[d], indptr[d + 1]
-                end = b
-                while a < b:
-                    mid = (a + b) >> 1
-                    if idx[mid] < s:
-                        a = mid + 1
-                    else:
-                        b = mid
-                if a < end and idx[a] == s:
+def _draw_sources(verts, starts, offset, bounds, keys, n, cdf, use_cdf, indptr, idx,
+                  has_exclude, self_loops, pairs, index, ok, t0, t1):
+    """The pairs of destinations ``verts[bounds[t0]:bounds[t1]]``: each one's negatives
+    ``starts[d] <= i < starts[d + 1]``, written from ``offset`` of its position in
+    ``verts``; each source is round ``r``'s draw (stream ``keys[r]``) until one is
+    neither a self-loop (unless allowed) nor an excluded edge (binary search among the
+    sorted sources of the destination's column)."""
+    with_index = index.size > 0
+    for k in range(bounds[t0], bounds[t1]):
+        d = verts[k]
+        o = offset[k]
+        a0, b0 = (indptr[d], indptr[d + 1]) if has_exclude else (0, 0)
+        for i in range(starts[d], starts[d + 1]):
+            good = False
+            s = 0
+            for r in range(keys.size):
+                s = _vertex(_hash_uniform(keys[r], i), n, cdf, use_cdf)
+                if not self_loops and s == d:
                     continue
-            good = True
-            break
-        src[j] = s
-        ok[j] = good
-
-
-@njit(cache=True, nogil=True)
-def _counting_order(dst, n):
-    """The stable order that groups ``dst`` by value (a counting sort, ``O(len + n)``)."""
-    start = np.zeros(n + 1, dtype=np.int64)
-    for d in dst:
-        start[d + 1] += 1
-    for v in range(n):
-        start[v + 1] += start[v]
-    order = np.empty(dst.size, dtype=np.int64)
-    for j in range(dst.size):
-        order[start[dst[j]]] = j
-        start[dst[j]] += 1
-    return order
+                if has_exclude:
+                    a, b = a0, b0
+                    while a < b:
+                        mid = (a + b) >> 1
+                        if idx[mid] < s:
+                            a = mid + 1
+                        else:
+                            b = mid
+                    if a < b0 and idx[a] == s:
+                        continue
+                good = True
+                break
+            pairs[0, o] = s
+            pairs[1, o] = d
+            if with_index:
+                index[o] = i
+            ok[o] = good
+            o += 1
 
 
 class NegativeSampler:
-    """Turns uniforms into vertex ids: uniformly, or in proportion to ``degrees``.
+    """The distribution a negative's endpoints are drawn from: uniform, or in proportion
+    to ``degrees``.
 
     Args:
         num_nodes: ``N``.
         kind: ``"uniform"`` or ``"degree"``.
         degrees: ``[N]`` non-negative weights for ``kind="degree"`` (e.g. ``deg ** 0.75``).
+
+    Attributes:
+        cdf: ``[N]`` float64 cumulative probabilities (``None`` for uniform).
     """
 
     def __init__(self, num_nodes: int, kind: str = "uniform",
@@ -165,6 +165,7 @@ class NegativeSampler:
             raise DatasetError(f"kind must be 'uniform' or 'degree'; got {kind!r}.")
         self.num_nodes = int(num_nodes)
         self.cdf: np.ndarray | None = None
+        self._p: np.ndarray | None = None
         if kind == "degree":
             if degrees is None:
                 raise DatasetError("kind='degree' needs degrees=[N] weights (e.g. "
@@ -176,13 +177,14 @@ class NegativeSampler:
                                    f"got shape {list(w.shape)}, min {w.min() if w.size else None}.")
             if w.sum() <= 0:
                 raise DatasetError("degrees sum to 0: no vertex can be drawn with kind='degree'.")
-            self.cdf = np.cumsum(w) / w.sum()
+            self._p = w / w.sum()
+            self.cdf = np.cumsum(self._p)
 
-    def ids(self, u: np.ndarray) -> np.ndarray:
-        """Vertex ids ``[len(u)]`` int64 for uniforms ``u`` in ``[0, 1)``."""
-        if self.cdf is None:
-            return np.minimum((u * self.num_nodes).astype(np.int64), self.num_nodes - 1)
-        return np.minimum(np.searchsorted(self.cdf, u, side="right"), self.num_nodes - 1)
+    def counts(self, num: int, key: int) -> np.ndarray:
+        """``[N]`` int64: how many of ``num`` independent draws land on each vertex (one
+        multinomial draw from a generator seeded with ``key``)."""
+        p = self._p if self._p is not None else np.full(self.num_nodes, 1.0 / self.num_nodes)
+        return np.random.Generator(np.random.PCG64(key)).multinomial(num, p).astype(np.int64)
 
 
 def degree_weights(graph: Graph, power: float = DEGREE_POWER) -> np.ndarray:
@@ -240,7 +242,6 @@ def sample_negatives(
     dst_range: tuple[int, int] | None = None,
     dst_owned: np.ndarray | None = None,
     return_index: bool = False,
-    by_dst: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Draw epoch ``epoch``'s ``num`` negative pairs (see the module docstring).
 
@@ -259,13 +260,11 @@ def sample_negatives(
         dst_owned: ``[N]`` bool: return only the negatives whose destination is marked
             (a rank's share when it owns no range); not with ``dst_range``.
         return_index: also return each returned negative's global index ``[M]``.
-        by_dst: return the pairs grouped by destination (a counting sort; by index within
-            a destination), the order a CSC over the pairs wants, instead of by index.
 
     Returns:
-        ``[2, M]`` int64 pairs in global index order (``by_dst``: by destination, then
-        index; ``M == num`` without ``dst_range``, unless some could not avoid
-        ``exclude``); with ``return_index``, ``(pairs, index)``.
+        ``[2, M]`` int64 pairs grouped by destination (in increasing order), i.e. in
+        global index order (``M == num`` without ``dst_range``/``dst_owned``, unless some
+        could not avoid ``exclude``); with ``return_index``, ``(pairs, index)``.
     """
     n = int(num_nodes)
     if n <= 0 or num < 0:
@@ -289,23 +288,21 @@ def sample_negatives(
     from ngra.kernels.cpu.util import run_ranges  # lazy: settings read on import
 
     draw = NegativeSampler(n, kind, degrees)
-    cdf = draw.cdf if draw.cdf is not None else np.zeros(1)
-    use_cdf = draw.cdf is not None
-    threads = torch.get_num_threads()
-    dst_all = np.empty(num, dtype=np.int64)
-    run_ranges(_draw_dst, num, threads, np.uint64(_stream_key(seed, epoch, "dst", 0)), n,
-               cdf, use_cdf, dst_all)
-    if dst_range is None and dst_owned is None:
-        index, dst = np.arange(num, dtype=np.int64), dst_all
+    counts = draw.counts(int(num), _stream_key(seed, epoch, "dst", 0))
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    if dst_owned is not None:
+        verts = np.flatnonzero(dst_owned).astype(np.int64)
     else:
-        mine = (dst_owned[dst_all] if dst_owned is not None
-                else (dst_all >= dst_range[0]) & (dst_all < dst_range[1]))
-        index = np.flatnonzero(mine).astype(np.int64)
-        dst = dst_all[index]
-    del dst_all
-    if by_dst:
-        order = _counting_order(dst, n)
-        index, dst = index[order], dst[order]
+        lo, hi = (0, n) if dst_range is None else (max(int(dst_range[0]), 0),
+                                                   min(int(dst_range[1]), n))
+        verts = np.arange(lo, max(hi, lo), dtype=np.int64)
+    offset = np.zeros(verts.size + 1, dtype=np.int64)
+    np.cumsum(counts[verts], out=offset[1:])
+    total = int(offset[-1])
+    threads = max(1, min(torch.get_num_threads(), verts.size))
+    bounds = np.searchsorted(offset, np.linspace(0, total, threads + 1)).astype(np.int64)
+    bounds[0], bounds[-1] = 0, verts.size
     keys = np.array([_stream_key(seed, epoch, "src", r) for r in range(MAX_ROUNDS + 1)],
                     dtype=np.uint64)
     if exclude is not None:
@@ -313,14 +310,18 @@ def sample_negatives(
         idx = sorted_sources(exclude)
     else:
         indptr, idx = np.zeros(2, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    src = np.empty(index.size, dtype=np.int64)
-    ok = np.empty(index.size, dtype=np.bool_)
-    run_ranges(_draw_src, index.size, threads, index, dst, keys, n, cdf, use_cdf, indptr,
-               idx, exclude is not None, bool(self_loops), src, ok)
+    cdf = draw.cdf if draw.cdf is not None else np.zeros(1)
+    pairs = np.empty((2, total), dtype=np.int64)
+    index = np.empty(total if return_index else 0, dtype=np.int64)
+    ok = np.empty(total, dtype=np.bool_)
+    run_ranges(_draw_sources, threads, threads, verts, starts, offset, bounds, keys, n, cdf,
+               draw.cdf is not None, indptr, idx, exclude is not None, bool(self_loops),
+               pairs, index, ok)
     if not ok.all():
         log.warning("sample_negatives: %d of %d negatives kept hitting excluded pairs after "
                     "%d rounds (destinations with almost every source an edge) and are "
                     "dropped.", int((~ok).sum()), ok.size, MAX_ROUNDS)
-        src, dst, index = src[ok], dst[ok], index[ok]
-    pairs = torch.from_numpy(np.stack([src, dst]))
-    return (pairs, torch.from_numpy(index)) if return_index else pairs
+        pairs = pairs[:, ok]
+        index = index[ok] if return_index else index
+    out = torch.from_numpy(pairs)
+    return (out, torch.from_numpy(index)) if return_index else out

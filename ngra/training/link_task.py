@@ -87,7 +87,7 @@ class LinkSession(TaskSession):
     def loss(self, z: torch.Tensor, epoch: Any = 0) -> tuple[torch.Tensor, float]:
         s = self.split
         neg, index = s.train_negatives(int(epoch or 0), seed=self.seed, kind=self.kind,
-                                       degrees=self.degrees, return_index=True, by_dst=True)
+                                       degrees=self.degrees, return_index=True)
         total = self.model.decoder.bce_sum(z, s.train_pos, neg, s.train_rel,
                                            s.negative_relations(index))
         loss = total / max(s.train_pos.shape[1] + neg.shape[1], 1)
