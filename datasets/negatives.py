@@ -51,8 +51,8 @@ from ngra.graph import Graph
 
 from .direction import _sources_sorted
 
-__all__ = ["DEGREE_POWER", "MAX_ROUNDS", "NegativeSampler", "degree_weights", "is_edge",
-           "sample_negatives", "sorted_sources"]
+__all__ = ["DEGREE_POWER", "MAX_ROUNDS", "NegativeSampler", "degree_weights", "in_columns",
+           "is_edge", "sample_negatives", "sorted_sources"]
 
 log = logging.getLogger(__name__)
 
@@ -193,30 +193,49 @@ def degree_weights(graph: Graph, power: float = DEGREE_POWER) -> np.ndarray:
     return deg ** power
 
 
+@njit(cache=True, nogil=True)
+def _in_columns(indptr, vals, col, val, out, lo, hi):
+    """``out[i]``: whether ``val[i]`` is among ``vals[indptr[c]:indptr[c + 1]]`` (sorted),
+    ``c = col[i]``: a binary search within one column (queries grouped by column walk the
+    columns in order, the fast case)."""
+    for i in range(lo, hi):
+        c, v = col[i], val[i]
+        a, b = indptr[c], indptr[c + 1]
+        end = b
+        while a < b:
+            mid = (a + b) >> 1
+            if vals[mid] < v:
+                a = mid + 1
+            else:
+                b = mid
+        out[i] = a < end and vals[a] == v
+
+
+def in_columns(indptr: np.ndarray, vals: np.ndarray, col: np.ndarray,
+               val: np.ndarray) -> np.ndarray:
+    """``[len(col)]`` bool: whether ``val[i]`` is in column ``col[i]`` of a CSC-like
+    ``(indptr, vals)`` whose columns are sorted; parallel over the queries."""
+    from ngra.kernels.cpu.util import run_ranges  # lazy: settings read on import
+
+    col = np.ascontiguousarray(col, dtype=np.int64)
+    val = np.ascontiguousarray(val, dtype=np.int64)
+    out = np.empty(col.size, dtype=np.bool_)
+    if col.size:
+        run_ranges(_in_columns, col.size, torch.get_num_threads(),
+                   np.ascontiguousarray(indptr, dtype=np.int64), vals, col, val, out)
+    return out
+
+
 def is_edge(graph: Graph, src: np.ndarray, dst: np.ndarray,
             sorted_indices: np.ndarray | None = None) -> np.ndarray:
     """``[len(src)]`` bool: whether ``src[i] -> dst[i]`` is an edge of ``graph``.
 
-    A lockstep binary search of each source among the sorted sources of column ``dst[i]``;
-    ``sorted_indices`` (from a previous call's :func:`sorted_sources`) saves re-checking.
+    A binary search of each source among the sorted sources of column ``dst[i]``
+    (:func:`in_columns`); ``sorted_indices`` (from a previous call's
+    :func:`sorted_sources`) saves re-checking.
     """
-    indptr = graph.indptr.numpy().astype(np.int64, copy=False)
     idx = sorted_sources(graph) if sorted_indices is None else sorted_indices
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    lo, hi = indptr[dst], indptr[dst + 1]
-    end = hi.copy()
-    while True:  # lower bound of src within [lo, hi): about log2(max in-degree) steps
-        live = lo < hi
-        if not live.any():
-            break
-        mid = (lo + hi) >> 1
-        go_right = live & (idx[np.minimum(mid, max(idx.size - 1, 0))] < src)
-        lo = np.where(go_right, mid + 1, lo)
-        hi = np.where(live & ~go_right, mid, hi)
-    found = lo < end
-    found[found] = idx[lo[found]] == src[found]
-    return found
+    return in_columns(graph.indptr.numpy(), idx, dst, src)
 
 
 def sorted_sources(graph: Graph) -> np.ndarray:
