@@ -40,14 +40,11 @@ def _dst_rows(indptr, indices, z, v, label, scale, coef, g, grad, pf):
         s = z.dtype.type(0)
         for f in range(nf):
             s += z[u, f] * z[v, f]
-        x = -s if label == 1 else s  # softplus(x): the loss term
-        total += max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+        e = math.exp(-abs(s))  # one exp serves the loss term and the sigmoid
+        x = -s if label == 1 else s  # softplus(x) = max(x, 0) + log1p(exp(-|x|))
+        total += max(x, 0.0) + math.log1p(e)
         if grad:
-            if s >= 0:  # sigmoid(s), stable either side of 0
-                sig = 1.0 / (1.0 + math.exp(-s))
-            else:
-                e = math.exp(s)
-                sig = e / (1.0 + e)
+            sig = 1.0 / (1.0 + e) if s >= 0 else e / (1.0 + e)  # stable either side of 0
             c = z.dtype.type((sig - label) * scale)
             coef[j] = c
             for f in range(nf):
