@@ -16,7 +16,9 @@ destination once per pair tensor, cached for the fixed ones), the scores are its
 g-SDDMM ``dot`` and, in backward, the gradient of ``z`` is two g-SpMMs weighted by the
 scores' gradients (over the pairs' destinations and, through the cached transpose,
 their sources), the kernels a GCN layer runs on. Memory is ``O(P)`` indices and
-scores, never ``[P, F]``.
+scores, never ``[P, F]``. The training loss (:meth:`DotDecoder.bce_sum`) goes further:
+:func:`ngra.kernels.pair_bce` scores both sets, the loss and the whole gradient in two
+walks over the pairs grouped by destination, so no score vector nor transpose exists.
 
 **Chunks.** The other decoders score ``chunk`` pairs at a time, so the gathered
 ``[p, F]`` rows of one chunk are the largest temporaries: scoring all ``N^2`` candidate
