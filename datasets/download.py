@@ -5,16 +5,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import urllib.error
 import urllib.request
 import uuid
-from pathlib import Path
+import zipfile
+from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
 from ngra.errors import DownloadError
 
-__all__ = ["DownloadError", "fetch", "sha256_of"]
+__all__ = ["DownloadError", "fetch", "fetch_folder", "sha256_of"]
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +89,45 @@ def _fetch(url: str, dest: Path, sha256: str | None, progress: bool | None) -> P
         )
     os.replace(tmp, dest)
     return dest
+
+
+def fetch_folder(url: str, dest: str | os.PathLike[str], progress: bool | None = None) -> Path:
+    """Download the zip archive ``url`` and unpack it as the folder ``dest``, atomically.
+
+    An archive holding one top-level folder (``MUTAG/...``, ``hiv/...``) becomes ``dest``
+    itself; otherwise its members go into ``dest``. The archive and the unpacked files
+    stay under temporary names beside ``dest`` until complete, so an interrupted or
+    failed download leaves neither a partial folder nor the archive.
+
+    Raises:
+        DownloadError: network failure, HTTP error, a file that is not a zip archive, or a
+            member whose path leaves the archive (``..``, absolute).
+    """
+    dest = Path(dest)
+    tag = uuid.uuid4().hex[:8]
+    archive = dest.with_name(f".{dest.name}.{tag}.zip")
+    unpacked = dest.with_name(f".{dest.name}.{tag}.part")
+    try:
+        fetch(url, archive, progress=progress)
+        try:
+            with zipfile.ZipFile(archive) as z:
+                names = [m for m in z.namelist() if not m.endswith("/")]
+                for m in names:
+                    parts = PurePosixPath(m).parts
+                    if PurePosixPath(m).is_absolute() or ".." in parts or not parts:
+                        raise DownloadError(f"{url}: archive member {m!r} leaves the archive; "
+                                            "nothing was saved.")
+                z.extractall(unpacked)
+        except zipfile.BadZipFile as err:
+            raise DownloadError(f"{url} is not a zip archive ({err}); nothing was saved.") from err
+        tops = {PurePosixPath(m).parts[0] for m in names}
+        top = unpacked / tops.pop() if len(tops) == 1 else None
+        try:
+            os.replace(top if top is not None and top.is_dir() else unpacked, dest)
+        except OSError:
+            if not dest.is_dir():  # else another process unpacked it first: use theirs
+                raise
+        return dest
+    finally:
+        archive.unlink(missing_ok=True)
+        shutil.rmtree(unpacked, ignore_errors=True)

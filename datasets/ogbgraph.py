@@ -55,13 +55,24 @@ from .graphs import GraphDataset
 from .ogb import _add_inverse_edge, _find, _split_dir
 from .ogb import _need as _need_file
 
-__all__ = ["OGB_GRAPH_ADD_INVERSE_EDGE", "load_ogb_graph", "ogb_graph_source_files"]
+__all__ = ["OGB_GRAPH_ADD_INVERSE_EDGE", "OGB_GRAPH_URLS", "load_ogb_graph",
+           "ogb_graph_source_files"]
 
 log = logging.getLogger(__name__)
 
 #: ``add_inverse_edge`` of OGB's graph-property datasets (``ogb/graphproppred/master.csv``)
 #: that are not molecules; every ``ogbg-mol*`` dataset has ``True``.
 OGB_GRAPH_ADD_INVERSE_EDGE = {"ogbg-ppa": True, "ogbg-code2": False}
+
+#: Archives of OGB's single-task graph-classification datasets (OGB's ``master.csv``),
+#: unpacked as ``<root>/ogbg/ogbg_<name>/`` by ``ogbg:ogbg-<name>``
+#: (:func:`ngra.datasets.load`); multi-task sets (molpcba, moltox21, ...) are refused.
+OGB_GRAPH_URLS = {
+    "ogbg-molhiv": "http://snap.stanford.edu/ogb/data/graphproppred/csv_mol_download/hiv.zip",
+    "ogbg-molbace": "http://snap.stanford.edu/ogb/data/graphproppred/csv_mol_download/bace.zip",
+    "ogbg-molbbbp": "http://snap.stanford.edu/ogb/data/graphproppred/csv_mol_download/bbbp.zip",
+    "ogbg-ppa": "http://snap.stanford.edu/ogb/data/graphproppred/ppa.zip",
+}
 
 _FIX = "Download or unpack the OGB dataset again (the ogb package's raw layout)."
 _LAYOUT = ("raw/{num-node-list,num-edge-list,edge,graph-label}.csv.gz, optional "

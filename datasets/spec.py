@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import NodeDataset, SpecError, data_root
+from .base import DatasetNotFoundError, NodeDataset, SpecError, data_root, writable
 from .cache import (
     CacheError,
     EntryWriter,
@@ -40,11 +40,12 @@ from .direction import loading_spec, symmetric_spec, warn_if_one_direction
 from .edgelist import TWITTER_FILE, load_edgelist, load_twitter
 from .graphs import GraphDataset
 from .ogb import load_ogb, ogb_source_files
-from .ogbgraph import load_ogb_graph, ogb_graph_source_files
+from .download import DownloadError, fetch_folder
+from .ogbgraph import OGB_GRAPH_URLS, load_ogb_graph, ogb_graph_source_files
 from .planetoid import load_planetoid
 from .store import STORAGES, choose_storage, entry_bytes
 from .synthetic import rmat, sbm
-from .tu import load_tu, tu_source_files
+from .tu import TU_URL, load_tu, tu_source_files
 
 __all__ = ["DatasetSpec", "available", "describe", "load", "parse_spec"]
 
@@ -230,13 +231,59 @@ def _build_ogb(
 def _build_tu(
     root: Path, download: bool, progress: bool | None, path: str
 ) -> GraphDataset:
-    return load_tu(_resolve(path, root))
+    return load_tu(_collection_folder("tu", path, root, download, progress))
 
 
 def _build_ogb_graph(
     root: Path, download: bool, progress: bool | None, path: str, **kw: Any
 ) -> GraphDataset:
-    return load_ogb_graph(_resolve(path, root), **kw)
+    return load_ogb_graph(_collection_folder("ogbg", path, root, download, progress), **kw)
+
+
+#: Spec kinds whose ``path`` may be a dataset's name, downloaded into ``<root>/<kind>/``.
+_COLLECTIONS = ("tu", "ogbg")
+
+
+def _collection_path(kind: str, path: str, root: Path) -> Path:
+    """Where ``tu:PATH`` / ``ogbg:PATH`` is read: ``PATH`` itself when it exists or names
+    a folder (holds a ``/``); a bare dataset name (``MUTAG``, ``ogbg-molhiv``) is
+    ``<root>/tu/MUTAG`` / ``<root>/ogbg/ogbg_molhiv``."""
+    given = _resolve(path, root)
+    if given.exists() or "/" in str(path) or os.sep in str(path):
+        return given
+    return root / kind / (str(path) if kind == "tu" else str(path).replace("-", "_"))
+
+
+def _collection_folder(kind: str, path: str, root: Path, download: bool,
+                       progress: bool | None) -> Path:
+    """The folder of ``tu:PATH`` / ``ogbg:PATH`` (:func:`_collection_path`, already
+    applied to ``path``), downloaded from its public home (:data:`~ngra.datasets.tu.TU_URL`,
+    :data:`~ngra.datasets.ogbgraph.OGB_GRAPH_URLS`) when it is a named dataset's folder
+    under ``<root>/<kind>/`` and missing."""
+    folder = Path(path)
+    if folder.exists() or folder.parent != root / kind:
+        return folder  # the loader says what is missing
+    name = folder.name if kind == "tu" else folder.name.replace("_", "-")
+    url = TU_URL.format(name=name) if kind == "tu" else OGB_GRAPH_URLS.get(name)
+    if url is None:
+        raise DatasetNotFoundError(
+            f"ogbg:{name}: no folder {folder}, and {name} is not one of the OGB datasets ngra "
+            f"downloads ({', '.join(OGB_GRAPH_URLS)}). Give the path of an unpacked OGB "
+            "graph-property folder.")
+    if not download:
+        raise DatasetNotFoundError(f"{kind}:{name}: no folder {folder} (downloading is off). "
+                                   f"Put the unpacked dataset there, or download {url}.")
+    if not writable(folder.parent):
+        raise DatasetNotFoundError(f"{kind}:{name}: no folder {folder}; {folder.parent} is "
+                                   f"read-only, so {url} was not downloaded there. Point "
+                                   "--data-root / NGRA_DATA at a writable folder, or give the "
+                                   "dataset's path.")
+    try:
+        return fetch_folder(url, folder, progress=progress)
+    except (DownloadError, OSError) as err:
+        raise DatasetNotFoundError(f"{kind}:{name}: no folder {folder}; downloading {url} "
+                                   f"failed ({err}). Put the unpacked dataset there, or give "
+                                   "its path.") from err
 
 
 _SYNTH_LABELED = (
@@ -351,7 +398,9 @@ _REGISTRY: dict[str, Entry] = {
             name="ogb",
             help="OGB node-property-prediction folder (raw/*.csv.gz + split/<type>/)",
             params=(
-                Param("path", "path", None, "the dataset folder"),
+                Param("path", "path", None, "the dataset folder, or an OGB name (ogbg-molhiv, "
+                      "-molbace, -molbbbp, ogbg-ppa): <root>/ogbg/ogbg_NAME, downloaded when "
+                      "missing"),
                 Param("split", "str", None, "split type under split/ (default: the only one)"),
                 Param(
                     "symmetric",
@@ -371,7 +420,9 @@ _REGISTRY: dict[str, Entry] = {
             name="tu",
             help="TU graph-classification folder (DS_A.txt, DS_graph_indicator.txt, "
                  "DS_graph_labels.txt, ...): a GraphDataset of many graphs, one label each",
-            params=(Param("path", "path", None, "the dataset folder (or its parent of raw/)"),),
+            params=(Param("path", "path", None, "the dataset folder (or its parent of raw/), "
+                                               "or a TU name (MUTAG, PROTEINS, ...): "
+                                               "<root>/tu/NAME, downloaded when missing"),),
             build=_build_tu,
             positional="path",
             cacheable=False,  # small text files: parsing them is as fast as reading a cache
@@ -382,7 +433,9 @@ _REGISTRY: dict[str, Entry] = {
             help="OGB graph-property folder (raw/*.csv.gz, edges per graph + "
                  "split/<type>/): a GraphDataset of many graphs carrying the folder's split",
             params=(
-                Param("path", "path", None, "the dataset folder"),
+                Param("path", "path", None, "the dataset folder, or an OGB name (ogbg-molhiv, "
+                      "-molbace, -molbbbp, ogbg-ppa): <root>/ogbg/ogbg_NAME, downloaded when "
+                      "missing"),
                 Param("split", "str", None, "split type under split/ (default: the only one)"),
                 Param("symmetric", "auto-bool", None,
                       "list each edge's reverse after it (auto: add_inverse_edge of a "
@@ -529,7 +582,9 @@ def load(
     params = dict(parsed.params)
     for p in entry.params:  # absolute paths: the canonical form names the files read
         if p.kind == "path" and params[p.name] is not None:
-            params[p.name] = str(_resolve(params[p.name], root_path))
+            params[p.name] = str(_collection_path(entry.name, params[p.name], root_path)
+                                 if entry.name in _COLLECTIONS
+                                 else _resolve(params[p.name], root_path))
     canonical = DatasetSpec(parsed.name, params).canonical()
     if storage not in STORAGES:
         raise SpecError(f"storage must be one of {STORAGES}; got {storage!r}.")

@@ -37,7 +37,11 @@ from ._text import parse_numbers, read_text
 from .base import DatasetError, DatasetNotFoundError, MissingFileError
 from .graphs import GraphDataset
 
-__all__ = ["load_tu", "tu_source_files"]
+__all__ = ["TU_URL", "load_tu", "tu_source_files"]
+
+#: The TU collection's archive of a dataset by name (https://chrsmrrs.github.io/datasets/),
+#: unpacked as ``<root>/tu/<name>/`` by ``tu:<name>`` (:func:`ngra.datasets.load`).
+TU_URL = "https://www.chrsmrrs.de/graphkerneldatasets/{name}.zip"
 
 _REQUIRED = ("A", "graph_indicator", "graph_labels")
 _OPTIONAL = ("node_labels", "node_attributes", "edge_labels", "edge_attributes")
