@@ -203,8 +203,6 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValueError(f"task {cfg.task!r}: ngra trains {', '.join(TASKS)} tasks.")
     if cfg.task != "node":
         for name, why, where in (
-                ("nprocs", cfg.nprocs != 1 and cfg.task == "graph",
-                 "--task graph trains on one process"),
                 ("device", str(cfg.device) != "cpu", f"--task {cfg.task} trains on the CPU"),
                 ("storage", cfg.storage != "memory" and cfg.task == "graph",
                  "--task graph keeps its graphs in memory"),

@@ -8,6 +8,8 @@ batches of ``batch_size`` graphs are one block-diagonal graph each
 (:class:`~ngra.datasets.GraphLoader`, reshuffled every epoch from ``(seed, epoch)``); the
 encoder's node embeddings are read out per graph (``readout``: sum, mean, max,
 attention) and a Linear gives class scores. Loss cross-entropy, metric accuracy.
+On several processes each rank takes a slice of every batch
+(:mod:`ngra.training.graph_ranks`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from ngra.datasets import GraphDataset, GraphLoader, from_pyg_list, load
 from ngra.errors import DatasetError
 from ngra.models import AttentionPool, readout
 from ngra.runtime.explain import explain
-from ngra.training.config import READOUTS
+from ngra.training.config import READOUTS, TrainConfig
 from ngra.training.model_source import call_model
 from ngra.training.task_base import TaskSession
 
-__all__ = ["GraphModel", "GraphSession", "graph_dataset", "graph_parts", "split_graphs"]
+__all__ = ["GraphModel", "GraphSession", "accuracies", "graph_dataset", "graph_model",
+           "graph_parts", "split_graphs"]
 
 log = logging.getLogger(__name__)
 
@@ -117,25 +120,44 @@ class GraphSession(TaskSession):
 
     @torch.no_grad()
     def evaluate(self) -> tuple[dict[str, float], float]:
+        return accuracies(self.counts())
+
+    @torch.no_grad()
+    def counts(self) -> dict[str, list[float]]:
+        """Per part, ``[correct, graphs, cross-entropy sum]`` over :attr:`eval_loaders`."""
         self.model.eval()
-        acc, val_loss = {}, float("nan")
+        counts = {}
         for part, loader in self.eval_loaders.items():
-            correct = total = 0
-            loss_sum = 0.0
+            c = [0.0, 0.0, 0.0]
             with self.context():
                 for batch in loader:
                     out = self.model(batch.graph, batch.x, batch.ptr)
-                    correct += int((out.argmax(-1) == batch.y).sum())
-                    total += batch.num_graphs
-                    loss_sum += float(F.cross_entropy(out, batch.y, reduction="sum"))
-            acc[part] = correct / total if total else float("nan")
-            if part == "val":
-                val_loss = loss_sum / total if total else math.nan
-        return acc, val_loss
+                    c[0] += int((out.argmax(-1) == batch.y).sum())
+                    c[1] += batch.num_graphs
+                    c[2] += float(F.cross_entropy(out, batch.y, reduction="sum"))
+            counts[part] = c
+        return counts
 
     def explain(self) -> str:
         with self.context():
             return explain(self.model.encoder, self.graph, self.x)
+
+
+def accuracies(counts: dict[str, list[float]]) -> tuple[dict[str, float], float]:
+    """The accuracy of each part and the validation loss from :meth:`GraphSession.counts`
+    (``nan`` for a part without graphs)."""
+    acc = {part: c[0] / c[1] if c[1] else math.nan for part, c in counts.items()}
+    val = counts.get("val", [0.0, 0.0, 0.0])
+    return acc, val[2] / val[1] if val[1] else math.nan
+
+
+def graph_model(cfg: TrainConfig, num_features: int, num_classes: int) -> GraphModel:
+    """A fresh :class:`GraphModel` of ``cfg``: its encoder ``cfg.embedding_dim`` wide,
+    ``cfg.readout``, a head to ``num_classes``."""
+    r = cfg.resolved()
+    encoder = cfg.source.build(num_features, cfg.embedding_dim, hyper=r,
+                               num_layers=r["num_layers"])
+    return GraphModel(encoder, cfg.embedding_dim, num_classes, cfg.readout)
 
 
 def graph_dataset(data: Any, root: str | None = None) -> GraphDataset:

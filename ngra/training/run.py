@@ -37,7 +37,8 @@ from ngra.training.data import as_dataset, fingerprint, prepare_dataset
 from ngra.training.loop import Session, fit_runs
 from ngra.training.model_source import ModelSource, call_model
 from ngra.training.ranks import train_distributed
-from ngra.training.graph_task import GraphModel, GraphSession, graph_dataset, graph_parts
+from ngra.training.graph_ranks import train_graph_distributed
+from ngra.training.graph_task import GraphSession, graph_dataset, graph_model, graph_parts
 from ngra.training.link_ranks import train_link_distributed
 from ngra.training.link_task import LinkModel, LinkSession, link_split, make_decoder
 
@@ -143,10 +144,16 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
         meta.update(num_features=gds.num_features, num_classes=gds.num_classes,
                     dataset={"name": cfg.dataset_name, "graphs": len(gds)})
 
+        if cfg.nprocs > 1:
+            info.pop("resident_mb")  # each rank's own
+            summary, state = train_graph_distributed(cfg, gds, parts, info, meta, echo)
+            model = graph_model(cfg, gds.num_features, gds.num_classes)
+            model.load_state_dict(state)
+            return Outcome(summary, model, meta)
+
         def session(seed: int) -> GraphSession:
-            model = GraphModel(encoder(gds.num_features), cfg.embedding_dim, gds.num_classes,
-                               cfg.readout)
-            return GraphSession(model, gds, parts, batch_size=cfg.batch_size, seed=seed,
+            return GraphSession(graph_model(cfg, gds.num_features, gds.num_classes), gds,
+                                parts, batch_size=cfg.batch_size, seed=seed,
                                 budget=cfg.memory_budget, info=info)
     else:
         budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None

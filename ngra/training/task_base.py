@@ -6,7 +6,8 @@ on the training, validation and test parts (the loop selects the epoch with the 
 validation value, as it does for node accuracy). Node classification is
 :class:`ngra.training.loop.Session` itself.
 
-The tasks themselves: :mod:`ngra.training.link_task`, :mod:`ngra.training.graph_task`.
+The tasks themselves: :mod:`ngra.training.link_task`, :mod:`ngra.training.graph_task`
+(on several processes: :mod:`ngra.training.link_ranks`, :mod:`ngra.training.graph_ranks`).
 """
 
 from __future__ import annotations

@@ -86,8 +86,6 @@ def test_link_prediction_from_disk_under_a_budget(tmp_path, monkeypatch):
 def test_tasks_refuse_what_they_cannot_run(shared_data):
     with pytest.raises(DatasetError, match="collection of graphs"):
         ngra.fit("gin", "sbm:nodes=100", task="graph", epochs=1, progress=False)
-    with pytest.raises(ValueError, match="--task graph trains on one process"):
-        ngra.fit("gin", _mutag(shared_data), task="graph", nprocs=2)
     with pytest.raises(ValueError, match="--task link trains on the CPU"):
         ngra.fit("gcn", "sbm:nodes=100", task="link", device="cuda")
     with pytest.raises(ValueError, match="--negatives must be one of"):
