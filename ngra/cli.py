@@ -149,7 +149,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "--nprocs x --threads than cores, without refusal or warning")
     d.add_argument("--nprocs", type=int, default=1,
                    help="train on this many processes, the graph partitioned between them "
-                        "(default: 1; under torchrun, its process count)")
+                        "(--task graph: each batch's graphs split between them; default: 1; "
+                        "under torchrun, its process count)")
     d.add_argument("--exchange", default="auto", choices=STRATEGIES,
                    help="how remote source rows arrive: halo all_to_all, ring streaming, "
                         "feature columns (each rank aggregates a slice of the columns over "

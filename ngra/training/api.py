@@ -123,7 +123,8 @@ def fit(model: Any, data: Any, *, task: str = "node", epochs: int = 200,
         epochs: the most epochs a run trains (``patience`` may stop it earlier).
         optimizer: ``optimizer(model) -> torch.optim.Optimizer`` (default: Adam with
             ``lr``/``weight_decay``: the zoo's paper values, else 0.01 and 5e-4).
-        nprocs: processes to train on (the graph partitioned between them).
+        nprocs: processes to train on (the graph partitioned between them; ``task="graph"``:
+            each batch's graphs split between them).
         memory_budget: e.g. ``"2GB"``: every layer streams in tiles within it.
         storage: ``"memory"``, ``"disk"`` (map the dataset's arrays) or ``"auto"``.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
