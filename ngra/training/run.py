@@ -144,7 +144,7 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
         meta.update(num_features=gds.num_features, num_classes=gds.num_classes,
                     dataset={"name": cfg.dataset_name, "graphs": len(gds)})
 
-        if cfg.nprocs > 1:
+        if cfg.nprocs > 1 or in_worker():  # under torchrun: refused, with the command to run
             info.pop("resident_mb")  # each rank's own
             summary, state = train_graph_distributed(cfg, gds, parts, info, meta, echo)
             model = graph_model(cfg, gds.num_features, gds.num_classes)

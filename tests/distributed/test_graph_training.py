@@ -110,10 +110,16 @@ def test_resume_across_process_counts(shared_data, tmp_path):
     _same(whole, resumed)
 
 
-def test_refusals(shared_data):
+def test_refusals(shared_data, monkeypatch, capsys):
     spec = _mutag(shared_data)
     with pytest.raises(ValueError, match=r"more processes than .* training graphs \(\d+\)"):
         _fit("gin", spec, 400, allow_oversubscribe=True)
+    assert main(["train", "--task", "graph", "--dataset", spec, "--nprocs", "400",
+                 "--allow-oversubscribe", "--no-progress"]) == 2  # bad input, before any rank
+    assert "training graphs" in capsys.readouterr().err
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # as a rank torchrun started
+    with pytest.raises(ValueError, match="not under torchrun"):
+        _fit("gin", spec)
 
 
 def batch_norm_encoder(num_features: int, num_classes: int) -> nn.Module:
