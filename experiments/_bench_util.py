@@ -447,3 +447,21 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def read_csv(path: str | os.PathLike[str], numbers: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Rows of a CSV that :func:`write_csv` wrote; the ``numbers`` columns as floats (an
+    empty cell as ``None``)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in numbers:
+            r[k] = float(r[k]) if r.get(k) not in (None, "") else None
+    return rows
+
+
+def merge_rows(old: Sequence[dict], new: Sequence[dict], key: Sequence[str]) -> list[dict]:
+    """``old`` rows whose ``key`` columns ``new`` did not measure again, then ``new``: a
+    rerun of some cases replaces their rows and keeps the others (``--merge``)."""
+    fresh = {tuple(r[k] for k in key) for r in new}
+    return [r for r in old if tuple(r[k] for k in key) not in fresh] + list(new)

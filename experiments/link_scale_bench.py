@@ -4,6 +4,7 @@ Usage::
 
     .venv/bin/python experiments/link_scale_bench.py                 # R-MAT 2^18 and 2^20
     .venv/bin/python experiments/link_scale_bench.py --graphs rmat18 --epochs 3
+    .venv/bin/python experiments/link_scale_bench.py --graphs rmat20 --cases ngra-link --merge
 
 Writes ``experiments/results/link_scale.md`` and ``link_scale.csv``.
 
@@ -147,6 +148,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--graphs", default="rmat18,rmat20")
     ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of "
+                    f"{', '.join(CASES)}")
+    ap.add_argument("--merge", action="store_true", help="keep the rows of link_scale.csv "
+                    "for the (graph, case) cells this run does not measure")
     ap.add_argument("--time-cap", type=float, default=1200.0)
     ap.add_argument("--mem-cap-gb", type=float, default=22.0)
     ap.add_argument("--child", nargs=3, metavar=("CASE", "SPEC", "EPOCHS"))
@@ -158,13 +163,17 @@ def main() -> None:
     bu.pin_environment(threads=2, thp=True)  # children inherit it
     os.environ.setdefault("TQDM_DISABLE", "1")
     env = dict(os.environ)
+    cases, commit = args.cases.split(","), bu.machine_info()["git"]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        ap.error(f"--cases: unknown {sorted(unknown)}; choose from {', '.join(CASES)}")
     rows = []
     for gname in args.graphs.split(","):
         spec = GRAPHS[gname]
         # the dataset cache entry first, outside every case's clock and memory
         bu.run_capped([sys.executable, "-c", f"from ngra.datasets import load; load({spec!r})"],
                       args.time_cap, args.mem_cap_gb * 1024, env=env, cwd=str(REPO))
-        for case in CASES:
+        for case in cases:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", case, spec,
                    str(args.epochs)]
             found, status, peak = bu.run_capped(cmd, args.time_cap, args.mem_cap_gb * 1024,
@@ -175,9 +184,14 @@ def main() -> None:
                          "negatives_s": found.get("negatives_s"),
                          "decoder_s": found.get("decoder_s"),
                          "test_auc_or_acc": found.get("test"),
-                         "peak_mb": round(peak)})
+                         "peak_mb": round(peak), "commit": commit,
+                         "load_1m": round(os.getloadavg()[0], 1)})
             print(rows[-1], flush=True)
     RESULTS.mkdir(exist_ok=True)
+    if args.merge and (RESULTS / "link_scale.csv").exists():
+        old = bu.read_csv(RESULTS / "link_scale.csv", numbers=(
+            "epoch_s", "negatives_s", "decoder_s", "test_auc_or_acc", "peak_mb"))
+        rows = bu.merge_rows(old, rows, key=("graph", "case"))
     bu.write_csv(rows, RESULTS / "link_scale.csv")
     (RESULTS / "link_scale.md").write_text(report(rows, args) + "\n")
     print(report(rows, args))
@@ -190,7 +204,8 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
              "GCN encoder 64 -> 128 -> 64, dot decoder, 1:1 uniform negatives drawn in the "
              "step (module docstring of `experiments/link_scale_bench.py`); 2 threads, "
              f"median of {args.epochs} epochs, each case in its own process; this machine "
-             "shared and noisy.", ""]
+             "shared and noisy (the load average after each case is listed; above 2 the "
+             "cases shared the 2 cores).", ""]
     table = []
     for r in rows:
         link = by.get((r["graph"], "ngra-link"), {}).get("epoch_s")
@@ -202,18 +217,20 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
             split = (f"{bu.fmt_seconds(r['negatives_s'])} / {bu.fmt_seconds(r['decoder_s'])}"
                      f" / {bu.fmt_seconds(rest)}")
         table.append({**r, "time": bu.fmt_seconds(r["epoch_s"]), "ratio": ratio,
-                      "split": split, "peak": f"{r['peak_mb']:,}"})
+                      "split": split, "peak": f"{int(r['peak_mb']):,}" if r.get('peak_mb') is not None else None})
     lines.append(bu.markdown_table(table, [
         ("graph", "graph"), ("case", "case"), ("time", "epoch (median)"),
         ("split", "negatives / decoder / encoder + optimizer"),
-        ("ratio", "ngra link / this"), ("peak", "peak MB"), ("status", "status")]))
+        ("ratio", "ngra link / this"), ("peak", "peak MB"), ("status", "status"),
+        ("commit", "commit"), ("load_1m", "load (1 min)")]))
     lines += ["", "Targets (issue 36): ngra's link epoch faster than PyG's (ratio < 1 on the "
               "PyG row) and within 2x of ngra's node epoch. `ngra-node` is the 8-class node "
               "model (its layer 2 aggregates 8 columns); `ngra-node-64` is the link encoder "
               "itself (64 -> 128 -> 64) trained on the same graph's 64-class labels, so its "
               "ratio is the cost of the negatives and the decoder.",
-              "", f"Regenerate: `python experiments/link_scale_bench.py --graphs {args.graphs} "
-              f"--epochs {args.epochs}`"]
+              "", "Regenerate: `python experiments/link_scale_bench.py "
+              + " ".join(sys.argv[1:]) + "`" + (" (rows of other cells kept from earlier "
+                                                "runs: see their commit)" if args.merge else "")]
     return "\n".join(lines)
 
 
