@@ -54,7 +54,9 @@ from ngra.training.config import TrainConfig
 from ngra.training.link_task import LinkModel, link_metrics, make_decoder
 from ngra.training.loop import fit_runs
 from ngra.training.model_source import call_model
-from ngra.training.ranks import RankSession, open_shard, prepare_shards, rank_threads
+from ngra.training.ranks import (RankSession, open_shard, prepare_shards, rank_shares,
+                                 rank_threads)
+from ngra.training.resources import check_rank_data
 
 __all__ = ["LinkRankSession", "train_link_distributed", "write_link_pairs"]
 
@@ -82,6 +84,11 @@ def train_link_distributed(cfg: TrainConfig, ds: Any, split: LinkSplit,
     folder = prepare_shards(cfg, message)
     with tempfile.TemporaryDirectory(prefix=".link-", dir=folder) as pairs:
         write_link_pairs(split, folder, Path(pairs), cfg.negatives)
+        # each rank holds its shard, its pairs and the common arrays: checked before launch
+        common = (Path(pairs) / "common.pt").stat().st_size
+        check_rank_data([s._replace(bytes=s.bytes + common
+                                    + (Path(pairs) / f"rank{r}.pt").stat().st_size)
+                         for r, s in enumerate(rank_shares(folder))], cfg.allow_oversubscribe)
         results = launch(_rank_main, cfg.nprocs, cfg, str(folder), pairs, meta,
                          timeout_s=cfg.dist_timeout, threads=rank_threads(cfg))
     summary, state = results[0]

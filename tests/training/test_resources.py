@@ -119,8 +119,10 @@ def test_under_torchrun_the_local_ranks_data_is_counted():
                                   here=Machine(2, 700 << 20))
 
 
+@pytest.mark.parametrize("task", ["node", "link"])
 def test_cli_refuses_ranks_whose_data_does_not_fit_before_starting_them(
-        monkeypatch, capsys, tmp_path):
+        task, monkeypatch, capsys, tmp_path):
+    import ngra.training.link_ranks as link_ranks
     import ngra.training.ranks as ranks
 
     # room for two processes' fixed cost (the first check passes), not for their data
@@ -131,8 +133,9 @@ def test_cli_refuses_ranks_whose_data_does_not_fit_before_starting_them(
         raise AssertionError("ranks were started before the refusal")
 
     monkeypatch.setattr(ranks, "launch", no_launch)
+    monkeypatch.setattr(link_ranks, "launch", no_launch)
     rc = main(["train", "--dataset", "sbm:nodes=2000,blocks=2,feat=16", "--nprocs", "2",
-               "--no-progress", "--data-root", str(tmp_path)])
+               "--task", task, "--no-progress", "--data-root", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == EXIT_BAD_INPUT, err
     assert err.startswith("ngra train: error: 2 processes need about ")
