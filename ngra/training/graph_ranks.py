@@ -52,7 +52,7 @@ from torch import nn
 from ngra.datasets import GraphBatch, GraphDataset, GraphLoader, collate
 from ngra.distributed.gradsync import GradientSync
 from ngra.distributed.halo import Traffic
-from ngra.distributed.launch import in_worker, launch
+from ngra.distributed.launch import launch
 from ngra.kernels import dropout_rows
 from ngra.memstat import peak_rss_bytes, rss_bytes
 from ngra.training.config import TrainConfig
@@ -74,9 +74,6 @@ def train_graph_distributed(cfg: TrainConfig, ds: GraphDataset, parts: dict[str,
     """Train graph classification over ``cfg.nprocs`` ranks on the graphs ``parts`` of
     ``ds`` (``info`` goes into the summary, ``meta`` into checkpoints); returns rank 0's
     ``(summary, selected weights)``."""
-    if in_worker():
-        raise ValueError("--task graph starts its own processes: run ngra train --task graph "
-                         "--nprocs K, not under torchrun.")
     k, train = cfg.nprocs, int(parts["train"].size)
     if k > train:
         raise ValueError(f"--nprocs {k} is more processes than {cfg.dataset_name} has "

@@ -47,7 +47,7 @@ import torch.distributed as dist
 from ngra.datasets import degree_weights, sample_negatives
 from ngra.datasets.linksplit import LinkSplit, negative_relations
 from ngra.distributed.halo import HaloPlan, exchange_rows
-from ngra.distributed.launch import in_worker, launch
+from ngra.distributed.launch import launch
 from ngra.graph import Graph
 from ngra.runtime.explain import explain
 from ngra.training.config import TrainConfig
@@ -74,9 +74,6 @@ def train_link_distributed(cfg: TrainConfig, ds: Any, split: LinkSplit,
     """Train link prediction over ``cfg.nprocs`` ranks on ``split`` of the prepared
     dataset ``ds`` (``meta`` goes into checkpoints); returns rank 0's ``(summary,
     selected weights)``."""
-    if in_worker():
-        raise ValueError("--task link starts its own processes: run ngra train --task link "
-                         "--nprocs K, not under torchrun.")
     spec = ds.info.get("spec") or ds.name
     tag = f"{spec}#link:val={cfg.val},test={cfg.test},seed={split.info.get('seed')}"
     message = replace(ds, graph=split.graph, edge_type=split.edge_type,

@@ -129,6 +129,9 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
     """A link-prediction or graph-classification run (:mod:`ngra.training.link_task`, :mod:`ngra.training.graph_task`)."""
     say = echo or log.info
     r = cfg.resolved()
+    if in_worker():  # before any data is read: these tasks start their ranks themselves
+        raise ValueError(f"--task {cfg.task} starts its own processes: run ngra train --task "
+                         f"{cfg.task} --nprocs K, not under torchrun.")
 
     def encoder(num_features: int, num_edge_types: int = 1) -> nn.Module:
         return _build(cfg, num_features, cfg.embedding_dim, num_edge_types)
@@ -144,7 +147,7 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
         meta.update(num_features=gds.num_features, num_classes=gds.num_classes,
                     dataset={"name": cfg.dataset_name, "graphs": len(gds)})
 
-        if cfg.nprocs > 1 or in_worker():  # under torchrun: refused, with the command to run
+        if cfg.nprocs > 1:
             info.pop("resident_mb")  # each rank's own
             summary, state = train_graph_distributed(cfg, gds, parts, info, meta, echo)
             model = graph_model(cfg, gds.num_features, gds.num_classes)
