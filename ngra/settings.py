@@ -75,6 +75,13 @@ def _int(raw: str) -> int:
     return int(raw)
 
 
+def _count(raw: str) -> int:
+    n = int(raw)
+    if n < 0:
+        raise ValueError(raw)
+    return n
+
+
 _SETTINGS = (
     Setting(
         "NGRA_KERNEL_BACKEND", "auto",
@@ -117,6 +124,15 @@ _SETTINGS = (
         "bandwidth), one JSON file each.",
         Path, "a folder path",
         ("ngra.calibration",)),
+    Setting(
+        "NGRA_EDGE_CHUNK", "auto",
+        "Edges per chunk of an edge stage that no kernel fuses (the interpreted edge stage, "
+        "the generic plan's apply_edge): it runs a chunk of destination-sorted edges at a "
+        "time, and backward recomputes each chunk, so no [E, F] tensor outlives a chunk. "
+        "auto sizes a chunk's per-edge rows to about ngra.compiler.chunked.CHUNK_BYTES; "
+        "0 runs the stage over every edge at once (the whole-edge path).",
+        lambda raw: "auto" if raw == "auto" else _count(raw), "auto or an integer >= 0",
+        ("ngra.compiler.chunked",)),
     Setting(
         "NGRA_STRICT_PASSES", False,
         "A compiler pass that raises fails the layer call instead of sending the layer to "

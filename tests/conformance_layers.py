@@ -190,6 +190,25 @@ class EdgeConvMLP(EdgeConv):
         self.mlp = nn.Sequential(nn.Linear(2 * f_in, f_out), nn.ReLU(), nn.Linear(f_out, f_out))
 
 
+class EdgeMLPNorm(SagaLayer):
+    r"""An edge MLP with a LayerNorm over each edge's hidden features, mean-aggregated:
+    :math:`h_v' = \mathrm{mean}_{u \to v} W_2 \mathrm{ReLU}(\mathrm{LN}(W_1 [x_v \Vert
+    x_u - x_v] + b_1)) + b_2`. The LayerNorm reduces over an edge's features, which no
+    kernel fuses: kept in the suite on purpose, the layer that runs on the chunked generic
+    path (:mod:`ngra.compiler.chunked`); its PyG baseline is a ``MessagePassing`` with the
+    same message (:func:`pyg_edge_mlp_norm`)."""
+
+    gather = "mean"
+
+    def __init__(self, f_in: int, f_out: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(2 * f_in, f_out), nn.LayerNorm(f_out), nn.ReLU(),
+                                 nn.Linear(f_out, f_out))
+
+    def apply_edge(self, edge):
+        return self.mlp(torch.cat([edge.dst, edge.src - edge.dst], dim=-1))
+
+
 class GatedGCN(SagaLayer):
     r"""Residual gated graph convnet with edge features (Bresson & Laurent 2017; the
     benchmarking-GNNs version, without batch norm):
@@ -375,6 +394,12 @@ def ref_edgeconv(layer: EdgeConv, g: Graph, x: torch.Tensor, _: Any) -> torch.Te
     return _extreme_to(layer.mlp(torch.cat([xd, xs - xd], -1)), dst, g.num_nodes, "amax")
 
 
+def ref_edge_mlp_norm(layer: EdgeMLPNorm, g: Graph, x: torch.Tensor, _: Any) -> torch.Tensor:
+    src, dst = g.edge_index()
+    xd, xs = x.index_select(0, dst), x.index_select(0, src)
+    return _mean_to(layer.mlp(torch.cat([xd, xs - xd], -1)), dst, g.num_nodes)
+
+
 def ref_gatedgcn(net: GatedGCNNet, g: Graph, x: torch.Tensor, e: torch.Tensor):
     c = net.conv
     src, dst = g.edge_index()
@@ -491,6 +516,27 @@ def pyg_edgeconv(layer: EdgeConv) -> nn.Module:
     return conv
 
 
+def pyg_edge_mlp_norm(layer: EdgeMLPNorm) -> nn.Module:
+    """A PyG ``MessagePassing`` with :class:`EdgeMLPNorm`'s message and mean aggregation
+    (a copy of its MLP: the same weights)."""
+    import copy
+
+    from torch_geometric.nn import MessagePassing
+
+    class EdgeMLPNormConv(MessagePassing):
+        def __init__(self, mlp: nn.Module) -> None:
+            super().__init__(aggr="mean")
+            self.mlp = mlp
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_i, x_j):
+            return self.mlp(torch.cat([x_i, x_j - x_i], dim=-1))
+
+    return EdgeMLPNormConv(copy.deepcopy(layer.mlp))
+
+
 class _PygSGC(nn.Module):
     def __init__(self, model: SGC) -> None:
         super().__init__()
@@ -546,8 +592,9 @@ class Case:
         edata: edge data in the graph's original edge order (may require grad), or None.
         ref: ``ref(layer, graph, x, edata)``, the plain-torch forward.
         saga: the SagaLayers inside ``layer`` whose plans the suite checks, each with the
-            edge kernel kinds it is expected to lower to (``("interp",)``: the generic
-            plan) and the inputs it is called with (``(x, edata)``).
+            edge kernel kinds it is expected to lower to (``("interp",)``: the interpreted
+            edge stage; ``("generic",)``: the generic plan) and the inputs it is called with
+            (``(x, edata)``).
         pyg: ``pyg(layer) -> module`` called as ``module(x, edge_index, edata)``, or None.
     """
 
@@ -560,8 +607,8 @@ class Case:
     pyg: Callable | None
 
 
-LAYERS = ("gatv2", "transformer", "gine", "pna", "edgeconv", "edgeconv_mlp", "gatedgcn",
-          "sgc", "appnp", "learned_gcn")
+LAYERS = ("gatv2", "transformer", "gine", "pna", "edgeconv", "edgeconv_mlp", "edge_mlp_norm",
+          "gatedgcn", "sgc", "appnp", "learned_gcn")
 
 # the edge kernel(s) each SagaLayer of a layer lowers to
 EXPECTED: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -571,6 +618,7 @@ EXPECTED: dict[str, tuple[tuple[str, ...], ...]] = {
     "pna": (("fused_edge", "fused_edge"), ("fused_edge",), ("fused_edge",)),
     "edgeconv": (("fused_edge",),),
     "edgeconv_mlp": (("interp",),),
+    "edge_mlp_norm": (("generic",),),
     "gatedgcn": (("fused_edge", "fused_edge"),),
     "sgc": (("gspmm",),),
     "appnp": (("gspmm",),),
@@ -618,6 +666,10 @@ def conformance_case(name: str, g: Graph, f_in: int = 6, f_out: int = 4, heads: 
         layer = (EdgeConv if name == "edgeconv" else EdgeConvMLP)(f_in, f_out).to(dtype)
         return Case(layer, g, x, None, ref_edgeconv, [(layer, EXPECTED[name][0], (x, None))],
                     pyg_edgeconv)
+    if name == "edge_mlp_norm":
+        layer = EdgeMLPNorm(f_in, f_out).to(dtype)
+        return Case(layer, g, x, None, ref_edge_mlp_norm, [(layer, EXPECTED[name][0], (x, None))],
+                    pyg_edge_mlp_norm)
     if name == "gatedgcn":
         net = GatedGCNNet(f_in).to(dtype)
         e = torch.randn(g.num_edges, f_in, dtype=dtype, requires_grad=True)

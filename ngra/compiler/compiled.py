@@ -117,24 +117,14 @@ class CompiledPlan(Plan):
     def edge_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters the edge stage reads (the streaming runtime differentiates
         each recomputed tile with respect to them)."""
-        out: dict[int, torch.nn.Parameter] = {}
-        for n in self.program.edge.nodes.values():
-            if n.op == Op.PARAM:
-                v = self.resolver.param(n.attrs["path"])
-                if isinstance(v, torch.nn.Parameter):
-                    out[id(v)] = v
-            elif n.op == Op.OPAQUE and n.attrs["kind"] == "call_module":
-                for v in self.resolver.module(n.attrs["target"]).parameters():
-                    out[id(v)] = v
-        return list(out.values())
+        return self.edges.parameters()
 
     def edge_reads(self) -> tuple[set, set]:
         """``(src_keys, dst_keys)``: the terms the edge stage reads from sources / destinations."""
-        side: dict[Op, set] = {Op.SRC: set(), Op.DST: set()}
-        for n in self.program.edge.nodes.values():
-            if n.op in side:
-                side[n.op].add(n.attrs["key"])
-        return side[Op.SRC], side[Op.DST]
+        return self.edges.reads()
+
+    def edge_chunks(self, tile: TileView, terms: Any, edata: Any) -> Any:
+        return self.edges.chunks(tile, terms, terms, edata)
 
     def post_reads_x(self) -> bool:
         """Whether ``post`` reads ``x`` (apply_vertex as written always may)."""

@@ -35,7 +35,8 @@ def generic_lines(plan: GenericPlan, notes: Sequence[PassNote] = ()) -> list[str
     name = type(plan.layer).__name__
     lines = [
         f"plan: generic UDF executor ({plan.reason})",
-        "  scatter: gather edge.src/edge.dst rows per edge ([E, F] materialized)",
+        "  scatter: gather edge.src/edge.dst rows per edge ([E, F] per tile, or per chunk of "
+        "edges on the whole graph: see chunks)",
         f"  apply_edge: {name}.apply_edge on each tile's edges",
         f"  gather: {plan.accumulator.name} via segment_reduce",
         f"  apply_vertex: {name}.apply_vertex",

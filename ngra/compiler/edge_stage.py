@@ -16,7 +16,9 @@
   (the ``[E, H]`` scores), :func:`~ngra.kernels.edge_softmax` and a per-head
   :func:`~ngra.kernels.gspmm` of the value: no ``[E, H, D]`` tensor;
 * :class:`~ngra.compiler.passes.fuse.InterpMatch`: the interpreted edge IR and
-  :func:`~ngra.kernels.segment_reduce`.
+  :func:`~ngra.kernels.segment_reduce`; on the whole-graph tile, when every output is
+  interpreted, a chunk of edges at a time (:mod:`ngra.compiler.chunked`: no ``[E, F]``
+  tensor outlives a chunk, backward recomputes each chunk).
 
 Source-side rows are indexed with the tile's local source ids; destination-side rows are
 the tile's interval ``[dst_lo, dst_hi)``, indexed with local destination ids. The stage
@@ -34,9 +36,10 @@ from typing import Any
 import torch
 
 from ngra import kernels
+from ngra.compiler import chunked
 from ngra.compiler.gather import make_accumulator
 from ngra.compiler.interp import Resolver, evaluate
-from ngra.compiler.ir import Node, Op, Program
+from ngra.compiler.ir import Node, Op, Program, map_refs
 from ngra.compiler.passes.fuse import (
     FusedEdgeMatch,
     GspmmMatch,
@@ -92,6 +95,8 @@ class EdgeStage:
         self.gather = program.gather
         self.layer_name = program.layer_name
         self.accumulator = make_accumulator(program.gather)
+        #: no output runs on a kernel: the whole-graph tile runs in chunks of edges
+        self.interpreted = all(isinstance(m, InterpMatch) for m in program.lowering.values())
         # typed tiles' virtual source ids: (weak src_idx, num_src, types, vidx, vrev)
         self._typed_cache: list[tuple] = []
         self._typed_lock = threading.Lock()
@@ -101,6 +106,10 @@ class EdgeStage:
         """The accumulator's partial state of one staged tile (see
         :meth:`ngra.compiler.plan.Plan.edge`); ``recompute``: how pre's softmax value can
         be made again (:meth:`ngra.compiler.compiled.CompiledPlan.pre`), or ``None``."""
+        chunks = self.chunks(tile, src, dst, edata)
+        if chunks is not None:
+            return chunked.run_chunked(chunks, tile, self.accumulator, self._chunk_messages,
+                                       _terms(src, dst), edata, self.parameters(), drop)
         ctx = _Tile(tile, src, dst, edata)
         lowering = self.program.lowering
         if self.gather == "softmax":
@@ -130,6 +139,51 @@ class EdgeStage:
         if self.gather in ("max", "min"):
             return value, tile.indptr[1:] > tile.indptr[:-1]
         return value
+
+    def chunks(self, tile: TileView, src: Any, dst: Any, edata: Any) -> chunked.Chunks | None:
+        """How the tile's edges run in chunks (:mod:`ngra.compiler.chunked`), or ``None``:
+        all at once (a fused kernel, a partial tile, a graph that fits one chunk)."""
+        if not (tile.whole and self.interpreted) or _factors_want_grad(edata):
+            return None
+        src_keys, dst_keys = self.reads()
+        rows = chunked.row_bytes([src[k] for k in src_keys], [dst[k] for k in dst_keys],
+                                 edata)
+        return chunked.chunks_for(tile.indptr, tile.num_edges, rows)
+
+    def _chunk_messages(self, rows: chunked.Rows) -> Any:
+        """The edge stage's outputs on one chunk (its inputs gathered by ``rows``)."""
+        def inputs(n: Node) -> Any:
+            k = n.attrs["key"]
+            if n.op == Op.SRC:
+                return rows.src(k)
+            if n.op == Op.DST:
+                return rows.dst(k)
+            return rows.data(k)
+
+        stage = self.program.edge
+        env = evaluate(stage, stage.output_ids(), inputs, self.resolver)
+        return map_refs(stage.outputs, lambda r: env[r.id])
+
+    def reads(self) -> tuple[set, set]:
+        """``(src_keys, dst_keys)``: the terms the edge stage reads from sources / destinations."""
+        side: dict[Op, set] = {Op.SRC: set(), Op.DST: set()}
+        for n in self.program.edge.nodes.values():
+            if n.op in side:
+                side[n.op].add(n.attrs["key"])
+        return side[Op.SRC], side[Op.DST]
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the edge stage reads."""
+        out: dict[int, torch.nn.Parameter] = {}
+        for n in self.program.edge.nodes.values():
+            if n.op == Op.PARAM:
+                v = self.resolver.param(n.attrs["path"])
+                if isinstance(v, torch.nn.Parameter):
+                    out[id(v)] = v
+            elif n.op == Op.OPAQUE and n.attrs["kind"] == "call_module":
+                for v in self.resolver.module(n.attrs["target"]).parameters():
+                    out[id(v)] = v
+        return list(out.values())
 
     def _root(self, key: Any) -> int:
         out = self.program.edge.outputs
@@ -354,6 +408,22 @@ class EdgeStage:
             pairs.append((ctx.dst[m.score_dst], g_dst))
         return [(t, g.reshape(t.shape)) for t, g in pairs]
 
+
+
+def _terms(src: Any, dst: Any) -> Any:
+    """The whole tile's vertex terms, from its source and destination reads (the same
+    tensors on the whole-graph tile; each side holds the keys it reads)."""
+    if isinstance(src, dict) and isinstance(dst, dict):
+        return {**dst, **src}
+    return src
+
+
+def _factors_want_grad(edata: Any) -> bool:
+    """Factored edge weights that require grad (the chunked stage takes per-edge data)."""
+    if isinstance(edata, dict):
+        return any(_factors_want_grad(v) for v in edata.values())
+    return isinstance(edata, EdgeFactors) and (edata.src.requires_grad
+                                               or edata.dst.requires_grad)
 
 
 def _term(t: torch.Tensor, rest: tuple[int, ...], layout: str) -> torch.Tensor:

@@ -4,7 +4,9 @@ This is the semantics every compiled plan must reproduce, and the fallback for
 programs the compiler cannot fuse: Scatter gathers, from the tile's staged
 vertex rows (:mod:`ngra.runtime.staging`), the rows each edge reads,
 ``apply_edge`` runs on the tile's edges, and the accumulator reduces the
-result per destination.
+result per destination. On the whole-graph tile ``apply_edge`` runs on a chunk of
+edges at a time (:mod:`ngra.compiler.chunked`: no ``[E, F]`` tensor outlives a chunk,
+backward recomputes each chunk), unless the edges fit one chunk.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from ngra import probes
+from ngra.compiler import chunked
 from ngra.compiler.describe import generic_lines
 from ngra.compiler.gather import make_accumulator
 from ngra.compiler.passes import PassNote
@@ -49,6 +52,10 @@ class GenericPlan(Plan):
              carry: Any = None) -> Any:
         """The tile's partial state from its staged source / destination rows and edge data
         (``drop``: a softmax gather's attention dropout on the tile's edges, or ``None``)."""
+        chunks = self.edge_chunks(tile, src, edata)
+        if chunks is not None:
+            return chunked.run_chunked(chunks, tile, self.accumulator, self._chunk_messages,
+                                       src, edata, list(self.layer.parameters()), drop)
         edge_view = _ProbedEdge if probes.active() else Edge
         if isinstance(edata, EdgeFactors):  # the UDF reads one weight per edge
             edata = edata.per_edge(tile.src_idx, tile.dst_idx)
@@ -58,6 +65,18 @@ class GenericPlan(Plan):
         _check_messages(self.layer, msg, tile.num_edges)
         with probes.stage("gather") as s:
             return s.outputs(self.accumulator.partial(tile.indptr, msg, drop))
+
+    def edge_chunks(self, tile: TileView, terms: Any, edata: Any) -> chunked.Chunks | None:
+        """How the whole-graph tile's edges run in chunks, or ``None``: all at once."""
+        if not tile.whole or (isinstance(edata, EdgeFactors)
+                              and (edata.src.requires_grad or edata.dst.requires_grad)):
+            return None
+        return chunked.chunks_for(tile.indptr, tile.num_edges, chunked.row_bytes(terms, edata))
+
+    def _chunk_messages(self, rows: chunked.Rows) -> Any:
+        msg = self.layer.apply_edge(chunked.ChunkEdge(rows))
+        _check_messages(self.layer, msg, rows.src_idx.numel())
+        return msg
 
     def post(self, x: Any, acc: Any, graph: Any = None, carry: Any = None) -> Any:
         out = self.layer.apply_vertex(x, acc)

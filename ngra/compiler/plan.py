@@ -129,6 +129,11 @@ class Plan(abc.ABC):
         """Whether :meth:`post` reads the layer input ``x``."""
         return True
 
+    def edge_chunks(self, tile: TileView, terms: Any, edata: Any) -> Any:
+        """How the edge stage runs ``tile`` (whole-graph, with ``pre``'s ``terms``) in chunks
+        of edges (a :class:`~ngra.compiler.chunked.Chunks`), or ``None``: all at once."""
+        return None
+
     @property
     def linear_edge(self) -> bool:
         """Whether the edge stage's kernels feed a linear accumulator unchanged, so a

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ngra.compiler.chunked import chunk_line
 from ngra.compiler.driver import compile_layer
 from ngra.compiler.plan import Plan
 from ngra.graph import EdgeFactors
@@ -23,6 +24,7 @@ from ngra.runtime.device_stream import schedule_for, wants_streaming
 from ngra.runtime.executor import check_vertex_data, choose_runtime_grid, edge_data_csc
 from ngra.runtime.partitioned import Partitioned
 from ngra.runtime.staging import forced_mode, staging_summary
+from ngra.runtime.tiles import whole_graph_grid
 
 __all__ = ["capture_calls", "explain", "explain_lines", "is_saga_layer"]
 
@@ -79,8 +81,22 @@ def explain_lines(layer: Any, graph: Any, x: Any = None, edge_data: Any = None) 
     head = (f"{type(layer).__name__} (gather={layer.gather}) on {graph!r}; "
             f"x {_shape_text(x)}; edge data {_shape_text(edata)}")
     return [head] + plan.describe() + _attention_lines(layer, plan) + \
-        _exchange_lines(plan, graph, x) + _grid_lines(plan, graph, x, edata) + \
-        _device_lines(plan, graph, x, edata)
+        _chunk_lines(plan, graph, x, edata) + _exchange_lines(plan, graph, x) + \
+        _grid_lines(plan, graph, x, edata) + _device_lines(plan, graph, x, edata)
+
+
+def _chunk_lines(plan: Plan, graph: Any, x: Any, edata: Any) -> list[str]:
+    """How an edge stage no kernel runs walks the whole graph's edges: in chunks
+    (:mod:`ngra.compiler.chunked`) or all at once. Nothing for a fused edge stage, a
+    partitioned graph, a tile grid or streaming through a device (they tile themselves)."""
+    unfused = plan.kind == "generic" or all(k == "interp" for k in plan.edge_kinds)
+    if (not unfused or isinstance(graph, Partitioned) or current_budget() is not None
+            or forced_grid(graph) is not None or wants_streaming(plan, graph, x)):
+        return []
+    with torch.no_grad():
+        terms = plan.pre(x).terms
+    tile = whole_graph_grid(graph).columns[0][0]
+    return [chunk_line(plan.edge_chunks(tile, terms, edata), graph.num_edges)]
 
 
 def _device_lines(plan: Plan, graph: Any, x: Any, edata: Any) -> list[str]:
