@@ -240,12 +240,11 @@ def is_edge(graph: Graph, src: np.ndarray, dst: np.ndarray,
 
 def sorted_sources(graph: Graph) -> np.ndarray:
     """The graph's CSC ``indices`` as int64 with each column's sources in increasing order
-    (kept on the graph: a run's epochs draw against the same one)."""
-    hit = graph._cache.get("ngra.sorted-sources")
-    if hit is None:
-        idx = _sources_sorted(graph.indptr.numpy(), graph.indices.numpy(), graph.num_nodes)
-        hit = graph._cache["ngra.sorted-sources"] = idx.astype(np.int64, copy=False)
-    return hit
+    (built once per graph and kept on it, threads sharing the graph included: a run's
+    epochs draw against the same one)."""
+    return graph.cached("ngra.sorted-sources", lambda: _sources_sorted(
+        graph.indptr.numpy(), graph.indices.numpy(), graph.num_nodes).astype(np.int64,
+                                                                              copy=False))
 
 
 def sample_negatives(
