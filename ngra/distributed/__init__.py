@@ -10,7 +10,9 @@ pieces, for a user's own model and loop:
   rows and labels: any :class:`ngra.SagaLayer` runs on a ``DistGraph`` unchanged;
 * :class:`GradientSync` sums gradients over the ranks while backward runs;
 * :func:`link_model` / :func:`calibrate`: the link's alpha-beta costs, measured once per
-  machine, which choose each layer's exchange (:mod:`ngra.distributed.cost`).
+  machine, which choose each layer's exchange (:mod:`ngra.distributed.cost`): a halo
+  (:mod:`~ngra.distributed.halo`, :mod:`~ngra.distributed.overlap`), the ring
+  (:mod:`~ngra.distributed.ring`) or feature columns (:mod:`~ngra.distributed.feature`).
 """
 
 from ngra.distributed.gradsync import GradientSync
