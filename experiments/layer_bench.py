@@ -18,7 +18,10 @@ What is measured
     exactly what is tested). PyG runs its built-in layer with the weights' shapes and
     math of the ngra layer (``GATv2Conv``, ``TransformerConv``, ``GINEConv``,
     ``PNAConv``, ``EdgeConv`` with the same MLP, ``SGConv``, ``APPNP``, ``GCNConv``
-    with learned edge weights); GatedGCN has no PyG built-in and runs on ngra only.
+    with learned edge weights); ``edge_mlp_norm`` (an edge MLP with a LayerNorm, which
+    ngra runs on its generic plan on purpose: the chunked generic path) runs against a
+    PyG ``MessagePassing`` with the same message; GatedGCN has no PyG built-in and runs
+    on ngra only.
     Both frameworks train on the same graph (self-loops added where the layer wants
     them, as the tests do) with edges in the same (CSC) order; PyG gets ``edge_index``.
     GINE gets 8 random edge features per edge.
@@ -57,8 +60,8 @@ GRAPHS = {
     "rmat16": "rmat:scale=16,edge_factor=16,feat=64,classes=8",
     "rmat18": "rmat:scale=18,edge_factor=16,feat=64,classes=8",
 }
-LAYERS = ("gatv2", "transformer", "gine", "pna", "edgeconv", "edgeconv_mlp", "gatedgcn",
-          "sgc", "appnp", "learned_gcn")
+LAYERS = ("gatv2", "transformer", "gine", "pna", "edgeconv", "edgeconv_mlp", "edge_mlp_norm",
+          "gatedgcn", "sgc", "appnp", "learned_gcn")
 FRAMEWORKS = ("ngra", "pyg", "ngra-generic")
 HIDDEN, HEADS, HEAD_DIM, EDGE_DIM = 64, 4, 16, 8
 THREADS = 2
@@ -110,6 +113,9 @@ def _models(layer: str, f_in: int, classes: int, graph, edge_dim: int):
         cls = C.EdgeConv if layer == "edgeconv" else C.EdgeConvMLP
         a, b = cls(f_in, h), cls(h, classes)
         return Two(a, b), Two(C.pyg_edgeconv(a), C.pyg_edgeconv(b), True), graph
+    if layer == "edge_mlp_norm":  # the generic plan on purpose; PyG: a MessagePassing
+        a, b = C.EdgeMLPNorm(f_in, h), C.EdgeMLPNorm(h, classes)
+        return Two(a, b), Two(C.pyg_edge_mlp_norm(a), C.pyg_edge_mlp_norm(b), True), graph
     if layer == "gatedgcn":
         class Gated(nn.Module):
             def __init__(self) -> None:

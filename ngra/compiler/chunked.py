@@ -50,8 +50,11 @@ from ngra.graph import EdgeFactors
 __all__ = ["CHUNK_BYTES", "Chunks", "chunk_edges", "chunk_line", "chunks_for", "run_chunked"]
 
 #: ``NGRA_EDGE_CHUNK=auto``: edges per chunk such that the widest per-edge input row of a
-#: chunk takes about this many bytes (its UDF temporaries are a few such rows).
+#: chunk takes about this many bytes (its UDF temporaries are a few such rows): on the CPU
+#: a few MB (cache-sized), on a GPU far more (each chunk costs its kernel launches and a
+#: few host syncs: cache-sized chunks were many times the whole-edge step's time there).
 CHUNK_BYTES = 4 << 20
+CHUNK_BYTES_CUDA = 256 << 20
 #: ``auto`` never makes chunks smaller than this many edges (per-chunk overhead).
 MIN_AUTO_CHUNK = 2048
 
@@ -71,12 +74,14 @@ class Chunks(NamedTuple):
         return len(self.bounds)
 
 
-def chunk_edges(row_bytes: int, num_edges: int) -> int | None:
-    """Edges per chunk for per-edge input rows of ``row_bytes`` (``NGRA_EDGE_CHUNK``), or
-    ``None``: run over every edge at once (the setting is 0, or the edges fit one chunk)."""
+def chunk_edges(row_bytes: int, num_edges: int, device: torch.device | None = None) -> int | None:
+    """Edges per chunk for per-edge input rows of ``row_bytes`` on ``device``
+    (``NGRA_EDGE_CHUNK``), or ``None``: run over every edge at once (the setting is 0, or
+    the edges fit one chunk)."""
     want = settings.get("NGRA_EDGE_CHUNK")
     if want == "auto":
-        want = max(MIN_AUTO_CHUNK, CHUNK_BYTES // max(int(row_bytes), 1))
+        budget = CHUNK_BYTES_CUDA if device is not None and device.type == "cuda" else CHUNK_BYTES
+        want = max(MIN_AUTO_CHUNK, budget // max(int(row_bytes), 1))
     if not want or num_edges <= want:
         return None
     return int(want)
@@ -107,7 +112,7 @@ def chunk_bounds(indptr: torch.Tensor, size: int) -> list[tuple[int, int, int, i
 
 def chunks_for(indptr: torch.Tensor, num_edges: int, row_bytes: int) -> Chunks | None:
     """The chunking of a whole-graph tile, or ``None`` (see :func:`chunk_edges`)."""
-    size = chunk_edges(row_bytes, num_edges)
+    size = chunk_edges(row_bytes, num_edges, indptr.device)
     return None if size is None else Chunks(size, chunk_bounds(indptr, size))
 
 
@@ -207,7 +212,7 @@ class _GatherInto(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, token: torch.Tensor, t: torch.Tensor, idx: torch.Tensor,
                 sinks: _Sinks) -> torch.Tensor:
-        ctx.t, ctx.sinks = t, sinks
+        ctx.t, ctx.sinks, ctx.token = t, sinks, (token.dtype, token.device)
         ctx.save_for_backward(idx)
         return t.index_select(0, idx)
 
@@ -215,7 +220,8 @@ class _GatherInto(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         (idx,) = ctx.saved_tensors
         ctx.sinks.add(ctx.t, idx, g)
-        return torch.zeros((), dtype=g.dtype, device=g.device), None, None, None
+        dtype, device = ctx.token
+        return torch.zeros((), dtype=dtype, device=device), None, None, None
 
 
 def _plain_take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -268,8 +274,8 @@ class _Run:
         self.leaves = (0, 0)
 
     # .............................................................. forward
-    def chunk(self, k: int, terms: Any, edata: Any, take: Callable) -> tuple[Any, TileView]:
-        """Chunk ``k``'s partial state (and its local indptr)."""
+    def chunk(self, k: int, terms: Any, edata: Any, take: Callable) -> Any:
+        """Chunk ``k``'s partial state (the accumulator's, over the chunk's rows)."""
         b0, b1, lo, hi = self.chunks.bounds[k]
         tile = self.tile
         indptr = tile.indptr[lo:hi + 1].clamp(b0, b1) - b0
@@ -346,7 +352,7 @@ class _Run:
         e_saved = saved[nt:nt + ne]
         terms = _rebuild(self.terms, t_leaves)
         sinks = _Sinks()
-        token = torch.zeros((), dtype=torch.float32, requires_grad=True)
+        token = torch.zeros((), device=self.tile.indptr.device, requires_grad=True)
 
         def take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             if not needs[slot_of[id(t)]]:

@@ -60,6 +60,20 @@ def test_chunk_bounds_cover_every_edge_and_row(degrees, size):
             assert not split or degrees[nxt[2]] > size  # only a row longer than a chunk
 
 
+def test_auto_chunk_size_follows_the_device(monkeypatch):
+    monkeypatch.delenv("NGRA_EDGE_CHUNK", raising=False)
+    big = 10**9
+    assert chunked.chunk_edges(256, big) == chunked.CHUNK_BYTES // 256
+    # a GPU pays per chunk in launches and syncs: far larger chunks there
+    assert chunked.chunk_edges(256, big, torch.device("cuda")) == chunked.CHUNK_BYTES_CUDA // 256
+    assert chunked.chunk_edges(10**6, big) == chunked.MIN_AUTO_CHUNK  # wide rows: a floor
+    assert chunked.chunk_edges(256, chunked.CHUNK_BYTES // 256) is None  # fits one chunk
+    monkeypatch.setenv("NGRA_EDGE_CHUNK", "0")
+    assert chunked.chunk_edges(256, big) is None
+    monkeypatch.setenv("NGRA_EDGE_CHUNK", "100")
+    assert chunked.chunk_edges(256, big) == 100 and chunked.chunk_edges(256, 100) is None
+
+
 # ---------------------------------------------------------------- exactness
 def _hub_graph() -> ngra.Graph:
     """A hub (vertex 2) with 40 in-edges, self loops, a duplicate edge and isolated 6..9."""
