@@ -6,10 +6,11 @@ make its per-edge tensors for every edge at once and keep them for backward. On 
 whole-graph tile it runs here instead, over chunks of the destination-sorted (CSC) edges:
 
 * **Chunks** are edge ranges ``[b0, b1)`` of about ``C`` edges (``NGRA_EDGE_CHUNK``; auto:
-  :data:`CHUNK_BYTES` of the widest per-edge input row), cut at a destination's first edge
-  where one lies in reach, so only a destination with more than about ``C`` in-edges is
-  split; each chunk covers a contiguous range of destination rows ``[lo, hi)`` (the rows
-  of consecutive chunks share at most the split row; together they cover every row).
+  :data:`CHUNK_BYTES` of the widest per-edge input row, :data:`CHUNK_BYTES_CUDA` on a
+  GPU), cut at a destination's first edge where one lies in reach, so only a destination
+  with more than about ``C`` in-edges is split; each chunk covers a contiguous range of
+  destination rows ``[lo, hi)`` (the rows of consecutive chunks share at most the split
+  row; together they cover every row).
 * **Forward** (no autograd) gathers each chunk's source/destination rows, runs the edge
   stage, reduces the chunk's messages with the gather's accumulator
   (:meth:`~ngra.compiler.gather.Accumulator.partial`) and merges the partial state into
@@ -47,7 +48,8 @@ from ngra.compiler.tile import TileView
 from ngra.edge import Edge
 from ngra.graph import EdgeFactors
 
-__all__ = ["CHUNK_BYTES", "Chunks", "chunk_edges", "chunk_line", "chunks_for", "run_chunked"]
+__all__ = ["CHUNK_BYTES", "CHUNK_BYTES_CUDA", "Chunks", "chunk_edges", "chunk_line",
+           "chunks_for", "run_chunked"]
 
 #: ``NGRA_EDGE_CHUNK=auto``: edges per chunk such that the widest per-edge input row of a
 #: chunk takes about this many bytes (its UDF temporaries are a few such rows): on the CPU
