@@ -43,7 +43,7 @@ import torch
 from ngra.kernels.dropout import host_seed_draws
 from ngra.runtime.placement import Placement
 
-__all__ = ["CAPTURED", "GraphedStep", "MODES", "capture_refusal", "optimizer_refusal"]
+__all__ = ["CAPTURED", "GraphedStep", "MODES", "capture_refusal", "host_syncs", "optimizer_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,20 @@ def capture_refusal(device: torch.device, placement: Placement | None = None,
         return (f"a memory budget ({placement.budget / 2**20:,.0f} MiB) chooses the tile "
                 "grid at run time")
     return None if optimizer is None else optimizer_refusal(optimizer)
+
+
+#: torch's notice when sync debug mode is first turned on in a process (torch 2.11: "...
+#: is a prototype feature and does not yet detect all synchronizing operations"): not a
+#: synchronization of the step
+_SYNC_MODE_NOTICE = "synchronization debug mode is a prototype feature"
+
+
+def host_syncs(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The first lines of the warnings that sync debug mode raised for a host
+    synchronization (its own one-time notice aside)."""
+    lines = [str(w.message).splitlines()[0] if str(w.message) else "" for w in caught]
+    return [ln for ln in lines
+            if "synchroniz" in ln.lower() and not ln.lower().startswith(_SYNC_MODE_NOTICE)]
 
 
 class GraphedStep:
@@ -157,8 +171,7 @@ class GraphedStep:
                 out = self._side_stream(self._step)
             finally:
                 torch.cuda.set_sync_debug_mode(before)
-        syncs = [str(w.message).splitlines()[0] for w in caught
-                 if "synchroniz" in str(w.message).lower()]
+        syncs = host_syncs(caught)
         if syncs:
             self._refuse(f"the step synchronizes with the host ({len(syncs)} time(s) in "
                          f"its last warm-up call; first: {syncs[0]})")

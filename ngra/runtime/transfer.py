@@ -33,12 +33,12 @@ import json
 import logging
 import statistics
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ngra.calibration import calibration_file, save_calibration
 from ngra.mapped import is_mapped
@@ -100,7 +100,9 @@ def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
 
 
-_PINNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# keyed by identity: a WeakKeyDictionary compares tensor keys with ==, elementwise, and
+# fails ("Boolean value of Tensor ... is ambiguous") on a hash collision
+_PINNED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def pinned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
