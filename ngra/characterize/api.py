@@ -23,6 +23,7 @@ from ngra.characterize.ceilings import load_or_measure
 from ngra.characterize.plots import plot_roofline, plot_stages
 from ngra.characterize.report import read_csv, result_rows, unfinished, write_csv, write_report
 from ngra.characterize.runner import CharacterizeConfig, run_grid
+from ngra.diskspace import write_file
 
 __all__ = ["characterize", "rebuild_outputs", "NoCompletedRunsError", "OUTPUTS"]
 
@@ -80,8 +81,7 @@ def characterize(cfg: CharacterizeConfig) -> dict[str, Path]:
     resolved["environment"] = _environment(cfg)
     log.info("ngra characterize config: %s", json.dumps(resolved, sort_keys=True))
     invocations = _invocations(out) if cfg.append else []
-    (out / "config.json").write_text(
-        json.dumps({"invocations": invocations + [resolved]}, indent=2) + "\n")
+    _write_config(out, invocations + [resolved])
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     load_or_measure(out, remeasure=cfg.remeasure_ceilings)
@@ -95,8 +95,7 @@ def characterize(cfg: CharacterizeConfig) -> dict[str, Path]:
     results = run_grid(cfg, on_group=save)
     save(results)
     resolved["environment"]["loadavg_end"] = _loadavg()
-    (out / "config.json").write_text(
-        json.dumps({"invocations": invocations + [resolved]}, indent=2) + "\n")
+    _write_config(out, invocations + [resolved])
     mine = result_rows(results)
     if not any(r.status == "ok" for r in results):
         _write_report(out, read_csv(out / "runs.csv"))
@@ -115,6 +114,11 @@ def _loadavg() -> str:
 
 def _key(row: dict[str, Any]) -> tuple[str, str, str, str]:
     return row["framework"], row["model"], row["dataset"], row["mode"]
+
+
+def _write_config(out: Path, invocations: list[dict[str, Any]]) -> None:
+    write_file(out / "config.json", json.dumps({"invocations": invocations}, indent=2) + "\n",
+               "the characterization's configuration")
 
 
 def _invocations(out: Path) -> list[dict[str, Any]]:

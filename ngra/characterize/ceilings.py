@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ngra.diskspace import write_file
+
 __all__ = ["measure_ceilings", "load_or_measure"]
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,5 @@ def load_or_measure(out_dir: Path, remeasure: bool = True) -> dict[str, Any]:
     c = measure_ceilings()
     log.info("ceilings: %.1f GB/s copy, %.1f GB/s gather, %.1f GFLOP/s sgemm",
              c["bandwidth"] / 1e9, c["gather_bandwidth"] / 1e9, c["flops"] / 1e9)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(c, indent=2) + "\n")
+    write_file(path, json.dumps(c, indent=2) + "\n", "the measured ceilings")
     return c

@@ -12,6 +12,7 @@ the analytic counts, and the panel says so.
 
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 from collections import defaultdict
@@ -28,6 +29,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from ngra.characterize.report import executed, short_names  # noqa: E402
 from ngra.characterize.stages import REMAINDER, STAGES  # noqa: E402
+from ngra.diskspace import write_file  # noqa: E402
 
 __all__ = ["plot_stages", "plot_roofline", "stages_figure", "roofline_figure"]
 
@@ -62,8 +64,10 @@ def _runs(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[st
 
 
 def _save(fig: Figure, path: Path) -> None:
-    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.1)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
+    write_file(path, buf.getvalue(), "a plot")
 
 
 def plot_stages(rows: list[dict[str, Any]], path: Path) -> None:

@@ -14,6 +14,7 @@ report can be rebuilt from a ``runs.csv`` (:func:`read_csv`).
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -24,6 +25,7 @@ from typing import Any
 from ngra.characterize.measure import RunResult
 from ngra.characterize.metrics import LayerDims, model_counts
 from ngra.characterize.stages import REMAINDER, STAGES
+from ngra.diskspace import write_file
 
 __all__ = ["COLUMNS", "result_rows", "write_csv", "read_csv", "write_report", "findings",
            "unfinished", "executed"]
@@ -90,13 +92,12 @@ def _fmt_csv(v: Any) -> Any:
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS)
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: _fmt_csv(row.get(k)) for k in COLUMNS})
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=COLUMNS)
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: _fmt_csv(row.get(k)) for k in COLUMNS})
+    write_file(path, text.getvalue(), "the characterization table")
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:
@@ -457,7 +458,7 @@ def write_report(rows: list[dict[str, Any]], path: Path, *, ceilings: dict[str, 
     else:
         lines.append("None.")
     lines.append("")
-    Path(path).write_text("\n".join(lines) + "\n")
+    write_file(path, "\n".join(lines) + "\n", "the characterization report")
 
 
 def _rank(v: str, order: tuple[str, ...]) -> int:

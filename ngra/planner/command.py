@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 from typing import Any
+from ngra.diskspace import write_file
 from ngra.models import MODELS
 from ngra.partition import parse_bytes
 
@@ -143,7 +144,6 @@ def run(args: argparse.Namespace) -> int:
                   "devices": k, "memory_per_device_bytes": memory,
                   "link": link.describe(), "plans": [p.to_json() for p in plans]}
         path = Path(args.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1) + "\n")
+        write_file(path, json.dumps(record, indent=1) + "\n", "the plans")
         print(f"{len(plans)} plans written to {path}")
     return 0

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ngra.diskspace import write_file
 from ngra.training.checkpoint import FORMAT_VERSION, save_checkpoint
 from ngra.training.config import TrainConfig
 from ngra.training.predict import Predictor
@@ -79,8 +80,7 @@ class TrainResult:
     def to_json(self, path: str | Path | None = None) -> dict[str, Any]:
         """The summary (what ``ngra train --out`` writes); also written to ``path``."""
         if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(json.dumps(self.summary, indent=2) + "\n")
+            write_file(path, json.dumps(self.summary, indent=2) + "\n", "the run's summary")
         return self.summary
 
     def predictor(self) -> Predictor:

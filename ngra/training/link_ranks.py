@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from ngra.datasets import degree_weights, sample_negatives
 from ngra.datasets.linksplit import LinkSplit, negative_relations
+from ngra.diskspace import atomic_output, write_file
 from ngra.distributed.halo import HaloPlan, exchange_rows
 from ngra.distributed.launch import launch
 from ngra.graph import Graph
@@ -109,7 +110,8 @@ def write_link_pairs(split: LinkSplit, shards: Path, out: Path, negatives: str) 
         common["train_rel"] = split.train_rel
     if negatives == "degree":
         common["degrees"] = torch.from_numpy(degree_weights(split.graph))
-    torch.save(common, out / "common.pt")
+    with atomic_output(out / "common.pt", "the ranks' link pairs") as fh:
+        torch.save(common, fh)
     ei = split.graph.edge_index()
     edge_owner = _owner(new_of[ei[1]], bounds)
     parts = {name: getattr(split, name) for name in _PARTS}
@@ -125,11 +127,12 @@ def write_link_pairs(split: LinkSplit, shards: Path, out: Path, negatives: str) 
         own_edges = Graph.from_edge_index(ei[:, edge_owner == r], num_nodes=n)
         mine["exclude_indptr"] = own_edges.indptr.clone()
         mine["exclude_indices"] = own_edges.indices.clone()
-        torch.save(mine, out / f"rank{r}.pt")
+        with atomic_output(out / f"rank{r}.pt", "the ranks' link pairs") as fh:
+            torch.save(mine, fh)
     info = {"num_nodes": n, "counts": {name: int(p.shape[1]) for name, p in parts.items()},
             "num_train_negatives": split.num_train_negatives(), "negatives": negatives,
             "num_relations": split.num_relations}
-    (out / "meta.json").write_text(json.dumps(info) + "\n")
+    write_file(out / "meta.json", json.dumps(info) + "\n", "the ranks' link pairs")
 
 
 def _owner(ids: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:

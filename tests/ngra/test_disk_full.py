@@ -299,3 +299,28 @@ def test_calibration_on_a_full_disk_keeps_the_previous_file(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"DISKFULL could not write the link calibration to {path}" in r.stdout
     assert path.read_text() == '{"old": 1}\n' and _no_temporaries(tmp_path)
+
+
+def test_plans_on_a_full_disk_exit_2_and_keep_the_previous_file(tmp_path):
+    out = tmp_path / "plans.json"
+    out.write_text("{}\n")
+    r = _cli_child(64, "plan", "--model", "mlp:64,256,64", "--rows", "512", "--devices", "2",
+                   "--out", str(out))
+    _assert_disk_full_exit(r, "the plans", out)
+    assert out.read_text() == "{}\n" and _no_temporaries(tmp_path)
+
+
+def test_result_to_json_on_a_full_disk_keeps_the_previous_file(tmp_path):
+    out = tmp_path / "summary.json"
+    out.write_text("{}\n")
+    r = _child("""
+        import ngra
+        r = ngra.fit("gcn", "sbm:nodes=60,blocks=2,feat=4", epochs=2, progress=False,
+                     data_root=sys.argv[2])
+        try:
+            r.to_json(sys.argv[1])
+        except ngra.DiskFullError as err:
+            print("DISKFULL", err)
+    """, 1024, str(out), str(tmp_path / "data"))
+    assert "DISKFULL could not write the run's summary" in r.stdout, r.stderr
+    assert out.read_text() == "{}\n" and _no_temporaries(tmp_path)
