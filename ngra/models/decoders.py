@@ -113,7 +113,9 @@ class PairDecoder(nn.Module):
                r: torch.Tensor | None) -> torch.Tensor:
         return self.score(z.index_select(0, s), z.index_select(0, d), r)
 
-    def _check(self, z: torch.Tensor, pairs: torch.Tensor, rel: torch.Tensor | None) -> None:
+    def _check(self, z: torch.Tensor, pairs: torch.Tensor, rel: torch.Tensor | None,
+               ids: bool = True) -> None:
+        """Refuse bad shapes and (``ids``: a pass over the pairs) ids outside ``z``."""
         name = type(self).__name__
         if z.dim() != 2:
             raise ValueError(f"{name}: z must be [N, F] embeddings; got {list(z.shape)}.")
@@ -121,7 +123,7 @@ class PairDecoder(nn.Module):
             raise ValueError(f"{name}: pairs must be a [2, P] integer tensor (sources, "
                              f"destinations); got {pairs.dtype} {list(pairs.shape)}. If you "
                              "have [P, 2], pass pairs.t().")
-        if pairs.numel() and (int(pairs.min()) < 0 or int(pairs.max()) >= z.shape[0]):
+        if ids and pairs.numel() and (int(pairs.min()) < 0 or int(pairs.max()) >= z.shape[0]):
             raise ValueError(f"{name}: pairs hold vertex ids in [{int(pairs.min())}, "
                              f"{int(pairs.max())}]; z has {z.shape[0]} rows.")
         if self.needs_relation:
@@ -159,8 +161,9 @@ class DotDecoder(PairDecoder):
         scores, loss and gradient in one walk over their CSCs, no score vector kept."""
         sets = []
         for pairs, rel in ((pos, pos_rel), (neg, neg_rel)):
-            self._check(z, pairs, rel)
-            csc = pair_csc(pairs, z.shape[0]) if pairs.shape[1] else None
+            known = pair_csc(pairs, z.shape[0], cached_only=True)
+            self._check(z, pairs, rel, ids=known is None)  # a cached set was checked
+            csc = known or (pair_csc(pairs, z.shape[0]) if pairs.shape[1] else None)
             sets.append(None if csc is None else (csc.indptr, csc.indices))
         return pair_bce(z, *sets)
 
@@ -209,14 +212,17 @@ _CSC_LOCK = threading.Lock()
 _CSC_KEEP = 8
 
 
-def pair_csc(pairs: torch.Tensor, num_nodes: int) -> PairCSC:
+def pair_csc(pairs: torch.Tensor, num_nodes: int, cached_only: bool = False) -> PairCSC | None:
     """The :class:`PairCSC` of ``pairs`` (cached for the last few pair tensors, by
-    identity and version: a run's fixed pairs are sorted once)."""
+    identity and version: a run's fixed pairs are sorted once); ``cached_only``: the
+    cached one or ``None``."""
     version = pairs._version
     with _CSC_LOCK:
         for ref, v, n, csc in _CSC_CACHE:
             if ref() is pairs and v == version and n == num_nodes:
                 return csc
+    if cached_only:
+        return None
     csc = PairCSC(pairs, num_nodes)
     with _CSC_LOCK:
         _CSC_CACHE[:] = [c for c in _CSC_CACHE if c[0]() is not None]

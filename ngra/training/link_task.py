@@ -86,10 +86,11 @@ class LinkSession(TaskSession):
 
     def loss(self, z: torch.Tensor, epoch: Any = 0) -> tuple[torch.Tensor, float]:
         s = self.split
-        neg, index = s.train_negatives(int(epoch or 0), seed=self.seed, kind=self.kind,
-                                       degrees=self.degrees, return_index=True)
-        total = self.model.decoder.bce_sum(z, s.train_pos, neg, s.train_rel,
-                                           s.negative_relations(index))
+        typed = s.train_rel is not None  # each negative's index gives its relation
+        got = s.train_negatives(int(epoch or 0), seed=self.seed, kind=self.kind,
+                                degrees=self.degrees, return_index=typed)
+        neg, rel = (got[0], s.negative_relations(got[1])) if typed else (got, None)
+        total = self.model.decoder.bce_sum(z, s.train_pos, neg, s.train_rel, rel)
         loss = total / max(s.train_pos.shape[1] + neg.shape[1], 1)
         return loss, float(loss.detach())
 
