@@ -49,7 +49,7 @@ from numba import njit
 from ngra.errors import DatasetError
 from ngra.graph import Graph
 
-from .direction import _sources_sorted
+from .direction import _sources_sorted, in_sorted
 
 __all__ = ["DEGREE_POWER", "MAX_ROUNDS", "NegativeSampler", "degree_weights", "in_columns",
            "is_edge", "sample_negatives", "sorted_sources"]
@@ -126,16 +126,8 @@ def _draw_sources(verts, starts, offset, bounds, keys, n, cdf, use_cdf, indptr, 
                 s = _vertex(_hash_uniform(keys[r], i), n, cdf, use_cdf)
                 if not self_loops and s == d:
                     continue
-                if has_exclude:
-                    a, b = a0, b0
-                    while a < b:
-                        mid = (a + b) >> 1
-                        if idx[mid] < s:
-                            a = mid + 1
-                        else:
-                            b = mid
-                    if a < b0 and idx[a] == s:
-                        continue
+                if has_exclude and in_sorted(idx, a0, b0, s):
+                    continue
                 good = True
                 break
             pairs[0, o] = s
@@ -199,16 +191,8 @@ def _in_columns(indptr, vals, col, val, out, lo, hi):
     ``c = col[i]``: a binary search within one column (queries grouped by column walk the
     columns in order, the fast case)."""
     for i in range(lo, hi):
-        c, v = col[i], val[i]
-        a, b = indptr[c], indptr[c + 1]
-        end = b
-        while a < b:
-            mid = (a + b) >> 1
-            if vals[mid] < v:
-                a = mid + 1
-            else:
-                b = mid
-        out[i] = a < end and vals[a] == v
+        c = col[i]
+        out[i] = in_sorted(vals, indptr[c], indptr[c + 1], val[i])
 
 
 def in_columns(indptr: np.ndarray, vals: np.ndarray, col: np.ndarray,
