@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import pickle
 import shutil
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from ngra.datasets import DamagedFileError, DatasetError, load_ogb, load_planetoid, read_edgelist
 from ngra.datasets.planetoid import _read
+from ogbn_folder import ogbn_folder
 
 
 def _cora_copy(data_dir: Path, tmp_path: Path) -> Path:
@@ -48,18 +48,8 @@ def test_planetoid_shapes_that_do_not_fit(data_dir: Path, tmp_path: Path) -> Non
         load_planetoid("cora", tmp_path, download=False)
 
 
-def _ogb(folder: Path, feat: str) -> Path:
-    files = {"raw/edge.csv.gz": "0,1\n1,2\n", "raw/node-feat.csv.gz": feat,
-             "raw/node-label.csv.gz": "0\n1\n0\n", "split/s/train.csv.gz": "0\n",
-             "split/s/valid.csv.gz": "1\n", "split/s/test.csv.gz": "2\n"}
-    for name, text in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(gzip.compress(text.encode()))
-    return folder
-
-
 def test_ogb_csv_with_a_short_row(tmp_path: Path) -> None:
-    folder = _ogb(tmp_path / "ogbn_x", "0.1,0.2\n0.3\n0.5,0.6\n")
+    folder = ogbn_folder(tmp_path / "ogbn_x", "0.1,0.2\n0.3\n0.5,0.6\n")
     with pytest.raises(DamagedFileError) as err:
         load_ogb(folder)
     msg = str(err.value)
@@ -68,7 +58,7 @@ def test_ogb_csv_with_a_short_row(tmp_path: Path) -> None:
 
 
 def test_ogb_gzip_cut_short(tmp_path: Path) -> None:
-    folder = _ogb(tmp_path / "ogbn_x", "0.1,0.2\n0.3,0.4\n0.5,0.6\n")
+    folder = ogbn_folder(tmp_path / "ogbn_x")
     path = folder / "raw" / "edge.csv.gz"
     path.write_bytes(path.read_bytes()[:-12])
     with pytest.raises(DamagedFileError, match="edge.csv.gz is a damaged gzip file"):

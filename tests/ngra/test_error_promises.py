@@ -17,24 +17,15 @@ from ngra.cli import EXIT_BAD_INPUT, build_parser, main
 from ngra.datasets import DamagedFileError, DatasetError, load_ogb, read_edgelist
 from ngra.training import TrainConfig
 from ngra.training.run import train
+from ogbn_folder import ogbn_folder
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _ogb(folder: Path) -> Path:
-    files = {"raw/edge.csv.gz": "0,1\n1,2\n", "raw/node-feat.csv.gz": "0.1,0.2\n0.3,0.4\n0.5,0.6\n",
-             "raw/node-label.csv.gz": "0\n1\n0\n", "split/s/train.csv.gz": "0\n",
-             "split/s/valid.csv.gz": "1\n", "split/s/test.csv.gz": "2\n"}
-    for name, text in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(gzip.compress(text.encode()))
-    return folder
 
 
 @pytest.mark.parametrize("size", [0, 1, 10, 19])
 def test_ogb_gz_shorter_than_a_gzip_header_is_damaged(tmp_path, size):
     # found by issue 37: a 0-byte edge.csv.gz was read as a graph with no edges
-    folder = _ogb(tmp_path / "ogbn_x")
+    folder = ogbn_folder(tmp_path / "ogbn_x")
     path = folder / "raw" / "edge.csv.gz"
     path.write_bytes(path.read_bytes()[:size])
     with pytest.raises(DamagedFileError) as info:
