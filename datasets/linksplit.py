@@ -332,8 +332,8 @@ def _held_edges(graph: Graph, held: np.ndarray, undirected: bool,
     dst = graph.dst_index().numpy()
     if rel is not None:  # each CSC edge's relation: the original order's, permuted
         src += graph.to_csc_order(torch.from_numpy(rel)).numpy() * n
-    held = in_columns(ptr, val, dst, src)
-    return graph.to_original_order(torch.from_numpy(held)).numpy()
+    hit = in_columns(ptr, val, dst, src)
+    return graph.to_original_order(torch.from_numpy(hit)).numpy()
 
 
 def _non_edges(graph: Graph, k: int, pairs: np.ndarray, undirected: bool,

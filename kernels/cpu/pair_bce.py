@@ -38,7 +38,7 @@ def _dst_rows(indptr, indices, z, v, label, scale, coef, g, grad, pf):
     rows prefetched ahead), the loss terms and coefficients (``exp``/``log1p``, no loads),
     then the gradient (the block's rows still in cache). One loop doing all three per
     pair chains each pair's math behind its load; split, the math of a block overlaps
-    and costs about nothing (R-MAT 2^18: 1.45x faster)."""
+    the other pairs' work instead of adding to it."""
     nf = z.shape[1]
     num = indices.shape[0]
     total = 0.0

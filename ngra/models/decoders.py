@@ -158,7 +158,7 @@ class DotDecoder(PairDecoder):
                 pos_rel: torch.Tensor | None = None,
                 neg_rel: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`PairDecoder.bce_sum` fused (:func:`ngra.kernels.pair_bce`): both sets'
-        scores, loss and gradient in one walk over their CSCs, no score vector kept."""
+        scores, loss and gradient in one call over their CSCs, no score vector kept."""
         sets = []
         for pairs, rel in ((pos, pos_rel), (neg, neg_rel)):
             known = pair_csc(pairs, z.shape[0], cached_only=True)
