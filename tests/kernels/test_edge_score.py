@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from graph_cases import CASES, graph_case
+from kernel_testing import assert_as_accurate, max_degree
 
 from ngra.kernels import edge_score, use_backend
 from ngra.kernels.edge_expr import E
@@ -55,9 +56,17 @@ def test_numba_matches_reference(case, name, dtype, index_dtype, gen):
     src, dst = _terms(name, num_src, indptr.numel() - 1, dtype, gen)
     want, probe = _run("ref", indptr, indices, name, src, dst)
     got, _ = _run("cpu", indptr, indices, name, src, dst, probe)
-    tol = {} if dtype == torch.float64 else {"rtol": 2e-4, "atol": 2e-4}
-    for i, (a, b) in enumerate(zip(got, want)):
-        torch.testing.assert_close(a, b, msg=lambda m: f"{case} {name} [{i}]: {m}", **tol)
+    if dtype == torch.float64:
+        for i, (a, b) in enumerate(zip(got, want)):
+            torch.testing.assert_close(a, b, msg=lambda m, i=i: f"{case} {name} [{i}]: {m}")
+        return
+    # float32: a dst term's gradient sums a destination's in-edges (10^5 on the hub) in walk
+    # order, ref in its own; the two round apart by more than any fixed rtol (one seed in
+    # CI: 3e-4 on a sum near 0.34), so each is held to float64 truth instead
+    wide = [t.detach().double().requires_grad_() for t in src + dst]
+    truth, _ = _run("ref", indptr, indices, name, wide[:len(src)], wide[len(src):],
+                    probe.double())
+    assert_as_accurate(got, want, truth, dtype, terms=max_degree(indptr) + 1)
 
 
 @pytest.mark.usefixtures("parallel_kernels")
