@@ -19,6 +19,14 @@ column (nothing for sum/mean, the final extremes for max/min, the log-sum-exp
 and output for softmax), and ``contribution(part, final, in_degree)`` turns a
 recomputed tile partial into a tensor whose gradient, given the gradient of
 ``acc``, is exactly the tile's share of the gradient.
+
+Each backward pass first calls ``for_backward(final)`` once per set of destinations
+and hands its result to every tile's ``contribution``. Max and min need it: an
+extreme that several tiles of a column hold exactly (a tie, e.g. messages equal to a
+bias wherever a ReLU before it is all zero) goes to the first of them that the
+backward walk reaches, as the kernels give it to the first extreme edge; every tile
+that holds it receiving it would count its gradient once per tile. The walk marks
+what it has handed out in a mask that ``for_backward`` makes fresh for each pass.
 """
 
 from __future__ import annotations
@@ -53,6 +61,10 @@ class Accumulator:
 
     def final_stats(self, state: Any, acc: torch.Tensor) -> Any:
         return None
+
+    def for_backward(self, final: Any) -> Any:
+        """What one backward pass hands every tile's :meth:`contribution` (module docs)."""
+        return final
 
     def contribution(self, part: Any, final: Any, in_degree: torch.Tensor) -> torch.Tensor:
         # Linear accumulators: the tile's share of acc is its own finalized partial.
@@ -106,11 +118,18 @@ class ExtremeAccumulator(Accumulator):
     def final_stats(self, state: Any, acc: torch.Tensor) -> Any:
         return acc.detach()
 
+    def for_backward(self, final: Any) -> Any:
+        # the extremes, and which of them a tile of this pass has already taken
+        return final, torch.zeros(final.shape, dtype=torch.bool, device=final.device)
+
     def contribution(self, part: Any, final: Any, in_degree: torch.Tensor) -> torch.Tensor:
-        # Only the tile holding a destination's extreme receives its gradient.
+        # Only the first tile holding a destination's extreme receives its gradient.
         values, has = part
+        extremes, taken = final
         shape = (-1,) + (1,) * (values.dim() - 1)
-        mask = has.view(shape) & (values.detach() == final)
+        mask = has.view(shape) & (values.detach() == extremes.to(values.device))
+        mask &= ~taken.to(values.device)
+        taken |= mask.to(taken.device)
         return torch.where(mask, values, torch.zeros_like(values))
 
 

@@ -243,6 +243,7 @@ class OverlappedPropagation(torch.autograd.Function):
         grads: list[torch.Tensor | None] = [None] * (len(saved) + len(params))
         wants = [i for i in c.src if t_vals[i].requires_grad and t_vals[i].is_floating_point()]
         linear = plan.linear_edge
+        final = plan.accumulator.for_backward(ctx.final)
         rng_now = torch.get_rng_state()
         halo_rows = dict(zip(c.src, ctx.halo))
 
@@ -270,7 +271,7 @@ class OverlappedPropagation(torch.autograd.Function):
             st.src = c.side(src, c.src)
             st.dst = c.side(dst, c.dst)
             st.edata = unflatten(c.e_spec, edata)
-            leaf_grads, param_grads = tile_gradients(plan, st, ctx.final, grad_out, c.in_deg,
+            leaf_grads, param_grads = tile_gradients(plan, st, final, grad_out, c.in_deg,
                                                      params, linear, ctx.rng[view.key[1]])
             mine: dict[int, torch.Tensor] = {}
             for ((kind, i), _, _), g in leaf_grads:

@@ -217,6 +217,7 @@ class RingPropagation(torch.autograd.Function):
         grads: list[torch.Tensor | None] = [None] * (len(saved) + len(params))
         wants = {i for i in c.src if saved[i].requires_grad}  # chunk slots with a gradient
         linear = plan.linear_edge
+        final = plan.accumulator.for_backward(ctx.final)
         rng_now = torch.get_rng_state()
         cur = {i: t_vals[i] for i in c.src}
         g_reqs: list[Any] = []
@@ -249,7 +250,7 @@ class RingPropagation(torch.autograd.Function):
             st.src = unflatten(c.t_spec, src, keep=c.src)
             st.dst = unflatten(c.t_spec, dst, keep=c.dst)
             st.edata = unflatten(c.e_spec, edata)
-            leaf_grads, param_grads = tile_gradients(plan, st, ctx.final, grad_out, c.in_deg,
+            leaf_grads, param_grads = tile_gradients(plan, st, final, grad_out, c.in_deg,
                                                      params, linear, ctx.rng[j])
             mine: dict[int, torch.Tensor] = {}
             for ((kind, i), _, _), g in leaf_grads:

@@ -425,6 +425,9 @@ class StreamedLayer(torch.autograd.Function):
         # what the probe found (so the copies are the ones moved_bytes counts): whether any
         # term needs a gradient (GCN's first layer: none), and any destination-side term
         propagate, fused = c.s.rows.propagate, not c.s.rows.dst_grad
+        # max/min: which extremes a tile has taken (gather.py), on the host beside acc
+        taken_host = (torch.zeros(tuple(c.acc_host.shape), dtype=torch.bool)
+                      if name in ("max", "min") else None)
         for q in range(k if propagate or wants_x else 0):
             q_lo, q_hi = c.rows(q)
             with torch.enable_grad():
@@ -464,9 +467,14 @@ class StreamedLayer(torch.autograd.Function):
                 st.edata, st.drop = c.edata(col, q), c.tile_drop(col, q)
                 st.leaves = [(("src", s), t, None) for s, t in leaves.items() if t.requires_grad]
                 st.leaves += [(("dst", s), t, None) for s, t in dst.items() if t.requires_grad]
-                pairs, pgs = tile_gradients(c.plan, st, _final(name, acc, lse), g_col,
+                final = _final(name, acc, lse)
+                if taken_host is not None:
+                    final = (acc, taken_host[lo:hi].to(c.device))
+                pairs, pgs = tile_gradients(c.plan, st, final, g_col,
                                             c.degrees(col), c.params, c.linear,
                                             c.rng.get((col, q)))
+                if taken_host is not None:
+                    taken_host[lo:hi].copy_(final[1])
                 for ((side, s), _, _), g in pairs:
                     if side == "src":
                         g_src[s] = g if s not in g_src else g_src[s].add_(g)

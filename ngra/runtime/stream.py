@@ -225,7 +225,8 @@ class StreamedPropagation(torch.autograd.Function):
         terms = unflatten(c.t_spec, inputs[: c.nt])
         edata = unflatten(c.e_spec, inputs[c.nt: c.nt + c.ne])
         stager = stager_for(c.plan, terms, edata, leaves=True, drop=c.drop, **ctx.staging)
-        final = {lo: (hi, st) for lo, hi, st in ctx.final}
+        rule = c.plan.accumulator
+        final = {lo: (hi, rule.for_backward(st)) for lo, hi, st in ctx.final}
         in_deg = c.graph.in_degrees()
         rng_now = torch.get_rng_state()
         linear = c.plan.linear_edge

@@ -80,14 +80,9 @@ def test_layer_matches_reference_and_generic(name, case_name):
 
 # dict-valued messages (PNA's moments, GatedGCN's numerator and denominator) do not run
 # on a tile grid yet (ngra.runtime.stream: tensor-valued accumulators only)
-# A max gather on a grid routes a destination's gradient to every tile whose partial max
-# equals the final one (ExtremeAccumulator.contribution): exact ties across tiles, such as
-# EdgeConvMLP's messages equal to the last bias wherever the hidden ReLU is all zero,
-# count twice. Found by this suite; not fixed yet.
-_TIES = pytest.mark.xfail(reason="max ties across tiles double the gradient "
-                          "(ExtremeAccumulator.contribution)", strict=False)
-GRID_LAYERS = [pytest.param(n, marks=_TIES) if n == "edgeconv_mlp" else n
-               for n in LAYERS if n not in ("pna", "gatedgcn")]
+# EdgeConvMLP's max ties across tiles (messages equal to the last bias wherever the hidden
+# ReLU is all zero) found the doubled gradient ExtremeAccumulator.for_backward now prevents
+GRID_LAYERS = [n for n in LAYERS if n not in ("pna", "gatedgcn")]
 
 
 @pytest.mark.parametrize("name", GRID_LAYERS)

@@ -14,6 +14,7 @@ import ngra
 from ngra import Graph, SagaLayer, compiler
 from ngra.models import MODELS, build_model, prepare
 from ngra.runtime.budget import grid_shape
+from ngra.runtime.device_schedule import device_streaming
 from ngra.runtime.staging import staging_mode
 
 N = 48
@@ -130,6 +131,50 @@ def test_every_gather_streams(how, staging):
     torch.testing.assert_close(out2, out)
     for a, b in zip(torch.autograd.grad(out2, [x, layer.lin.weight], go), ref):
         torch.testing.assert_close(a, b)
+
+
+class _Tied(SagaLayer):
+    """Messages equal to ``b`` exactly wherever the ReLU is all zero: extremes that
+    several tiles of a column hold at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.b = nn.Parameter(torch.randn(4))
+
+    def apply_edge(self, edge):
+        return torch.relu(self.lin(edge.src)) + self.b
+
+
+@pytest.mark.parametrize("mode", ["compiled", "generic"])
+@pytest.mark.parametrize("how", ["max", "min"])
+def test_extreme_ties_across_tiles_get_the_gradient_once(how, mode):
+    """A tie's gradient goes to the first tile that holds it, as the kernels give it to
+    the first extreme edge: not once per tile (which doubled ``b``'s gradient)."""
+    layer = type(f"T_{how}", (_Tied,), {"gather": how})().double()
+    with torch.no_grad():
+        layer.lin.bias.fill_(-1.0)  # with x in [0, 0.1): every ReLU zero, every message b
+    g = _graph(int(torch.randint(1 << 20, ())))
+    x = (torch.rand(N, 4, dtype=torch.float64) * 0.1).requires_grad_()
+    ctx = compiler.disabled() if mode == "generic" else contextlib.nullcontext()
+    with ctx:
+        out = layer(g, x)
+        go = torch.randn_like(out)
+        ref = torch.autograd.grad(out, [x, layer.lin.weight, layer.b], go)
+        has = (g.in_degrees() > 0).unsqueeze(1).double()
+        torch.testing.assert_close(ref[2], (go * has).sum(0))  # each extreme is b, once
+        for shape in ((3, 3), (4, 1)):
+            for staging in ("gather", "span"):
+                with grid_shape(*shape), staging_mode(staging):
+                    out2 = layer(g, x)
+                got = torch.autograd.grad(out2, [x, layer.lin.weight, layer.b], go)
+                for a, b in zip(got, ref):
+                    torch.testing.assert_close(a, b, msg=lambda m: f"{shape} {staging}: {m}")
+        with device_streaming("cpu", parts=3):
+            out3 = layer(g, x)
+        got = torch.autograd.grad(out3, [x, layer.lin.weight, layer.b], go)
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, msg=lambda m: f"device streaming: {m}")
 
 
 class _DropEdge(SagaLayer):
