@@ -37,7 +37,8 @@ Overlap (``--overlap``: issue 41's overlapped halo)
     ``distributed_overlap.csv`` and a section of ``distributed.md``.
 
 Compression (``--compression``: issue 41's ``--halo-bits 8`` and ``--halo-staleness 1``)
-    ``ngra train --nprocs 2 --exchange halo`` with exact, 8-bit and stale halos on the
+    ``ngra train --nprocs K --exchange halo`` (K from ``--procs``) with exact, 8-bit and
+    stale halos on the
     Planetoid graphs here (Cora, CiteSeer; PubMed's features are not on this machine),
     GCN and GAT, ``--runs`` seeds of ``--epochs`` each: mean test accuracy over the seeds
     (the selected epoch's), its difference, halo bytes a step and the step time. Writes
@@ -487,31 +488,32 @@ def compression_rows(args: argparse.Namespace) -> int:
     graphs = ["cora", "citeseer"] if args.graphs == ",".join(GRAPHS) else args.graphs.split(",")
     rows = []
     out = Path(args.out)
-    for name in graphs:
-        for model in args.models.split(","):
-            row: dict[str, Any] = {"graph": name, "model": model, "runs": args.runs,
-                                   "epochs": args.epochs}
-            for label, extra in (("exact", ()), ("bits8", ("--halo-bits", "8")),
-                                 ("stale1", ("--halo-staleness", "1"))):
-                s = run_case(name, model, 2, 1, "metis", "halo", args.epochs, args.data_root,
-                             args.time_cap, args.mem_cap_gb, None,
-                             ("--runs", str(args.runs), *extra))
-                if "error" in s:
-                    row[f"{label}_error"] = s["error"]
-                    continue
-                runs = s.get("results") or [s]
-                row[f"{label}_acc"] = s["test_acc_mean"]
-                row[f"{label}_acc_std"] = s["test_acc_std"]
-                row[f"{label}_step_s"] = s["epoch_time_s"]
-                row[f"{label}_halo_bytes"] = sum(
-                    b.get("halo", 0) for b in runs[0]["bytes_sent_per_epoch"]["per_rank"])
-            row["load_1m"] = round(os.getloadavg()[0], 1)
-            rows.append(row)
-            print(f"{name} {model}: exact {row.get('exact_acc')}, 8-bit {row.get('bits8_acc')}, "
-                  f"stale {row.get('stale1_acc')} (load {row['load_1m']})", flush=True)
-            write_csv(rows, out.with_name(out.name + "_compression").with_suffix(".csv"))
-            _write_overlap_section(out.with_suffix(".md"), compression_report(rows, args),
-                                   COMPRESSION_MARK)
+    cells = [(name, model, k) for name in graphs for model in args.models.split(",")
+             for k in [int(p) for p in args.procs.split(",")]]
+    for name, model, k in cells:
+        row: dict[str, Any] = {"graph": name, "model": model, "procs": k, "runs": args.runs,
+                               "epochs": args.epochs}
+        for label, extra in (("exact", ()), ("bits8", ("--halo-bits", "8")),
+                             ("stale1", ("--halo-staleness", "1"))):
+            s = run_case(name, model, k, 1, "metis", "halo", args.epochs, args.data_root,
+                         args.time_cap, args.mem_cap_gb, None,
+                         ("--runs", str(args.runs), *extra))
+            if "error" in s:
+                row[f"{label}_error"] = s["error"]
+                continue
+            runs = s.get("results") or [s]
+            row[f"{label}_acc"] = s["test_acc_mean"]
+            row[f"{label}_acc_std"] = s["test_acc_std"]
+            row[f"{label}_step_s"] = s["epoch_time_s"]
+            row[f"{label}_halo_bytes"] = sum(
+                b.get("halo", 0) for b in runs[0]["bytes_sent_per_epoch"]["per_rank"])
+        row["load_1m"] = round(os.getloadavg()[0], 1)
+        rows.append(row)
+        print(f"{name} {model} {k} ranks: exact {row.get('exact_acc')}, "
+              f"8-bit {row.get('bits8_acc')}, stale {row.get('stale1_acc')} (load {row['load_1m']})", flush=True)
+        write_csv(rows, out.with_name(out.name + "_compression").with_suffix(".csv"))
+        _write_overlap_section(out.with_suffix(".md"), compression_report(rows, args),
+                               COMPRESSION_MARK)
     return 0
 
 
@@ -520,15 +522,17 @@ def compression_report(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [COMPRESSION_MARK, "", "## 8-bit and stale halos (issue 41, `--halo-bits 8`, "
              "`--halo-staleness 1`)", "",
              f"Regenerate: `python experiments/distributed_bench.py {' '.join(sys.argv[1:])}` "
-             f"(git {info.get('git', '?')}, {info.get('date', '?')}): `ngra train --nprocs 2 "
-             f"--threads 1 --exchange halo`, METIS, {args.epochs} epochs, {args.runs} seeds "
+             f"(git {info.get('git', '?')}, {info.get('date', '?')}): `ngra train --nprocs K "
+             f"--threads 1 --exchange halo` (K: the ranks column), METIS, {args.epochs} epochs, "
+             f"{args.runs} seeds "
              "(--runs), the zoo's hyper-parameters; test accuracy at the best validation "
-             "epoch, mean +- sample std over the seeds; halo bytes: both ranks, one training "
+             "epoch, mean +- sample std over the seeds; halo bytes: every rank, one training "
              "step; step: median training step (the machine was shared: load in the row).",
              ""]
     shown = []
     for r in rows:
-        d = {"cell": f"{r['graph']} {r['model']}", "load": f"{r['load_1m']:.1f}"}
+        d = {"cell": f"{r['graph']} {r['model']}", "load": f"{r['load_1m']:.1f}",
+             "procs": r.get("procs", 2)}  # rows of earlier runs: 2 ranks
         for label in ("exact", "bits8", "stale1"):
             if f"{label}_acc" in r:
                 d[label] = f"{r[f'{label}_acc']:.4f} +- {r[f'{label}_acc_std'] or 0:.4f}"
@@ -541,7 +545,7 @@ def compression_report(rows: list[dict], args: argparse.Namespace) -> str:
                 d[f"{label}_d"] = f"{(r[f'{label}_acc'] - r['exact_acc']) * 100:+.2f} points"
         shown.append(d)
     lines.append(markdown_table(shown, [
-        ("cell", "graph model"), ("exact", "exact test acc"), ("bits8", "8-bit test acc"),
+        ("cell", "graph model"), ("procs", "ranks"), ("exact", "exact test acc"), ("bits8", "8-bit test acc"),
         ("bits8_d", "8-bit - exact"), ("stale1", "stale test acc"),
         ("stale1_d", "stale - exact"), ("exact_b", "halo bytes/step exact"),
         ("bits8_b", "8-bit"), ("exact_t", "step exact"), ("bits8_t", "step 8-bit"),
