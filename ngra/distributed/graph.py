@@ -108,6 +108,7 @@ class DistGraph(Partitioned):
         self.overlap = bool(overlap)
         self.staleness = int(staleness)
         self._stale: dict[tuple[int, int], StaleHalo] = {}
+        self._restored: list[dict[str, Any]] = []  # a checkpoint's stale halos, to take up
         self._split: SplitPlan | None = None
         self._blocking: set[int] = set()  # layers whose dict accumulator cannot overlap
         self._records: dict[tuple[int, int], list[ExchangeRecord]] = {}
@@ -270,6 +271,51 @@ class DistGraph(Partitioned):
         for stale in self._stale.values():
             stale.settle()
 
+    def stale_state(self) -> list[dict[str, Any]]:
+        """The stale halos of this rank's live layers, in first-call order, for a
+        checkpoint: each layer's name, source row bytes and the last training step's
+        halo rows and returned halo gradients (lists of tensors, ``None`` where none
+        came). Settles what is in flight first."""
+        self.settle()
+        out = []
+        for key in self._order:
+            stale, hit = self._stale.get(key), self._choices.get(key)
+            layer = hit[0]() if hit is not None else None
+            if stale is None or layer is None:
+                continue
+            out.append({"layer": type(layer).__name__, "row_bytes": key[1],
+                        **{w: None if getattr(stale, w) is None else
+                           [t.detach().cpu() for t in getattr(stale, w).wait()]
+                           for w in ("rows", "grads")}})
+        return out
+
+    def restore_stale(self, states: list[dict[str, Any]]) -> None:
+        """Take up a checkpoint's :meth:`stale_state` of this rank: the first training
+        call of each layer (in first-call order) reads them as the previous step's, when
+        the layer's name and row bytes match (else that layer and those after it start
+        exact)."""
+        self._restored = list(states)
+
+    def _stale_of(self, plan: Plan, key: tuple[int, int]) -> StaleHalo:
+        """The layer's :class:`StaleHalo`: made at its first call, from the next restored
+        state when that is this layer's (:meth:`restore_stale`)."""
+        stale = self._stale.get(key)
+        if stale is None:
+            stale = self._stale[key] = StaleHalo()
+            if self._restored:
+                st = self._restored.pop(0)
+                if (st["layer"], st["row_bytes"]) == (type(plan.layer).__name__, key[1]):
+                    device = self.local.indptr.device
+                    stale.restore(*[None if st[w] is None else [t.to(device) for t in st[w]]
+                                    for w in ("rows", "grads")])
+                else:
+                    log.warning("the checkpoint's stale halos are of %s (%d bytes a row), "
+                                "not of %s (%d): the first step reads exact halos",
+                                st["layer"], st["row_bytes"], type(plan.layer).__name__,
+                                key[1])
+                    self._restored = []
+        return stale
+
     def _record(self, key: tuple[int, int]) -> ExchangeRecord | None:
         """A new record of a training call (``None`` outside autograd: evaluation)."""
         if not torch.is_grad_enabled():
@@ -301,7 +347,7 @@ class DistGraph(Partitioned):
             try:
                 factors = isinstance(edata, EdgeFactors) and not (
                     edata.src.requires_grad or edata.dst.requires_grad)
-                stale = self._stale.setdefault(key, StaleHalo()) if self.staleness else None
+                stale = self._stale_of(plan, key) if self.staleness else None
                 out = overlapped_propagate(self.halo, self.split, plan, terms,
                                            edata if factors else self._per_edge(edata),
                                            self.in_degrees(), drop, record, stale)

@@ -25,10 +25,14 @@ changes is how long the rank waits for them (:class:`~ngra.distributed.halo.Exch
 not exact): a training step's boundary tile reads the halo rows the *previous* step
 exchanged, and its owned rows receive the halo gradients the previous step sent back,
 so each exchange has a whole step (and the evaluation after it) to travel
-(:class:`StaleHalo`, one per layer). The first step after the start, a resume or a
-change of shape waits for its own rows, exactly; an evaluation (no autograd) reads
-exact rows and first settles what is still in flight, so no exchange outlives the
-step's evaluation, a checkpoint or the run.
+(:class:`StaleHalo`, one per layer). The first step after the start or a change of
+shape waits for its own rows, exactly; an evaluation (no autograd) reads exact rows and
+first settles what is still in flight, so no exchange outlives the step's evaluation,
+a checkpoint or the run. A checkpoint keeps each rank's stale rows and gradients
+(:meth:`~ngra.distributed.graph.DistGraph.stale_state`), and a run resumed on the same
+ranks and partition reads them at its first step (:meth:`StaleHalo.restore`), so it
+trains as the uninterrupted run; resumed on another partition (another process count,
+method or graph) its first step is exact (:mod:`ngra.training.ranks` says so).
 """
 
 from __future__ import annotations
@@ -83,6 +87,13 @@ class StaleHalo:
         got = pending.wait()
         setattr(self, which, _Received(got))
         return got
+
+    def restore(self, rows: list[torch.Tensor] | None,
+                grads: list[torch.Tensor] | None) -> None:
+        """Take up a checkpoint's rows and gradients (:meth:`DistGraph.stale_state
+        <ngra.distributed.graph.DistGraph.stale_state>`) as the previous step's."""
+        self.rows = None if rows is None else _Received(rows)
+        self.grads = None if grads is None else _Received(grads)
 
     def settle(self) -> None:
         """Wait for whatever is still in flight (before an exact exchange, an evaluation

@@ -441,6 +441,8 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
     resume = cfg.resume and (run is None or _has_checkpoint(checkpoint))
     if resume:
         ck = resume_from_checkpoint(checkpoint, resolved, model, opt)
+        if hasattr(s, "restore_state"):  # a rank's own state (stale halos)
+            s.restore_state(ck)
         start, best, times, history = ck["epoch"], ck["best"], ck["times"], ck["history"]
         stopped = ck.get("stopped", False)
         patience = EarlyStop(cfg.patience, ck.get("patience"))
@@ -496,6 +498,8 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
         if checkpoint and ((epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs
                            or stopped):
             path = Path(checkpoint)
+            # a rank's own state (stale halos), gathered to the writer: every rank calls it
+            own = s.checkpoint_state() if hasattr(s, "checkpoint_state") else {}
             if s.is_main:  # ranks hold the same state: one writes it
                 last = model.state_dict()
                 path = save_checkpoint({
@@ -505,7 +509,7 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
                     "last": last, "optimizer": opt.state_dict(),
                     "best": {k: v for k, v in best.items() if k != "state"},
                     "times": times, "history": history, "rng": rng_state(),
-                    "stopped": stopped, "patience": patience.state}, checkpoint)
+                    "stopped": stopped, "patience": patience.state, **own}, checkpoint)
             kept = (f"The last checkpoint, {path} (epoch {epoch + 1}; best val_acc "
                     f"{best['val']:.4f} at epoch {best['epoch']}), is kept.")
     if stopped:

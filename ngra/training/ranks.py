@@ -25,7 +25,11 @@ and every forward inside :func:`ngra.kernels.dropout_rows` with the rows' origin
 its masks from each local edge's id in the whole graph, ``DistGraph.edge_ids``, likewise).
 The validation loss for early stop is reduced with the accuracies, so every rank stops at
 the same epoch; ``--runs`` trains each seed in turn on the same ranks
-(:func:`ngra.training.loop.fit_runs`). Only rank 0 writes files and shows progress. The summary
+(:func:`ngra.training.loop.fit_runs`). Only rank 0 writes files and shows progress; with
+``--halo-staleness 1`` a checkpoint also keeps every rank's stale halo rows and gradients
+(gathered to rank 0, :meth:`RankSession.checkpoint_state`), which a run resumed on the
+same ranks and shards reads at its first step (another process count or partition: an
+exact first step, logged and in the summary's ``stale_halos_resumed``). The summary
 adds ``world_size``, each layer's exchange, bytes sent a training step per rank (counted
 at the sends), the partition's figures and each rank's peak memory and step time.
 
@@ -51,7 +55,7 @@ import shutil
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -77,8 +81,8 @@ from ngra.training.loop import fit_runs, grid_report
 from ngra.training.model_source import call_model
 from ngra.training.resources import RankShare, check_rank_data, local_ranks
 
-__all__ = ["RankSession", "open_shard", "prepare_shards", "rank_threads", "run_rank",
-           "train_distributed"]
+__all__ = ["RankSession", "from_rank_zero", "named_failure", "open_shard", "prepare_shards",
+           "rank_threads", "run_rank", "torchrun_group", "train_distributed"]
 
 log = logging.getLogger(__name__)
 
@@ -131,41 +135,68 @@ def _rank_main(cfg: TrainConfig, folder: str, meta: dict[str, Any]) -> Any:
 
 def _torchrun_rank(cfg: TrainConfig, load: Callable[[], tuple[Any, dict[str, Any]]],
                    echo: Callable[[str], None] | None) -> tuple[dict[str, Any], Any, Any]:
+    rank, _ = torchrun_group(cfg)
+
+    def prepare() -> tuple[str, dict[str, Any]]:
+        ds, meta = load()
+        folder = prepare_shards(cfg, ds)
+        del ds
+        # this host's ranks run already: their shares of the data against what is left
+        check_rank_data(rank_shares(folder), cfg.allow_oversubscribe, ranks=local_ranks(),
+                        started=True)
+        return str(folder), meta
+
+    folder, meta = from_rank_zero(prepare)
+    with named_failure():
+        summary, model = run_rank(cfg, Path(folder), meta)
+    dist.destroy_process_group()
+    if rank == 0 and echo is not None and cfg.explain and summary.get("explain"):
+        echo(summary["explain"])
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()} if rank == 0 else None
+    return summary, state, meta if rank == 0 else None
+
+
+# ---------------------------------------------------------------- torchrun
+def torchrun_group(cfg: TrainConfig) -> tuple[int, int]:
+    """As one of the processes ``torchrun`` started: the default group initialized and
+    ``cfg.nprocs`` set to its process count; returns ``(rank, world size)``."""
     init_process_group(timeout_s=cfg.dist_timeout, device=_device(cfg))
     rank, k = dist.get_rank(), dist.get_world_size()
     if cfg.nprocs not in (1, k):
         raise ValueError(f"--nprocs {cfg.nprocs} disagrees with torchrun's {k} processes; "
                          "leave --nprocs out under torchrun.")
     cfg.nprocs = k
+    return rank, k
+
+
+def from_rank_zero(prepare: Callable[[], Any]) -> Any:
+    """``prepare()`` run by rank 0 alone (what it writes -- caches, shards -- is written
+    once) while the other ranks wait; its result (picklable), or its error, on every
+    rank: a failure ends every rank at once, not at a collective's timeout."""
     box: list[Any] = [None]
-    if rank == 0:
+    if dist.get_rank() == 0:
         try:
-            ds, meta = load()
-            folder = prepare_shards(cfg, ds)
-            del ds
-            # this host's ranks run already: their shares of the data against what is left
-            check_rank_data(rank_shares(folder), cfg.allow_oversubscribe, ranks=local_ranks(),
-                            started=True)
-            box[0] = (str(folder), meta)
+            box[0] = prepare()
         except Exception as exc:  # every rank must hear of it, not wait for a timeout
             box[0] = exc
     dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], Exception):
         raise box[0]
-    folder, meta = box[0]
+    return box[0]
+
+
+@contextlib.contextmanager
+def named_failure() -> Iterator[None]:
+    """A torchrun rank's training: an error names the rank on stderr and ends the process
+    at once (a teardown could block on peers waiting in a collective), so torchrun stops
+    the others within seconds."""
     try:
-        summary, model = run_rank(cfg, Path(folder), meta)
+        yield
     except BaseException as exc:
-        # name this rank and leave at once: a teardown can block on peers in a collective
-        sys.stderr.write(f"ngra train: rank {rank} of {k}: error: {type(exc).__name__}: "
-                         f"{exc}\n")
+        sys.stderr.write(f"ngra train: rank {dist.get_rank()} of {dist.get_world_size()}: "
+                         f"error: {type(exc).__name__}: {exc}\n")
         sys.stderr.flush()
         os._exit(1)
-    dist.destroy_process_group()
-    if rank == 0 and echo is not None and cfg.explain and summary.get("explain"):
-        echo(summary["explain"])
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()} if rank == 0 else None
-    return summary, state, meta if rank == 0 else None
 
 
 # ---------------------------------------------------------------- shards
@@ -288,6 +319,47 @@ class RankSession:
                 plans += "\n" + grid_report(self.model, self.graph, self.x, self.edge_data)
         return plans
 
+    #: how a resumed run's stale halos began (``extra``'s ``stale_halos_resumed``)
+    stale_resume: str | None = None
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps beside the loop's state (collective: every rank calls
+        it; rank 0's return is saved): with ``--halo-staleness 1`` every rank's stale halo
+        rows and gradients (:meth:`~ngra.distributed.graph.DistGraph.stale_state`), with
+        the rank count and the shards' stamp they belong to."""
+        if not self.graph.staleness:
+            return {}
+        mine = self.graph.stale_state()
+        everyone: list[Any] = [None] * self.world if self.is_main else None
+        dist.gather_object(mine, everyone, dst=0)
+        if not self.is_main:
+            return {}
+        return {"stale_halos": {"world_size": self.world, "stamp": _stamp_text(self.shard),
+                                "ranks": everyone}}
+
+    def restore_state(self, ck: dict[str, Any]) -> None:
+        """Take up what :meth:`checkpoint_state` saved in the checkpoint ``ck`` resumed
+        from: this rank's stale halos, when the checkpoint's ranks and shards are this
+        run's; else the first step reads exact halos, and a log line (and the summary's
+        ``stale_halos_resumed``) says why."""
+        if not self.graph.staleness:
+            return
+        saved = ck.get("stale_halos")
+        if saved is None:
+            why = "the checkpoint holds no stale halos (written without --halo-staleness)"
+        elif saved["world_size"] != self.world:
+            why = (f"the checkpoint's stale halos are of {saved['world_size']} ranks, this "
+                   f"run has {self.world}")
+        elif saved["stamp"] != _stamp_text(self.shard):
+            why = "the checkpoint's stale halos are of another partition or graph"
+        else:
+            self.graph.restore_stale(saved["ranks"][self.rank])
+            self.stale_resume = "the checkpoint's stale halo rows and gradients"
+            return
+        self.stale_resume = f"exact halos at the first step: {why}"
+        if self.is_main:
+            log.warning("--halo-staleness 1: %s", self.stale_resume)
+
     def step_begin(self) -> None:
         """Before each training step (the exchange counts its own traffic)."""
 
@@ -330,7 +402,13 @@ class RankSession:
             "large_frees_released": all(e["large_frees_released"] for e in everyone),
             "link": link.describe() if link is not None else None,
             "dense_layout": self.layout.describe() if self.layout is not None else None,
+            **({"stale_halos_resumed": self.stale_resume} if self.stale_resume else {}),
         }
+
+
+def _stamp_text(shard: Any) -> str:
+    """The shards' stamp (book, graph, preparation, rank count) as one string."""
+    return json.dumps(shard.meta["stamp"], sort_keys=True)
 
 
 def open_shard(cfg: TrainConfig, folder: Path) -> tuple[Any, DenseLayout, Any]:

@@ -83,6 +83,8 @@ FIELDS: dict[str, str] = {
     "partition_stats": "several processes: the cost model's inputs",
     "peak_rss_mb_per_rank": "several processes: each rank's peak resident memory (MiB)",
     "peak_device_mb_per_rank": "several processes on GPUs: each rank's peak device memory",
+    "stale_halos_resumed": "--halo-staleness 1, resumed: what its first step read (the "
+                           "checkpoint's stale halos, or exact halos and why)",
     "epoch_time_s_per_rank": "several processes: each rank's median step",
     "large_frees_released": "several processes: large temporaries returned to the OS",
     "link": "several processes: the link model that chose the exchange",
