@@ -1,4 +1,4 @@
-"""Graph-classification datasets: many small graphs, one label per graph.
+"""Graph-classification datasets: many small graphs, one label per graph (or T binary ones).
 
 A :class:`GraphDataset` holds every graph in **one** CSC structure over global node ids
 (``indptr`` ``[N + 1]``, ``indices`` ``[E]``) plus per-graph node offsets ``node_ptr``
@@ -12,6 +12,13 @@ Built by :func:`~ngra.datasets.tu.load_tu` (TU text files),
 :func:`from_pyg_list` (a list of PyG ``Data``) or :meth:`GraphDataset.from_edges` (edge
 arrays with a node-to-graph offset vector). Labels are remapped to ``[0, C)``;
 ``label_values[c]`` is the original label of class ``c``.
+
+Task types (``task_type``): ``"multiclass"`` (one class label per graph, ``y`` ``[G]``
+int64) or ``"binary"`` (OGB's ``ogbg-molhiv``, ``-molpcba``: ``T`` binary tasks per
+graph, ``y`` ``[G, T]`` float32 holding 0, 1 or NaN for a missing label; ``num_classes``
+is 2 and the model's head has ``T`` outputs, :attr:`GraphDataset.num_outputs`). The
+metric a run reports (:attr:`GraphDataset.metric`) is ``info["eval_metric"]`` when the
+loader knows it (an OGB folder's ``rocauc`` or ``ap``), else accuracy or ROC-AUC.
 
 A dataset may carry its own split (``split``: train/val/test graph ids, an OGB folder's
 ``split/<type>/``); graph classification trains on it instead of a random one. A subset
@@ -33,10 +40,13 @@ from ngra.graph import Graph
 from .batching import GraphBatch, Selection, collate, gather_graphs
 from .direction import reciprocity
 
-__all__ = ["SPLIT_PARTS", "GraphDataset", "from_pyg_list"]
+__all__ = ["SPLIT_PARTS", "TASK_TYPES", "GraphDataset", "from_pyg_list"]
 
 #: The parts of a graph dataset's own split.
 SPLIT_PARTS = ("train", "val", "test")
+
+#: What a graph's labels are (:attr:`GraphDataset.task_type`).
+TASK_TYPES = ("multiclass", "binary")
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:
@@ -59,8 +69,9 @@ class GraphDataset:
         indices: ``[E]`` int64 global source id of each edge (CSC order).
         node_ptr: ``[G + 1]`` int64 node offsets of the graphs.
         x: ``[N, F]`` float32 node features (``info["x"]`` says what they are).
-        y: ``[G]`` int64 graph labels in ``[0, num_classes)``.
-        num_classes: ``C``.
+        y: ``[G]`` int64 graph labels in ``[0, num_classes)``; for ``task_type="binary"``
+            ``[G, T]`` float32 of 0, 1 and NaN (a missing label).
+        num_classes: ``C`` (2 for a binary dataset).
         label_values: ``[C]`` the original label of each class (MUTAG: ``[-1, 1]``).
         edge_attr: ``[E, D]`` float32 edge features in CSC order, or ``None``
             (``info["edge_attr"]`` says what they are).
@@ -72,6 +83,7 @@ class GraphDataset:
             or ``None``), loader notes.
         split: the dataset's own split, ``{"train", "val", "test"}`` -> ``[G_part]`` int64
             graph ids, or ``None`` (a random split is drawn where one is needed).
+        task_type: ``"multiclass"`` (default) or ``"binary"`` (module docstring).
 
     Raises:
         DatasetError: inconsistent shapes or offsets, an edge joining two graphs, a split
@@ -91,6 +103,7 @@ class GraphDataset:
     node_label: torch.Tensor | None = None
     info: dict[str, Any] = field(default_factory=dict, repr=False)
     split: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    task_type: str = "multiclass"
 
     def __post_init__(self) -> None:
         n, e, g = self.indptr.numel() - 1, self.indices.numel(), self.node_ptr.numel() - 1
@@ -112,7 +125,15 @@ class GraphDataset:
         if self.x.dim() != 2 or self.x.dtype != torch.float32:
             raise DatasetError(f"{self.name}: x must be [N, F] float32; got {list(self.x.shape)} "
                                f"{self.x.dtype}.")
-        if g and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
+        if self.task_type not in TASK_TYPES:
+            raise DatasetError(f"{self.name}: task_type must be one of {TASK_TYPES}; got "
+                               f"{self.task_type!r}.")
+        if self.task_type == "binary":
+            self._check_binary()
+        elif self.y.dim() != 1 or self.y.dtype != torch.int64:
+            raise DatasetError(f"{self.name}: y of a multiclass dataset must be [G] int64 class "
+                               f"labels; got {list(self.y.shape)} {self.y.dtype}.")
+        elif g and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
             raise DatasetError(f"{self.name}: y must be in [0, {self.num_classes}); got range "
                                f"[{int(self.y.min())}, {int(self.y.max())}].")
         src = self.indices.numpy()
@@ -129,6 +150,18 @@ class GraphDataset:
                 f"must stay inside one graph ({cross.size} edges do not).")
         if self.split is not None:
             self._check_split(g)
+
+    def _check_binary(self) -> None:
+        y = self.y
+        if y.dim() != 2 or not y.is_floating_point() or self.num_classes != 2:
+            raise DatasetError(f"{self.name}: y of a binary dataset must be [G, T] floats (0, 1, "
+                               f"NaN for missing) with num_classes=2; got {list(y.shape)} "
+                               f"{y.dtype}, num_classes={self.num_classes}.")
+        bad = ~(torch.isnan(y) | (y == 0) | (y == 1))
+        if bad.any():
+            g, t = (int(v) for v in bad.nonzero()[0])
+            raise DatasetError(f"{self.name}: y[{g}, {t}] is {float(y[g, t])}; a binary label "
+                               "is 0, 1 or NaN (missing).")
 
     def _check_split(self, g: int) -> None:
         if sorted(self.split) != sorted(SPLIT_PARTS):
@@ -159,17 +192,24 @@ class GraphDataset:
         node_label: np.ndarray | None = None,
         info: dict[str, Any] | None = None,
         split: dict[str, np.ndarray] | None = None,
+        task_type: str = "multiclass",
     ) -> GraphDataset:
         """Build from ``[E]`` global ``src -> dst`` ids in any order (sorted here to CSC by
         ``(dst, src)``, stably: multi-edges kept in input order, edge data permuted alike),
-        ``[G + 1]`` node offsets and ``[G]`` raw graph labels (remapped to ``[0, C)``);
+        ``[G + 1]`` node offsets and ``[G]`` raw graph labels (remapped to ``[0, C)``), or
+        for ``task_type="binary"`` ``[G, T]`` labels 0, 1 or NaN (kept as they are);
         ``split`` (optional): train/val/test graph ids."""
         src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
         node_ptr = np.asarray(node_ptr, dtype=np.int64)
         n = int(node_ptr[-1])
         perm = np.argsort(dst * max(n, 1) + src, kind="stable")
         indptr = _offsets(np.bincount(dst, minlength=n)[:n] if dst.size else np.zeros(n, np.int64))
-        values, y = np.unique(np.asarray(labels), return_inverse=True)
+        if task_type == "binary":
+            y = np.asarray(labels, dtype=np.float32)
+            y, values = y.reshape(y.shape[0], -1), np.array([0, 1])
+        else:
+            values, y = np.unique(np.asarray(labels), return_inverse=True)
+            y = y.reshape(-1).astype(np.int64)
 
         def edges(a: Any, dtype: torch.dtype) -> torch.Tensor | None:
             return None if a is None else torch.as_tensor(np.asarray(a)[perm]).to(dtype)
@@ -180,7 +220,7 @@ class GraphDataset:
             indices=torch.from_numpy(np.ascontiguousarray(src[perm])),
             node_ptr=torch.from_numpy(node_ptr),
             x=torch.as_tensor(np.asarray(x)).to(torch.float32),
-            y=torch.from_numpy(y.reshape(-1).astype(np.int64)),
+            y=torch.from_numpy(y),
             num_classes=int(values.size),
             label_values=torch.as_tensor(values),
             edge_attr=edges(edge_attr, torch.float32),
@@ -190,6 +230,7 @@ class GraphDataset:
             split=None if split is None else {
                 k: torch.as_tensor(np.asarray(v, dtype=np.int64).reshape(-1))
                 for k, v in split.items()},
+            task_type=task_type,
         )
 
     # ------------------------------------------------------------ properties
@@ -211,6 +252,23 @@ class GraphDataset:
     @property
     def num_features(self) -> int:
         return int(self.x.shape[1])
+
+    @property
+    def num_tasks(self) -> int:
+        """``T``: the binary tasks of each graph (1 for a multiclass dataset)."""
+        return int(self.y.shape[1]) if self.task_type == "binary" else 1
+
+    @property
+    def num_outputs(self) -> int:
+        """The width of a model's head: ``num_classes`` scores, or one logit per task."""
+        return self.num_tasks if self.task_type == "binary" else self.num_classes
+
+    @property
+    def metric(self) -> str:
+        """What a run reports: ``info["eval_metric"]`` (an OGB folder's), else
+        ``"accuracy"`` (multiclass) or ``"rocauc"`` (binary)."""
+        default = "rocauc" if self.task_type == "binary" else "accuracy"
+        return self.info.get("eval_metric") or default
 
     @property
     def edge_ptr(self) -> torch.Tensor:
@@ -265,12 +323,17 @@ class GraphDataset:
             x=rows(self.x, node_sel), y=rows(self.y, torch.from_numpy(sel.graphs)),
             num_classes=self.num_classes, label_values=self.label_values,
             edge_attr=rows(self.edge_attr, edge_sel), edge_label=rows(self.edge_label, edge_sel),
-            node_label=rows(self.node_label, node_sel), info=info)
+            node_label=rows(self.node_label, node_sel), info=info, task_type=self.task_type)
 
     # ------------------------------------------------------------ report
     def summary(self) -> dict[str, Any]:
         """Sizes, classes and where the features came from, as a flat dict."""
         g = max(len(self), 1)
+        if self.task_type == "binary":
+            counts = [int((self.y == 0).sum()), int((self.y == 1).sum())]  # labeled entries
+            missing = int(torch.isnan(self.y).sum())
+        else:
+            counts, missing = torch.bincount(self.y, minlength=self.num_classes).tolist(), 0
         return {
             "name": self.name,
             "num_graphs": len(self),
@@ -283,8 +346,12 @@ class GraphDataset:
             "edge_attr": None if self.edge_attr is None else int(self.edge_attr.shape[1]),
             "edge_attr_source": self.info.get("edge_attr"),
             "num_classes": self.num_classes,
-            "class_counts": torch.bincount(self.y, minlength=self.num_classes).tolist(),
+            "class_counts": counts,
             "label_values": self.label_values.tolist(),
+            "task_type": self.task_type,
+            "num_tasks": self.num_tasks,
+            "missing_labels": missing,
+            "metric": self.metric,
             "split": None if self.split is None else {
                 k: int(self.split[k].numel()) for k in SPLIT_PARTS},
         }

@@ -154,9 +154,10 @@ def _master_files(folder: Path) -> list[Path]:
     return [folder / "master.csv", folder.parent / "master.csv"]
 
 
-def _add_inverse_edge(folder: Path) -> tuple[bool, str | None]:
-    """``(symmetric, what decided it)`` from ``add_inverse_edge`` for this folder: a
-    master.csv in or beside it, else OGB's value for its name, else ``(False, None)``."""
+def master_entry(folder: Path, key: str) -> tuple[str, Path, str] | None:
+    """``(value, master.csv, dataset column)`` of row ``key`` for this folder in a
+    ``master.csv`` in or beside it (OGB's layout: a row per property, a column per
+    dataset, matched by name or ``download_name``), or ``None``."""
     names = (folder.name.replace("_", "-"), folder.name)
     for master in _master_files(folder):
         if not master.is_file():
@@ -171,14 +172,25 @@ def _add_inverse_edge(folder: Path) -> tuple[bool, str | None]:
         col = next((i for i, c in enumerate(columns)
                     if c in names or (i < len(downloads) and downloads[i] in names)),
                    0 if len(columns) == 1 and master.parent == folder else None)
-        flags = table.get("add_inverse_edge")
-        if col is None or flags is None or col >= len(flags):
+        values = table.get(key)
+        if col is None or values is None or col >= len(values):
             continue
-        value = flags[col].strip().lower()
+        return values[col].strip(), master, columns[col]
+    return None
+
+
+def _add_inverse_edge(folder: Path) -> tuple[bool, str | None]:
+    """``(symmetric, what decided it)`` from ``add_inverse_edge`` for this folder: a
+    master.csv in or beside it, else OGB's value for its name, else ``(False, None)``."""
+    names = (folder.name.replace("_", "-"), folder.name)
+    found = master_entry(folder, "add_inverse_edge")
+    if found is not None:
+        raw, master, column = found
+        value = raw.lower()
         if value not in ("true", "false"):
-            raise DatasetError(f"{master}: add_inverse_edge of {columns[col]} must be True or "
-                               f"False; got {flags[col]!r}.")
-        return value == "true", f"{master} add_inverse_edge={value.title()} ({columns[col]})"
+            raise DatasetError(f"{master}: add_inverse_edge of {column} must be True or "
+                               f"False; got {raw!r}.")
+        return value == "true", f"{master} add_inverse_edge={value.title()} ({column})"
     for name in names:
         if name in OGB_ADD_INVERSE_EDGE:
             value = OGB_ADD_INVERSE_EDGE[name]

@@ -7,7 +7,8 @@ Expected folder (what ``ogb`` unpacks, e.g. ``ogbg_molhiv/``), for ``G`` graphs 
     raw/num-edge-list.csv.gz   G lines: the edge count of each graph
     raw/edge.csv.gz            E lines "src,dst": graph 0's edges, then graph 1's, ...,
                                ids **local** to the graph (0-based)
-    raw/graph-label.csv.gz     G lines: the class label of each graph
+    raw/graph-label.csv.gz     G lines: the class label of each graph, or T comma-separated
+                               binary labels (0, 1; empty or ``nan``: missing)
     raw/node-feat.csv.gz       optional: N lines of F numbers (graph 0's nodes first)
     raw/edge-feat.csv.gz       optional: E lines of D numbers, as raw/edge
     split/<type>/{train,valid,test}.csv.gz   graph ids, one per line (optional)
@@ -20,8 +21,20 @@ offset (one gather). :meth:`GraphDataset.from_edges` then sorts the edges to CSC
 Features: ``x`` is node-feat as float32 (OGB's molecule features are categorical
 integers; they arrive as numbers, an embedding is the model's business), else a constant
 1 column; ``edge_attr`` is edge-feat, else none (``info["x"]`` and ``info["edge_attr"]``
-say which). One class label per graph: a multi-task label file (several columns, as
-ogbg-molpcba's 128) or a regression target is refused, naming the file.
+say which).
+
+Labels and metric (``ds.task_type``, ``info["eval_metric"]``, ``info["task_source"]`` says
+what decided them): the ``task type`` and ``eval metric`` rows of a ``master.csv`` in or
+beside the folder, else OGB's values for a folder named after an OGB dataset
+(:data:`OGB_GRAPH_TASKS`), else the file's width: several columns are binary tasks
+(metric ``rocauc``), one column is a class label (metric accuracy).
+
+* ``binary classification`` (ogbg-molhiv: 1 task, ``rocauc``; ogbg-molpcba: 128 tasks,
+  ``ap``): ``y`` ``[G, T]`` float32, NaN where a field is empty or ``nan``, as OGB's
+  pandas reading gives; any other value is refused (file, line, column).
+* ``multiclass classification`` (ogbg-ppa): one integer column, remapped to classes.
+* ``regression`` (ogbg-molesol, ...) and ``subtoken prediction`` (ogbg-code2) are
+  refused, naming the dataset and its task type.
 
 The split: the only type under ``split/`` (or ``split=``); its ``valid`` part is the
 dataset's ``val``. The dataset carries it (``ds.split``), and graph classification
@@ -45,6 +58,7 @@ range or in two parts, a ``.gz`` file of 0 bytes.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -52,10 +66,10 @@ import numpy as np
 from ._text import parse_numbers, read_text
 from .base import DamagedFileError, DatasetError, DatasetNotFoundError
 from .graphs import GraphDataset
-from .ogb import _add_inverse_edge, _find, _split_dir
+from .ogb import _add_inverse_edge, _find, _split_dir, master_entry
 from .ogb import _need as _need_file
 
-__all__ = ["OGB_GRAPH_ADD_INVERSE_EDGE", "OGB_GRAPH_URLS", "load_ogb_graph",
+__all__ = ["OGB_GRAPH_ADD_INVERSE_EDGE", "OGB_GRAPH_TASKS", "OGB_GRAPH_URLS", "load_ogb_graph",
            "ogb_graph_source_files"]
 
 log = logging.getLogger(__name__)
@@ -64,11 +78,23 @@ log = logging.getLogger(__name__)
 #: that are not molecules; every ``ogbg-mol*`` dataset has ``True``.
 OGB_GRAPH_ADD_INVERSE_EDGE = {"ogbg-ppa": True, "ogbg-code2": False}
 
-#: Archives of OGB's single-task graph-classification datasets (OGB's ``master.csv``),
-#: unpacked as ``<root>/ogbg/ogbg_<name>/`` by ``ogbg:ogbg-<name>``
-#: (:func:`ngra.datasets.load`); multi-task sets (molpcba, moltox21, ...) are refused.
+#: ``(task type, eval metric)`` of OGB's graph-property datasets
+#: (``ogb/graphproppred/master.csv``), for folders without a master.csv of their own.
+OGB_GRAPH_TASKS = {
+    **{f"ogbg-mol{name}": ("binary classification", "rocauc")
+       for name in ("hiv", "bace", "bbbp", "clintox", "sider", "tox21", "toxcast")},
+    "ogbg-molmuv": ("binary classification", "ap"),
+    "ogbg-molpcba": ("binary classification", "ap"),
+    **{f"ogbg-mol{name}": ("regression", "rmse") for name in ("esol", "freesolv", "lipo")},
+    "ogbg-ppa": ("multiclass classification", "acc"),
+    "ogbg-code2": ("subtoken prediction", "F1"),
+}
+
+#: Archives of OGB's graph-classification datasets (OGB's ``master.csv``), unpacked as
+#: ``<root>/ogbg/ogbg_<name>/`` by ``ogbg:ogbg-<name>`` (:func:`ngra.datasets.load`).
 OGB_GRAPH_URLS = {
     "ogbg-molhiv": "http://snap.stanford.edu/ogb/data/graphproppred/csv_mol_download/hiv.zip",
+    "ogbg-molpcba": "http://snap.stanford.edu/ogb/data/graphproppred/csv_mol_download/pcba.zip",
     "ogbg-molbace": "http://snap.stanford.edu/ogb/data/graphproppred/csv_mol_download/bace.zip",
     "ogbg-molbbbp": "http://snap.stanford.edu/ogb/data/graphproppred/csv_mol_download/bbbp.zip",
     "ogbg-ppa": "http://snap.stanford.edu/ogb/data/graphproppred/ppa.zip",
@@ -126,9 +152,19 @@ def load_ogb_graph(path: str | Path, *, split: str | None = None,
     _check_local_ids(edge, edge_graph, nodes, edge_file, node_file.name)
     glob = edge + node_ptr[edge_graph, None]
 
-    labels = _labels(_need(raw, "graph-label", folder), g)
+    label_file = _need(raw, "graph-label", folder)
+    task_type, metric, task_source = _task(folder, label_file)
+    labels = _labels(label_file, g)
+    if task_type is None:  # unstated: several columns are binary tasks, one a class label
+        task_type, metric = (("binary", "rocauc") if labels.shape[1] > 1 else
+                             ("multiclass", "accuracy"))
+    if task_type == "binary":
+        _check_binary(labels, label_file)
+    else:
+        labels = _class_labels(labels, label_file)
     n = int(node_ptr[-1])
-    info: dict = {"source": str(folder)}
+    info: dict = {"source": str(folder), "task_type": task_type, "eval_metric": metric,
+                  "task_source": task_source}
     feat_file = _find(raw, "node-feat")
     if feat_file is not None:
         x = _rows(feat_file, None, as_float=True, expect=n).astype(np.float32)
@@ -160,7 +196,8 @@ def load_ogb_graph(path: str | Path, *, split: str | None = None,
     parts = _read_split(folder, split, g)
     info["split"] = None if parts is None else parts.pop("type")
     ds = GraphDataset.from_edges(name or folder.name, src, dst, node_ptr, labels, x,
-                                 edge_attr=edge_attr, info=info, split=parts)
+                                 edge_attr=edge_attr, info=info, split=parts,
+                                 task_type=task_type)
     log.info("loaded OGB graph folder %s: %r", folder, ds)
     return ds
 
@@ -187,9 +224,10 @@ def _text(path: Path) -> bytes:
 
 
 def _rows(path: Path, columns: int | None, as_float: bool = False,
-          expect: int | None = None) -> np.ndarray:
-    """``[lines, columns]`` numbers (``columns=None``: as many as the first line holds)."""
-    text = _text(path)
+          expect: int | None = None, text: bytes | None = None) -> np.ndarray:
+    """``[lines, columns]`` numbers (``columns=None``: as many as the first line holds) of
+    the file, or of ``text`` read from it."""
+    text = _text(path) if text is None else text
     first = next((ln for ln in text.split(b"\n", 64) if ln.strip()), b"")
     width = columns if columns is not None else len(first.replace(b",", b" ").split())
     if not first.strip():
@@ -222,18 +260,73 @@ def _check_local_ids(edge: np.ndarray, edge_graph: np.ndarray, nodes: np.ndarray
             f"({bad.size} edges are out of range).")
 
 
+#: An empty comma-separated field (OGB's missing label): at a line's start before a comma,
+#: between two commas, or after a comma at the line's end.
+_EMPTY_FIELD = re.compile(rb"(?m)(?:(?<=,)|^)(?=,)|(?<=,)(?=\r?$)")
+
+
+def _task(folder: Path, label_file: Path) -> tuple[str | None, str | None, str]:
+    """``(task_type, eval_metric, what decided them)`` for the folder (module docstring;
+    ``None`` when nothing states them); a stated task type graph classification cannot
+    train is refused."""
+    name = folder.name.replace("_", "-")
+    stated = master_entry(folder, "task type")
+    if stated is not None:
+        kind, master, column = stated
+        found = master_entry(folder, "eval metric")
+        metric = found[0] if found is not None else None
+        source = f"{master} ({column})"
+    elif name in OGB_GRAPH_TASKS:
+        (kind, metric), source = OGB_GRAPH_TASKS[name], f"OGB's graphproppred master.csv ({name})"
+    else:
+        return None, None, "the label file's width (no task type stated)"
+    if kind == "binary classification":
+        if metric not in ("rocauc", "ap", None):
+            raise DatasetError(f"{source}: eval metric {metric!r} for binary classification; "
+                               "expected rocauc or ap (OGB's graph-property metrics).")
+        return "binary", metric or "rocauc", source
+    if kind == "multiclass classification":
+        return "multiclass", "accuracy", source
+    raise DatasetError(f"{label_file}: {source} says task type {kind!r}; graph classification "
+                       "reads binary classification (rocauc, ap) or multiclass classification "
+                       "labels, not regression targets or sequences.")
+
+
 def _labels(path: Path, g: int) -> np.ndarray:
-    text = _text(path)
-    first = next((ln for ln in text.split(b"\n", 64) if ln.strip()), b"")
-    width = len(first.replace(b",", b" ").split())
-    if width > 1:
-        raise DatasetError(f"{path}: {width} label columns; a GraphDataset holds one class label "
-                           "per graph (multi-task datasets such as ogbg-molpcba are not "
-                           "supported).")
-    values = _rows(path, 1, as_float=True).reshape(-1)
-    if values.size != g:
-        raise DatasetError(f"{path}: {values.size} lines, but num-node-list has {g} graphs; "
-                           "expected one label per graph.")
+    """``[G, T]`` float64 labels, NaN where a field is empty or ``nan``."""
+    raw = _text(path)
+    lines = [(i, ln) for i, ln in enumerate(raw.split(b"\n"), 1) if ln.strip()]
+    width = lines[0][1].count(b",") + 1 if lines else 1
+    ragged = next(((i, ln) for i, ln in lines if ln.count(b",") + 1 != width), None)
+    if ragged is not None:
+        raise DatasetError(f"{path}, line {ragged[0]}: {ragged[1].count(b',') + 1} fields, but "
+                           f"line {lines[0][0]} holds {width}; every line holds one field per "
+                           "task (an empty field for a missing label).")
+    values = _rows(path, width, as_float=True, text=_EMPTY_FIELD.sub(b"nan", raw))
+    if values.shape[0] != g:
+        raise DatasetError(f"{path}: {values.shape[0]} lines, but num-node-list has {g} graphs; "
+                           "expected one label line per graph.")
+    return values
+
+
+def _check_binary(values: np.ndarray, path: Path) -> None:
+    width = values.shape[1]
+    bad = np.flatnonzero(~(np.isnan(values) | (values == 0) | (values == 1)).reshape(-1))
+    if bad.size:
+        line, col = divmod(int(bad[0]), width)
+        raise DatasetError(f"{path}, line {line + 1}, column {col + 1}: label "
+                           f"{float(values[line, col])}; a binary classification file holds 0, "
+                           f"1 or an empty field (missing) in each of its {width} columns "
+                           f"({bad.size} entries are otherwise).")
+
+
+def _class_labels(values: np.ndarray, path: Path) -> np.ndarray:
+    """``[G]`` int64 class labels from a one-column file (no missing entries)."""
+    if values.shape[1] != 1:
+        raise DatasetError(f"{path}: {values.shape[1]} label columns; a multiclass dataset "
+                           "holds one class label per graph (several columns are binary "
+                           "tasks: state task type binary classification in master.csv).")
+    values = values.reshape(-1)
     bad = np.flatnonzero(~np.isfinite(values) | (values != np.floor(values)))
     if bad.size:
         raise DatasetError(f"{path}, line {int(bad[0]) + 1}: label {float(values[bad[0]])}; "

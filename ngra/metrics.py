@@ -1,4 +1,4 @@
-"""Link-prediction metrics, exactly as OGB's ``linkproppred`` evaluator and sklearn compute them.
+"""Link- and graph-property metrics, exactly as OGB's evaluators and sklearn compute them.
 
 * :func:`hits_at_k` (ogbl-collab, -ppa, -ddi): all positives are ranked against one
   shared set of negatives. A positive is a hit when its score is **strictly greater**
@@ -13,6 +13,14 @@
   the Mann-Whitney statistic from the ranks of all scores, tied scores sharing the
   average of their ranks, i.e. the probability that a random positive outscores a
   random negative, a tie counting one half.
+* :func:`average_precision` (sklearn's ``average_precision_score``): the scores sorted
+  from the highest, each **distinct** score a threshold (tied scores enter together, so
+  their order does not matter); AP is the sum over thresholds of the recall gained there
+  times the precision there.
+* :func:`mean_over_tasks` (OGB's ``graphproppred`` evaluator, ``rocauc`` and ``ap``):
+  ``[G, T]`` binary labels with NaN for a missing label; each task is scored on its
+  labeled graphs when they hold a positive and a negative, and the metric is the mean over
+  those tasks (OGB raises when no task qualifies; so does this, with ``ValueError``).
 
 Scores are logits or probabilities (any monotone transform gives the same values);
 ``torch`` tensors or numpy arrays, on any device. Each function returns a Python float.
@@ -25,7 +33,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["hits_at_k", "mrr", "rank_metrics", "ranks", "roc_auc"]
+__all__ = ["TASK_METRICS", "average_precision", "hits_at_k", "mean_over_tasks", "mrr",
+           "rank_metrics", "ranks", "roc_auc"]
 
 Scores = torch.Tensor | np.ndarray | Sequence[float]
 
@@ -126,3 +135,71 @@ def roc_auc(pos: Scores, neg: Scores) -> float:
     rank[order] = torch.repeat_interleave(group_rank, counts)
     u = float(rank[:p].sum()) - p * (p + 1) / 2
     return u / (p * m)
+
+
+def average_precision(pos: Scores, neg: Scores) -> float:
+    """Average precision of positives (label 1) against negatives (label 0), each distinct
+    score one threshold (sklearn's ``average_precision_score``).
+
+    Args:
+        pos: ``[P]`` positive scores (at least one).
+        neg: ``[M]`` negative scores (may be empty: AP is then 1).
+    """
+    pos, neg = _scores(pos, "pos", 1), _scores(neg, "neg", 1)
+    p = pos.numel()
+    if p == 0:
+        raise ValueError("average_precision needs at least one positive score; got pos of "
+                         "shape [0] (precision is not defined without positives).")
+    both = torch.cat([pos.double().cpu(), neg.double().cpu()])
+    label = torch.cat([torch.ones(p, dtype=torch.float64),
+                       torch.zeros(neg.numel(), dtype=torch.float64)])
+    order = torch.argsort(both, descending=True, stable=True)
+    both, label = both[order], label[order]
+    _, counts = torch.unique_consecutive(both, return_counts=True)
+    last = torch.cumsum(counts, 0) - 1  # each tie group's last position: a threshold
+    tp = torch.cumsum(label, 0)[last]
+    precision = tp / (last + 1).double()
+    recall_gain = torch.diff(tp, prepend=tp.new_zeros(1)) / p
+    return float((recall_gain * precision).sum())
+
+
+#: The per-task metrics of :func:`mean_over_tasks`, by OGB's ``eval metric`` name.
+TASK_METRICS = {"rocauc": roc_auc, "ap": average_precision}
+
+
+def mean_over_tasks(y: Scores, scores: Scores, metric: str) -> tuple[float, int]:
+    """OGB's graph-property ``rocauc`` / ``ap``: the mean over tasks of the metric on each
+    task's labeled graphs, over the tasks whose labeled graphs hold both a positive and a
+    negative.
+
+    Args:
+        y: ``[G, T]`` labels 0 or 1, NaN where missing (``[G]``: one task).
+        scores: ``[G, T]`` scores (logits or probabilities), as ``y``.
+        metric: ``"rocauc"`` or ``"ap"``.
+
+    Returns:
+        ``(mean, tasks scored)``.
+
+    Raises:
+        ValueError: shapes that differ, an unknown metric, or no task with both a positive
+            and a negative label (as OGB's evaluator raises).
+    """
+    if metric not in TASK_METRICS:
+        raise ValueError(f"metric must be one of {sorted(TASK_METRICS)}; got {metric!r}.")
+    y, scores = torch.as_tensor(y).double().cpu(), torch.as_tensor(scores).double().cpu()
+    if y.dim() == 1:
+        y, scores = y.view(-1, 1), scores.reshape(-1, 1)
+    if y.shape != scores.shape or y.dim() != 2:
+        raise ValueError(f"y and scores must both be [G, T]; got {list(y.shape)} and "
+                         f"{list(scores.shape)}.")
+    values = []
+    for t in range(y.shape[1]):
+        col, s = y[:, t], scores[:, t]
+        pos, neg = s[col == 1], s[col == 0]  # NaN (missing) is neither
+        if pos.numel() and neg.numel():
+            values.append(TASK_METRICS[metric](pos, neg))
+    if not values:
+        raise ValueError(f"no task has both a positive and a negative labeled graph among "
+                         f"these {y.shape[0]} graphs, so {metric} is not defined (OGB's "
+                         "evaluator raises too); score more graphs.")
+    return float(np.mean(values)), len(values)

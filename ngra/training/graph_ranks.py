@@ -18,16 +18,20 @@ On a rank, :class:`GraphRankSession` runs one process's epoch:
 3. dropout masks are drawn by the share's node positions in the whole batch
    (:func:`ngra.kernels.dropout_rows`), so every rank draws the part of one process's
    mask it holds;
-4. the loss is the rank's cross-entropy sum over its graphs divided by ``B``, and the
-   gradients are summed over the ranks (:mod:`ngra.distributed.gradsync`): one optimizer
-   step is one process's step on the whole batch (to float tolerance: the sums run in
-   another order).
+4. the loss is the rank's cross-entropy sum over its graphs divided by ``B`` (binary
+   tasks: its BCE sum over its labeled entries divided by the whole batch's labeled
+   entries, which every rank counts from the batch's ids), and the gradients are summed
+   over the ranks (:mod:`ngra.distributed.gradsync`): one optimizer step is one process's
+   step on the whole batch (to float tolerance: the sums run in another order).
 
 Evaluation: each rank evaluates its share (the same contiguous slice) of the training,
 validation and test graphs; the correct counts and the validation loss sum are
 all-reduced, so every rank has one process's accuracies and takes the same early-stop
-decision. Only rank 0 shows progress and writes checkpoints; a checkpoint holds the same
-state as one process's, so a run resumes on any process count.
+decision. ROC-AUC and AP (binary tasks) are no sums of per-rank parts: every rank's
+scores and labels are gathered (``all_gather_object``, in rank order) and each rank
+computes the metric over all of a part's graphs, as one process does. Only rank 0 shows
+progress and writes checkpoints; a checkpoint holds the same state as one process's, so a
+run resumes on any process count.
 
 BatchNorm: a model with BatchNorm layers normalizes each rank's share by the share's own
 statistics (as ``DistributedDataParallel`` does without ``SyncBatchNorm``), so its results
@@ -46,7 +50,6 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from ngra.datasets import GraphBatch, GraphDataset, GraphLoader, collate
@@ -57,7 +60,7 @@ from ngra.kernels import dropout_rows
 from ngra.memstat import peak_rss_bytes, rss_bytes
 from ngra.training.config import TrainConfig
 from ngra.training.graph_task import (GraphModel, GraphSession, accuracies, graph_dataset,
-                                      graph_model)
+                                      graph_model, loss_sum)
 from ngra.training.loop import fit_runs
 from ngra.training.ranks import rank_threads
 from ngra.training.resources import RankShare, check_rank_data
@@ -103,7 +106,7 @@ def _rank_main(cfg: TrainConfig, source: Any, parts: dict[str, np.ndarray],
     info = {**info, "resident_mb": rss_bytes() / 2**20}
 
     def session(seed: int) -> GraphRankSession:
-        model = graph_model(cfg, ds.num_features, ds.num_classes)
+        model = graph_model(cfg, ds.num_features, ds.num_outputs)
         return GraphRankSession(model, ds, parts, batch_size=cfg.batch_size, seed=seed,
                                 budget=cfg.memory_budget, info=info)
 
@@ -124,7 +127,8 @@ class Share:
 
     Attributes:
         batch: the share's graphs, collated (0 graphs when the share is empty).
-        total: graphs in the whole batch (the loss's divisor).
+        total: the loss's divisor: graphs in the whole batch, or (binary tasks) its
+            labeled entries.
         first_row: the batch position of the share's first node (its dropout rows).
     """
 
@@ -177,7 +181,9 @@ class GraphRankSession(GraphSession):
                 first = int(self.node_counts[idx[:lo]].sum())
                 batch = collate(train, idx[lo:hi])
                 self.rows = torch.arange(first, first + batch.num_nodes)
-                yield Share(batch, int(idx.size), first)
+                total = (int(idx.size) if self.task_type != "binary" else
+                         int((~torch.isnan(train.y[torch.from_numpy(idx)])).sum()))
+                yield Share(batch, total, first)
         finally:
             self.rows = None
 
@@ -186,15 +192,21 @@ class GraphRankSession(GraphSession):
         return self.model(b.graph, b.x, b.ptr)
 
     def loss(self, out: torch.Tensor, share: Share) -> tuple[torch.Tensor, float]:
-        local = F.cross_entropy(out, share.batch.y, reduction="sum")
+        local = loss_sum(out, share.batch.y, self.task_type)[0]
         # each rank's share of the batch mean: the summed gradients are one process's
-        return local / share.total, float(self._sum(local)) / share.total
+        total = max(share.total, 1)
+        return local / total, float(self._sum(local)) / total
 
     def after_backward(self) -> None:
         self.sync.finish()
 
     @torch.no_grad()
     def evaluate(self) -> tuple[dict[str, float], float]:
+        if self.task_type == "binary":  # every rank's scores, in rank order
+            everyone: list[Any] = [None] * self.world
+            dist.all_gather_object(everyone, self.outputs(), group=self.group)
+            return self.scored({part: tuple(torch.cat([e[part][i] for e in everyone])
+                                            for i in (0, 1)) for part in everyone[0]})
         counts = self.counts()
         flat = self._sum(torch.tensor([v for c in counts.values() for v in c],
                                       dtype=torch.float64)).view(len(counts), -1).tolist()

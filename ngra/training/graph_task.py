@@ -10,6 +10,16 @@ encoder's node embeddings are read out per graph (``readout``: sum, mean, max,
 attention) and a Linear gives class scores. Loss cross-entropy, metric accuracy.
 On several processes each rank takes a slice of every batch
 (:mod:`ngra.training.graph_ranks`).
+
+**Binary tasks** (``ds.task_type == "binary"``: OGB's ogbg-molhiv, -molpcba, ``y``
+``[G, T]`` with NaN for a missing label): the head gives ``T`` logits; the loss is
+binary cross-entropy with logits averaged over the batch's **labeled** entries only
+(:func:`loss_sum`; a batch without one contributes 0, not NaN), as OGB's examples
+train; the metric is the dataset's (``ds.metric``: ``rocauc`` or ``ap``), computed as
+OGB's evaluator does from every graph's scores of a part
+(:func:`ngra.metrics.mean_over_tasks`). A part in which no task has both a positive and
+a negative label has no value: it is NaN (never selected) and a warning says so, once
+per part. The summary's ``metrics`` holds both ``rocauc`` and ``ap`` of every part.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from torch import nn
 
 from ngra.datasets import GraphDataset, GraphLoader, from_pyg_list, load
 from ngra.errors import DatasetError
+from ngra.metrics import TASK_METRICS, mean_over_tasks
 from ngra.models import AttentionPool, readout
 from ngra.runtime.explain import explain
 from ngra.training.config import READOUTS, TrainConfig
@@ -32,7 +43,7 @@ from ngra.training.model_source import call_model
 from ngra.training.task_base import TaskSession
 
 __all__ = ["GraphModel", "GraphSession", "accuracies", "graph_dataset", "graph_model",
-           "graph_parts", "split_graphs"]
+           "graph_parts", "loss_sum", "split_graphs"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,18 @@ class GraphModel(nn.Module):
         h = call_model(self.encoder, graph, x)
         pooled = self.pool(h, ptr) if self.pool is not None else readout(h, ptr, self.kind)
         return self.head(pooled)
+
+
+def loss_sum(out: torch.Tensor, y: torch.Tensor, task_type: str) -> tuple[torch.Tensor, int]:
+    """The loss summed over a batch and what it was summed over: ``(cross-entropy sum,
+    graphs)`` for a multiclass dataset, ``(BCE-with-logits sum over the labeled entries,
+    labeled entries)`` for a binary one (``y`` ``[B, T]``, NaN missing). The batch's loss
+    is the sum divided by the count (by 1 when it is 0: a sum over nothing is 0)."""
+    if task_type != "binary":
+        return F.cross_entropy(out, y, reduction="sum"), int(y.numel())
+    labeled = ~torch.isnan(y)
+    return (F.binary_cross_entropy_with_logits(out[labeled], y[labeled], reduction="sum"),
+            int(labeled.sum()))
 
 
 def split_graphs(num_graphs: int, val: float, test: float,
@@ -106,6 +129,8 @@ class GraphSession(TaskSession):
         first = next(iter(GraphLoader(ds, min(batch_size, len(ds)))))
         self.graph, self.x, self.edge_data = first.graph, first.x, None  # for explain
         self.last_metrics: dict[str, float] = {}
+        self.name, self.task_type, self.metric = ds.name, ds.task_type, ds.metric
+        self.undefined: set[str] = set()  # parts already warned of a metric without value
 
     def batches(self, epoch: int) -> Iterable[Any]:
         self.train_loader.set_epoch(epoch)
@@ -115,12 +140,55 @@ class GraphSession(TaskSession):
         return self.model(batch.graph, batch.x, batch.ptr)
 
     def loss(self, out: torch.Tensor, batch: Any) -> tuple[torch.Tensor, float]:
-        loss = F.cross_entropy(out, batch.y)
+        total, count = loss_sum(out, batch.y, self.task_type)
+        loss = total / max(count, 1)
         return loss, float(loss.detach())
 
     @torch.no_grad()
     def evaluate(self) -> tuple[dict[str, float], float]:
+        if self.task_type == "binary":
+            return self.scored(self.outputs())
         return accuracies(self.counts())
+
+    @torch.no_grad()
+    def outputs(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per part, ``(scores [G_part, T], labels [G_part, T])`` over :attr:`eval_loaders`."""
+        self.model.eval()
+        out = {}
+        for part, loader in self.eval_loaders.items():
+            scores, labels = [], []
+            with self.context():
+                for batch in loader:
+                    scores.append(self.model(batch.graph, batch.x, batch.ptr).float())
+                    labels.append(batch.y)
+            width = self.net.head.out_features
+            out[part] = (torch.cat(scores) if scores else torch.empty(0, width),
+                         torch.cat(labels) if labels else torch.empty(0, width))
+        return out
+
+    def scored(self, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+               ) -> tuple[dict[str, float], float]:
+        """The metric of each part from its scores and labels (:meth:`outputs`, all of a
+        part's graphs), both OGB metrics into :attr:`last_metrics`, and the validation
+        loss (mean BCE over its labeled entries)."""
+        values = {}
+        for part, (scores, labels) in outputs.items():
+            for name in TASK_METRICS:
+                try:
+                    value = mean_over_tasks(labels, scores, name)[0]
+                except ValueError:
+                    value = math.nan
+                self.last_metrics[f"{part}_{name}"] = value
+            values[part] = self.last_metrics[f"{part}_{self.metric}"]
+            if math.isnan(values[part]) and part not in self.undefined and self.is_main:
+                self.undefined.add(part)
+                log.warning("%s: no task has both a positive and a negative label among the "
+                            "%d %s graphs, so their %s is NaN (OGB's evaluator raises); give "
+                            "that part more graphs", self.name, labels.shape[0], part,
+                            self.metric)
+        scores, labels = outputs.get("val", (torch.empty(0, 1), torch.empty(0, 1)))
+        total, count = loss_sum(scores, labels, "binary")
+        return values, float(total) / count if count else math.nan
 
     @torch.no_grad()
     def counts(self) -> dict[str, list[float]]:
@@ -153,7 +221,8 @@ def accuracies(counts: dict[str, list[float]]) -> tuple[dict[str, float], float]
 
 def graph_model(cfg: TrainConfig, num_features: int, num_classes: int) -> GraphModel:
     """A fresh :class:`GraphModel` of ``cfg``: its encoder ``cfg.embedding_dim`` wide,
-    ``cfg.readout``, a head to ``num_classes``."""
+    ``cfg.readout``, a head to ``num_classes`` outputs (a dataset's ``num_outputs``: its
+    classes, or one logit per binary task)."""
     r = cfg.resolved()
     encoder = cfg.source.build(num_features, cfg.embedding_dim, hyper=r,
                                num_layers=r["num_layers"])

@@ -120,6 +120,10 @@ class Predictor:
         ds = graph_dataset(data, root=root)
         outs = [self.model(b.graph, b.x, b.ptr) for b in GraphLoader(ds, 256)]
         out = torch.cat(outs) if outs else torch.empty(0, self.meta["num_classes"])
+        if self.meta.get("task_type") == "binary":  # one logit per task
+            if output == "labels":
+                return (out > 0).long()
+            return out.sigmoid() if output == "probabilities" else out
         if output == "labels":
             return out.argmax(-1)
         return out.softmax(-1) if output == "probabilities" else out

@@ -144,18 +144,19 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
         parts = graph_parts(gds, cfg.val, cfg.test, cfg.seed)
         info = {"dataset_summary": gds.summary(), "reciprocity": None, "synthesized": [],
                 "storage": "memory", "resident_mb": rss_bytes() / 2**20}
-        meta.update(num_features=gds.num_features, num_classes=gds.num_classes,
+        meta.update(num_features=gds.num_features, num_classes=gds.num_outputs,
+                    task_type=gds.task_type,
                     dataset={"name": cfg.dataset_name, "graphs": len(gds)})
 
         if cfg.nprocs > 1:
             info.pop("resident_mb")  # each rank's own
             summary, state = train_graph_distributed(cfg, gds, parts, info, meta, echo)
-            model = graph_model(cfg, gds.num_features, gds.num_classes)
+            model = graph_model(cfg, gds.num_features, gds.num_outputs)
             model.load_state_dict(state)
             return Outcome(summary, model, meta)
 
         def session(seed: int) -> GraphSession:
-            return GraphSession(graph_model(cfg, gds.num_features, gds.num_classes), gds,
+            return GraphSession(graph_model(cfg, gds.num_features, gds.num_outputs), gds,
                                 parts, batch_size=cfg.batch_size, seed=seed,
                                 budget=cfg.memory_budget, info=info)
     else:

@@ -30,7 +30,8 @@ FIELDS: dict[str, str] = {
     "dataset": "the dataset spec, or the name of data given in memory",
     "task": "what was learned: node (classification), link (prediction), graph "
             "(classification)",
-    "metric": "what test_acc / val_acc measure: accuracy (node, graph) or roc_auc (link)",
+    "metric": "what test_acc / val_acc measure: accuracy (node, graph), roc_auc (link), or "
+              "a binary graph dataset's OGB metric, rocauc or ap",
     "runs": "how many seeds were trained",
     "seeds": "the seeds, seed .. seed + runs - 1",
     "seed": "this run's seed (null over several runs)",

@@ -80,7 +80,7 @@ def test_failures_name_the_dataset_the_url_and_the_fix(data_dir, tmp_path, monke
     with pytest.raises(DatasetNotFoundError, match="downloading is off"):
         load("tu:PROTEINS", root=tmp_path, download=False)
     with pytest.raises(DatasetNotFoundError, match="not one of the OGB datasets ngra downloads"):
-        load("ogbg:ogbg-molpcba", root=tmp_path)
+        load("ogbg:ogbg-code2", root=tmp_path)
     with pytest.raises(DatasetNotFoundError, match="does not exist"):
         load(f"tu:{tmp_path / 'nowhere'}", root=tmp_path)  # a path is never downloaded
     _serve(monkeypatch, b"<html>not found</html>")

@@ -9,7 +9,7 @@ import torch
 from ngra.datasets import DamagedFileError, DatasetError, DatasetNotFoundError, load
 from ngra.datasets.ogbgraph import load_ogb_graph
 from ngra.training.graph_task import graph_parts
-from ogbg_folder import ogbg_folder, write_csv
+from ogbg_folder import ogbg_folder, ogbg_tasks_folder, write_csv
 
 
 def _edges(ds) -> set[tuple[int, int, float]]:
@@ -56,6 +56,69 @@ def test_spec_and_graph_parts_use_the_folders_split(tmp_path):
     assert sum(v.size for v in graph_parts(plain, 0.25, 0.25, 0).values()) == 4
 
 
+# ------------------------------------------------------------------ binary tasks (molpcba)
+def test_multi_task_labels_with_missing_entries(tmp_path):
+    f = ogbg_folder(tmp_path)
+    write_csv(f / "raw" / "graph-label.csv", [[1, "", 0], ["", "nan", 1], [0, 1, ""],
+                                              ["", "", ""]])
+    ds = load_ogb_graph(f)
+    nan = float("nan")
+    assert ds.task_type == "binary" and ds.num_tasks == 3 and ds.num_outputs == 3
+    assert ds.y.dtype == torch.float32 and torch.equal(
+        ds.y.isnan(), torch.tensor([[0, 1, 0], [1, 1, 0], [0, 0, 1], [1, 1, 1]]).bool())
+    assert torch.allclose(ds.y, torch.tensor([[1, nan, 0], [nan, nan, 1], [0, 1, nan],
+                                              [nan] * 3]), equal_nan=True)
+    assert ds.metric == "rocauc" and "width" in ds.info["task_source"]
+    s = ds.summary()
+    assert (s["task_type"], s["num_tasks"], s["missing_labels"], s["class_counts"]) == (
+        "binary", 3, 7, [2, 3])
+    sub = ds[[2, 0]]  # a subset keeps the task type and its rows of y
+    assert sub.task_type == "binary" and sub.y[:, 0].tolist() == [0.0, 1.0]
+
+
+def test_task_type_and_metric_from_ogbs_names_and_master_csv(tmp_path):
+    hiv = load_ogb_graph(ogbg_folder(tmp_path, "ogbg_molhiv"))  # one 0/1 column: binary
+    assert (hiv.task_type, hiv.num_tasks, hiv.metric) == ("binary", 1, "rocauc")
+    assert hiv.y[:, 0].tolist() == [0.0, 1.0, 0.0, 1.0] and "ogbg-molhiv" in hiv.info[
+        "task_source"]
+    pcba = load_ogb_graph(ogbg_folder(tmp_path, "ogbg_molpcba"))
+    assert (pcba.task_type, pcba.metric) == ("binary", "ap")
+    ppa = load_ogb_graph(ogbg_folder(tmp_path, "ogbg_ppa"))
+    assert (ppa.task_type, ppa.metric, ppa.num_outputs) == ("multiclass", "accuracy", 2)
+    stated = load_ogb_graph(ogbg_tasks_folder(tmp_path, master="binary classification,ap"))
+    assert (stated.task_type, stated.num_tasks, stated.metric) == ("binary", 3, "ap")
+    assert stated.info["task_source"].endswith("master.csv (tasks)")
+    assert load_ogb_graph(ogbg_folder(tmp_path, "plain")).task_type == "multiclass"  # as TU
+
+
+@pytest.mark.parametrize("rows, match", [
+    ([[1, "", 0], [0, 2, 1], [0, 1, ""], [1, 1, 1]],
+     r"graph-label.csv.gz, line 2, column 2: label 2.0; a binary classification file holds 0, "
+     "1 or an empty field"),
+    ([[1, "", 0], [0, 1], [0, 1, ""], [1, 1, 1]],
+     r"graph-label.csv.gz, line 2: 2 fields, but line 1 holds 3; every line holds one field "
+     "per task"),
+    ([[1, 0], [0, 1], [1, 1]], "3 lines, but num-node-list has 4 graphs"),
+])
+def test_bad_multi_task_label_files(tmp_path, rows, match):
+    f = ogbg_folder(tmp_path)
+    write_csv(f / "raw" / "graph-label.csv", rows)
+    with pytest.raises(DatasetError, match=match):
+        load_ogb_graph(f)
+
+
+def test_tasks_graph_classification_cannot_train_are_refused(tmp_path):
+    with pytest.raises(DatasetError, match=r"says task type 'regression'.*not regression"):
+        load_ogb_graph(ogbg_folder(tmp_path, "ogbg_molesol"))
+    f = ogbg_tasks_folder(tmp_path, master="binary classification,rmse")
+    with pytest.raises(DatasetError, match="eval metric 'rmse' for binary classification; "
+                                           "expected rocauc or ap"):
+        load_ogb_graph(f)
+    g = ogbg_tasks_folder(tmp_path / "m", master="multiclass classification,acc")
+    with pytest.raises(DatasetError, match="3 label columns; a multiclass dataset holds one"):
+        load_ogb_graph(g)
+
+
 # ----------------------------------------------------------------------------- errors
 def test_missing_folder_and_files(tmp_path):
     with pytest.raises(DatasetNotFoundError, match="does not exist"):
@@ -76,7 +139,6 @@ def test_missing_folder_and_files(tmp_path):
     ("num-edge-list.csv", [2, 1, 2, 0], "6 edge lines, but num-edge-list.csv.gz sums to 5"),
     ("node-feat.csv", [[0, 0]] * 9, "9 lines, but num-node-list.csv.gz sums to 10 nodes"),
     ("graph-label.csv", [0, 1, 0], "3 lines, but num-node-list has 4 graphs"),
-    ("graph-label.csv", [[0, 1]] * 4, "2 label columns"),
     ("graph-label.csv", [0, "nan", 0, 1], "line 2: label nan"),
     ("graph-label.csv", [0, 0.5, 0, 1], "line 2: label 0.5"),
     ("edge.csv", [[0, 1], [1, 2], [0, 1], [0, 1], [2, 3], [3, 4]],
