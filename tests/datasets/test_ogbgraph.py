@@ -76,6 +76,18 @@ def test_multi_task_labels_with_missing_entries(tmp_path):
     assert sub.task_type == "binary" and sub.y[:, 0].tolist() == [0.0, 1.0]
 
 
+def test_fields_of_one_digit_and_other_numbers_read_alike(tmp_path):
+    """0/1/empty fields are read without the parser; written as 1.0, 0.0 and nan (the
+    general parser) the same labels load the same."""
+    rows = [[1, "", 0], ["", "", 1], [0, 1, ""], ["", "", ""]]
+    fast = ogbg_folder(tmp_path / "a")
+    write_csv(fast / "raw" / "graph-label.csv", rows)
+    slow = ogbg_folder(tmp_path / "b")
+    write_csv(slow / "raw" / "graph-label.csv",
+              [[f"{v}.0" if v != "" else "nan" for v in r] for r in rows])
+    assert torch.equal(load_ogb_graph(fast).y.nan_to_num(7), load_ogb_graph(slow).y.nan_to_num(7))
+
+
 def test_task_type_and_metric_from_ogbs_names_and_master_csv(tmp_path):
     hiv = load_ogb_graph(ogbg_folder(tmp_path, "ogbg_molhiv"))  # one 0/1 column: binary
     assert (hiv.task_type, hiv.num_tasks, hiv.metric) == ("binary", 1, "rocauc")
