@@ -36,9 +36,11 @@ FIELDS: dict[str, str] = {
     "seeds": "the seeds, seed .. seed + runs - 1",
     "seed": "this run's seed (null over several runs)",
     "test_acc": "the task's metric on the test part at the selected epoch (the best "
-                "validation value): accuracy, or ROC-AUC for link prediction",
+                "validation value): accuracy, ROC-AUC for link prediction, or a binary "
+                "graph dataset's rocauc / ap",
     "val_acc": "the selected epoch's validation value of the metric",
-    "metrics": "more metrics at the selected epoch (link: Hits@20/50/100, ROC-AUC per part)",
+    "metrics": "more metrics at the selected epoch (link: Hits@20/50/100, ROC-AUC per part; "
+               "binary graph tasks: rocauc and ap per part)",
     "best_epoch": "the selected epoch (1-based)",
     "epochs": "epochs trained",
     "stopped_early": "whether --patience stopped the run before --epochs",
