@@ -5,7 +5,12 @@ Data parallel over graphs. The launching process loads the
 (:func:`~ngra.training.graph_task.graph_parts`) as one process does, checks that ``K``
 ranks can each hold it, and starts the ranks
 (:func:`ngra.distributed.launch`); each rank loads the same dataset (a spec is loaded
-again, data given in memory is handed over) and takes the same split.
+again, data given in memory is handed over) and takes the same split. Under ``torchrun``
+(``torchrun --nproc_per_node K -m ngra train --task graph ...``) each process is one of
+the ranks: rank 0 reads the dataset first (:func:`load_graphs`: a download or cache is
+written once) while the others wait, then they read it, split it alike and train as
+above; rank 0 writes the summary, and a rank that fails names itself and ends the run
+(:func:`ngra.training.ranks.named_failure`).
 
 On a rank, :class:`GraphRankSession` runs one process's epoch:
 
@@ -33,10 +38,13 @@ computes the metric over all of a part's graphs, as one process does. Only rank 
 progress and writes checkpoints; a checkpoint holds the same state as one process's, so a
 run resumes on any process count.
 
-BatchNorm: a model with BatchNorm layers normalizes each rank's share by the share's own
-statistics (as ``DistributedDataParallel`` does without ``SyncBatchNorm``), so its results
-differ from one process's; the zoo's GIN and the graph head have none. A run whose model
-has one logs a warning and says so in the summary's ``placement``.
+BatchNorm: every ``nn.BatchNorm1d`` of the model is swapped on the ranks for a
+:class:`~ngra.distributed.batchnorm.SyncBatchNorm1d` (:func:`~ngra.distributed.batchnorm.sync_batch_norm`):
+a batch's statistics are summed over the ranks' shares (an empty share joins the sums),
+forward and backward, and the running statistics are one process's, so K ranks train as
+one process (``placement`` says so). Another kind of BatchNorm (2-d, a subclass with a
+forward of its own) is left as it is: it normalizes each share by the share's own
+statistics, and the run warns and says so in ``placement``.
 """
 
 from __future__ import annotations
@@ -53,19 +61,22 @@ import torch.distributed as dist
 from torch import nn
 
 from ngra.datasets import GraphBatch, GraphDataset, GraphLoader, collate
+from ngra.distributed.batchnorm import SyncBatchNorm1d, sync_batch_norm
 from ngra.distributed.gradsync import GradientSync
 from ngra.distributed.halo import Traffic
-from ngra.distributed.launch import launch
+from ngra.distributed.launch import in_worker, launch
 from ngra.kernels import dropout_rows
 from ngra.memstat import peak_rss_bytes, rss_bytes
 from ngra.training.config import TrainConfig
 from ngra.training.graph_task import (GraphModel, GraphSession, accuracies, graph_dataset,
                                       graph_model, loss_sum)
 from ngra.training.loop import fit_runs
-from ngra.training.ranks import rank_threads
-from ngra.training.resources import RankShare, check_rank_data
+from ngra.training.ranks import (from_rank_zero, named_failure, rank_threads,
+                                 torchrun_group)
+from ngra.training.resources import RankShare, check_rank_data, local_ranks
 
-__all__ = ["GraphRankSession", "Share", "share_bounds", "train_graph_distributed"]
+__all__ = ["GraphRankSession", "Share", "load_graphs", "share_bounds",
+           "train_graph_distributed"]
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +84,28 @@ log = logging.getLogger(__name__)
 def train_graph_distributed(cfg: TrainConfig, ds: GraphDataset, parts: dict[str, np.ndarray],
                             info: dict[str, Any], meta: dict[str, Any],
                             echo: Callable[[str], None] | None = None
-                            ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Train graph classification over ``cfg.nprocs`` ranks on the graphs ``parts`` of
-    ``ds`` (``info`` goes into the summary, ``meta`` into checkpoints); returns rank 0's
-    ``(summary, selected weights)``."""
+                            ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Train graph classification over ``cfg.nprocs`` ranks (or, under ``torchrun``, as
+    one of them) on the graphs ``parts`` of ``ds`` (``info`` goes into the summary,
+    ``meta`` into checkpoints); returns rank 0's ``(summary, selected weights)`` (the
+    weights ``None`` on other torchrun ranks)."""
+    if in_worker():
+        torchrun_group(cfg)
     k, train = cfg.nprocs, int(parts["train"].size)
     if k > train:
         raise ValueError(f"--nprocs {k} is more processes than {cfg.dataset_name} has "
                          f"training graphs ({train}); use at most {train}.")
     # every rank holds the whole dataset
     share = RankShare(_nbytes(ds), int(ds.node_ptr[-1]), int(ds.indices.numel()))
+    if in_worker():  # this host's ranks run already: their data against what is left
+        from_rank_zero(lambda: check_rank_data([share] * k, cfg.allow_oversubscribe,
+                                               ranks=local_ranks(), started=True))
+        with named_failure():
+            summary, state = _rank_main(cfg, ds, parts, info, meta)
+        dist.destroy_process_group()
+        if state is not None and echo is not None and cfg.explain and summary.get("explain"):
+            echo(summary["explain"])
+        return summary, state
     check_rank_data([share] * k, cfg.allow_oversubscribe)
     source: Any = cfg.dataset if isinstance(cfg.dataset, str) else ds
     rank_cfg = replace(cfg, dataset=cfg.dataset_name)  # data in memory travels once, as source
@@ -100,8 +123,22 @@ def _nbytes(ds: GraphDataset) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+def load_graphs(cfg: TrainConfig) -> GraphDataset:
+    """The graphs of run ``cfg`` (:func:`~ngra.training.graph_task.graph_dataset`); under
+    ``torchrun`` read by rank 0 first (what reading writes, a download or a cache, is
+    written once) while the others wait, then by the others."""
+    if not in_worker():
+        return graph_dataset(cfg.dataset, root=cfg.data_root)
+    torchrun_group(cfg)
+    held: list[GraphDataset] = []
+    from_rank_zero(lambda: held.append(graph_dataset(cfg.dataset, root=cfg.data_root)))
+    return held[0] if held else graph_dataset(cfg.dataset, root=cfg.data_root)
+
+
 def _rank_main(cfg: TrainConfig, source: Any, parts: dict[str, np.ndarray],
-               info: dict[str, Any], meta: dict[str, Any]) -> Any:
+               info: dict[str, Any], meta: dict[str, Any]
+               ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One rank's runs: its summary, and on rank 0 the selected weights."""
     ds = graph_dataset(source, root=cfg.data_root) if isinstance(source, str) else source
     info = {**info, "resident_mb": rss_bytes() / 2**20}
 
@@ -112,7 +149,7 @@ def _rank_main(cfg: TrainConfig, source: Any, parts: dict[str, np.ndarray],
 
     summary, model = fit_runs(cfg, session, meta=meta)
     if dist.get_rank() != 0:
-        return None
+        return summary, None
     return summary, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
@@ -146,7 +183,9 @@ class GraphRankSession(GraphSession):
 
     def __init__(self, model: GraphModel, ds: GraphDataset, parts: dict[str, np.ndarray], *,
                  batch_size: int, seed: int, budget: str | None, info: dict[str, Any],
-                 group: Any = None) -> None:
+                 group: Any = None, sync_norm: bool = True) -> None:
+        # before anything runs the model: its BatchNorm1d layers share the batch's statistics
+        self.synced_norms = sync_batch_norm(model) if sync_norm else 0
         super().__init__(model, ds, parts, batch_size=batch_size, seed=seed, budget=budget,
                          info=info)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -159,11 +198,13 @@ class GraphRankSession(GraphSession):
         self.node_counts = np.diff(self.parts["train"].node_ptr.numpy())
         self.rows: torch.Tensor | None = None  # the current share's dropout rows
         self.steps: list[dict[str, int]] = []
-        self.batch_norm = any(_is_batch_norm(m) for m in model.modules())
-        if self.batch_norm and self.is_main:
-            log.warning("the model has BatchNorm layers: each of the %d ranks normalizes its "
-                        "share of a batch by the share's own statistics, so results differ "
-                        "from one process's", self.world)
+        self.per_rank_norms = sorted({type(m).__name__ for m in model.modules()
+                                      if _is_batch_norm(m) and not isinstance(m, SyncBatchNorm1d)})
+        if self.per_rank_norms and self.is_main:
+            log.warning("the model's %s layers are not synchronized: each of the %d ranks "
+                        "normalizes its share of a batch by the share's own statistics, so "
+                        "results differ from one process's", ", ".join(self.per_rank_norms),
+                        self.world)
 
     def context(self) -> Any:
         stack = contextlib.ExitStack()
@@ -229,8 +270,10 @@ class GraphRankSession(GraphSession):
         everyone: list[Any] = [None] * self.world
         dist.all_gather_object(everyone, mine, group=self.group)
         placement = (f"cpu: {self.world} processes, each batch's graphs split between them"
-                     + ("; BatchNorm statistics per rank (each over its share of a batch)"
-                        if self.batch_norm else ""))
+                     + ("; BatchNorm statistics over all ranks (synchronized)"
+                        if self.synced_norms else "")
+                     + (f"; {', '.join(self.per_rank_norms)} statistics per rank (each over "
+                        "its share of a batch)" if self.per_rank_norms else ""))
         return {
             **super().extra(times),
             "world_size": self.world,

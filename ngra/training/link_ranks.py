@@ -10,6 +10,13 @@ pairs; and the in-edges of the rank's vertices in the input's ids (what its nega
 must avoid). Beside them, for every rank, the book id of each input vertex and, for
 degree-biased negatives, each vertex's weight.
 
+Under ``torchrun`` (``torchrun --nproc_per_node K -m ngra train --task link ...``) each
+process is one of the ranks: rank 0 loads and splits the dataset and writes the shards
+and pairs while the others wait (:func:`ngra.training.ranks.from_rank_zero`: no other
+rank reads the whole dataset), then every rank trains on its files as below; rank 0
+writes the summary and removes the pairs, and a rank that fails names itself and ends
+the run (:func:`ngra.training.ranks.named_failure`).
+
 On a rank, :class:`LinkRankSession` runs one step an epoch:
 
 1. the encoder embeds the rank's owned vertices (its layers exchange halos as for node
@@ -33,12 +40,13 @@ another order), so every rank selects the same epoch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -48,18 +56,18 @@ from ngra.datasets import degree_weights, sample_negatives
 from ngra.datasets.linksplit import LinkSplit, negative_relations
 from ngra.diskspace import atomic_output, write_file
 from ngra.distributed.halo import HaloPlan, exchange_rows
-from ngra.distributed.launch import launch
+from ngra.distributed.launch import in_worker, launch
 from ngra.graph import Graph
 from ngra.runtime.explain import explain
 from ngra.training.config import TrainConfig
 from ngra.training.link_task import LinkModel, link_metrics, make_decoder
 from ngra.training.loop import fit_runs
 from ngra.training.model_source import call_model
-from ngra.training.ranks import (RankSession, open_shard, prepare_shards, rank_shares,
-                                 rank_threads)
-from ngra.training.resources import check_rank_data
+from ngra.training.ranks import (RankSession, from_rank_zero, named_failure, open_shard,
+                                 prepare_shards, rank_shares, rank_threads, torchrun_group)
+from ngra.training.resources import check_rank_data, local_ranks
 
-__all__ = ["LinkRankSession", "train_link_distributed", "write_link_pairs"]
+__all__ = ["LinkRankSession", "link_files", "train_link_distributed", "write_link_pairs"]
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +77,72 @@ _RELS = {"train_pos": "train_rel", "val_pos": "val_rel", "val_neg": "val_neg_rel
          "test_pos": "test_rel", "test_neg": "test_neg_rel"}
 
 
-def train_link_distributed(cfg: TrainConfig, ds: Any, split: LinkSplit,
+def train_link_distributed(cfg: TrainConfig,
+                           load: Callable[[], tuple[Any, LinkSplit, dict[str, Any]]],
                            meta: dict[str, Any], echo: Callable[[str], None] | None = None
-                           ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Train link prediction over ``cfg.nprocs`` ranks on ``split`` of the prepared
-    dataset ``ds`` (``meta`` goes into checkpoints); returns rank 0's ``(summary,
-    selected weights)``."""
+                           ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
+    """Train link prediction over ``cfg.nprocs`` ranks (or, under ``torchrun``, as one of
+    them). ``load()`` gives the prepared dataset, its split and the summary's facts about
+    them, and fills ``meta`` (what checkpoints keep); it runs once, in the launching
+    process or on torchrun's rank 0. Returns rank 0's ``(summary, selected weights,
+    meta)`` (the weights ``None`` on other torchrun ranks)."""
+    if in_worker():
+        return _torchrun_rank(cfg, load, meta, echo)
+    ds, split, info = load()
+    with link_files(cfg, ds, split) as (folder, pairs):
+        del ds
+        results = launch(_rank_main, cfg.nprocs, cfg, str(folder), str(pairs), meta,
+                         timeout_s=cfg.dist_timeout, threads=rank_threads(cfg))
+    summary, state = results[0]
+    return _finish(cfg, summary, info, echo), state, meta
+
+
+def _torchrun_rank(cfg: TrainConfig, load: Callable[[], tuple[Any, LinkSplit, dict[str, Any]]],
+                   meta: dict[str, Any], echo: Callable[[str], None] | None
+                   ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
+    """One of torchrun's ranks: rank 0 loads, splits and writes the shards and pairs
+    while the others wait; then every rank trains on its files."""
+    rank, _ = torchrun_group(cfg)
+    held = contextlib.ExitStack()  # rank 0's pairs folder, removed after training
+    info: dict[str, Any] = {}
+
+    def prepare() -> tuple[str, str, dict[str, Any]]:
+        ds, split, facts = load()
+        info.update(facts)
+        # this host's ranks run already: their shares of the data against what is left
+        folder, pairs = held.enter_context(link_files(cfg, ds, split, ranks=local_ranks(),
+                                                      started=True))
+        return str(folder), str(pairs), meta
+
+    with held:
+        folder, pairs, meta = from_rank_zero(prepare)
+        with named_failure():
+            summary, state = _rank_main(cfg, folder, pairs, meta)
+        dist.destroy_process_group()
+    if rank != 0:
+        return summary, None, meta
+    return _finish(cfg, summary, info, echo), state, meta
+
+
+def _finish(cfg: TrainConfig, summary: dict[str, Any], info: dict[str, Any],
+            echo: Callable[[str], None] | None) -> dict[str, Any]:
+    """Rank 0's summary with the data's facts (``info``, less the loading process's
+    memory: each rank reports its own), and the plans echoed (``--explain``)."""
+    facts = {k: v for k, v in info.items() if k != "resident_mb"}
+    for part in [summary, *(summary["results"] or [])]:
+        part.update(facts, device=str(cfg.device))
+    if echo is not None and cfg.explain and summary.get("explain"):
+        echo(summary["explain"])
+    return summary
+
+
+@contextlib.contextmanager
+def link_files(cfg: TrainConfig, ds: Any, split: LinkSplit,
+               **check: Any) -> Iterator[tuple[Path, Path]]:
+    """The message-passing graph's shards (cached) and the ranks' pairs (a temporary
+    folder beside them, removed on exit) of ``split`` of the prepared dataset ``ds``,
+    each rank's share of them checked against the memory (``check``: the
+    :func:`~ngra.training.resources.check_rank_data` arguments of torchrun's ranks)."""
     spec = ds.info.get("spec") or ds.name
     tag = f"{spec}#link:val={cfg.val},test={cfg.test},seed={split.info.get('seed')}"
     message = replace(ds, graph=split.graph, edge_type=split.edge_type,
@@ -82,17 +150,13 @@ def train_link_distributed(cfg: TrainConfig, ds: Any, split: LinkSplit,
     folder = prepare_shards(cfg, message)
     with tempfile.TemporaryDirectory(prefix=".link-", dir=folder) as pairs:
         write_link_pairs(split, folder, Path(pairs), cfg.negatives)
-        # each rank holds its shard, its pairs and the common arrays: checked before launch
+        # each rank holds its shard, its pairs and the common arrays
         common = (Path(pairs) / "common.pt").stat().st_size
         check_rank_data([s._replace(bytes=s.bytes + common
                                     + (Path(pairs) / f"rank{r}.pt").stat().st_size)
-                         for r, s in enumerate(rank_shares(folder))], cfg.allow_oversubscribe)
-        results = launch(_rank_main, cfg.nprocs, cfg, str(folder), pairs, meta,
-                         timeout_s=cfg.dist_timeout, threads=rank_threads(cfg))
-    summary, state = results[0]
-    if echo is not None and cfg.explain and summary.get("explain"):
-        echo(summary["explain"])
-    return summary, state
+                         for r, s in enumerate(rank_shares(folder))], cfg.allow_oversubscribe,
+                        **check)
+        yield folder, Path(pairs)
 
 
 def write_link_pairs(split: LinkSplit, shards: Path, out: Path, negatives: str) -> None:
@@ -140,7 +204,9 @@ def _owner(ids: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     return torch.bucketize(ids, bounds[1:], right=True)
 
 
-def _rank_main(cfg: TrainConfig, folder: str, pairs: str, meta: dict[str, Any]) -> Any:
+def _rank_main(cfg: TrainConfig, folder: str, pairs: str, meta: dict[str, Any]
+               ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One rank's runs: its summary, and on rank 0 the selected weights."""
     shard, layout, groups = open_shard(cfg, Path(folder))
     files = Path(pairs)
     info = json.loads((files / "meta.json").read_text())
@@ -159,7 +225,7 @@ def _rank_main(cfg: TrainConfig, folder: str, pairs: str, meta: dict[str, Any]) 
 
     summary, model = fit_runs(cfg, session, meta=meta)
     if dist.get_rank() != 0:
-        return None
+        return summary, None
     return summary, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ngra.datasets.linksplit import LinkSplit
 from ngra.diskspace import write_file
 from ngra.distributed.launch import in_worker
 from ngra.errors import DatasetError
@@ -37,8 +38,8 @@ from ngra.training.data import as_dataset, fingerprint, prepare_dataset
 from ngra.training.loop import Session, fit_runs
 from ngra.training.model_source import ModelSource, call_model
 from ngra.training.ranks import train_distributed
-from ngra.training.graph_ranks import train_graph_distributed
-from ngra.training.graph_task import GraphSession, graph_dataset, graph_model, graph_parts
+from ngra.training.graph_ranks import load_graphs, train_graph_distributed
+from ngra.training.graph_task import GraphSession, graph_model, graph_parts
 from ngra.training.link_ranks import train_link_distributed
 from ngra.training.link_task import LinkModel, LinkSession, link_split, make_decoder
 
@@ -129,9 +130,7 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
     """A link-prediction or graph-classification run (:mod:`ngra.training.link_task`, :mod:`ngra.training.graph_task`)."""
     say = echo or log.info
     r = cfg.resolved()
-    if in_worker():  # before any data is read: these tasks start their ranks themselves
-        raise ValueError(f"--task {cfg.task} starts its own processes: run ngra train --task "
-                         f"{cfg.task} --nprocs K, not under torchrun.")
+    several = cfg.nprocs > 1 or in_worker()  # under torchrun: one of its ranks
 
     def encoder(num_features: int, num_edge_types: int = 1) -> nn.Module:
         return _build(cfg, num_features, cfg.embedding_dim, num_edge_types)
@@ -139,8 +138,9 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
     meta = {**_model_meta(cfg), "embedding_dim": cfg.embedding_dim, "decoder": cfg.decoder,
             "readout": cfg.readout}
     if cfg.task == "graph":
-        gds = graph_dataset(cfg.dataset, root=cfg.data_root)
-        say(describe_run(cfg, []))
+        gds = load_graphs(cfg)
+        if os.environ.get("RANK", "0") == "0":  # not another torchrun rank
+            say(describe_run(cfg, []))
         parts = graph_parts(gds, cfg.val, cfg.test, cfg.seed)
         info = {"dataset_summary": gds.summary(), "reciprocity": None, "synthesized": [],
                 "storage": "memory", "resident_mb": rss_bytes() / 2**20}
@@ -148,9 +148,11 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
                     task_type=gds.task_type,
                     dataset={"name": cfg.dataset_name, "graphs": len(gds)})
 
-        if cfg.nprocs > 1:
+        if several:
             info.pop("resident_mb")  # each rank's own
             summary, state = train_graph_distributed(cfg, gds, parts, info, meta, echo)
+            if state is None:  # another torchrun rank: rank 0 holds the model
+                return Outcome(summary, None, meta)
             model = graph_model(cfg, gds.num_features, gds.num_outputs)
             model.load_state_dict(state)
             return Outcome(summary, model, meta)
@@ -160,34 +162,39 @@ def _train_task(cfg: TrainConfig, echo: Callable[[str], None] | None) -> Outcome
                                 parts, batch_size=cfg.batch_size, seed=seed,
                                 budget=cfg.memory_budget, info=info)
     else:
-        budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
-        ds = as_dataset(cfg.dataset, root=cfg.data_root, check=False, storage=cfg.storage,
-                        budget=budget)
-        synthesized = list(ds.info.get("synthesized", []))
-        say(describe_run(cfg, [s for s in synthesized if s != "labels"]))
-        ds = prepare_dataset(ds, reorder=cfg.reorder, seed=cfg.seed,
-                             normalize=r["normalize_features"])
-        split = link_split(cfg, ds)
-        info = {"dataset_summary": {**ds.summary(), "link_split": split.summary()},
-                "reciprocity": ds.reciprocity, "synthesized": synthesized,
-                "storage": ds.info.get("storage", "memory"), "resident_mb": rss_bytes() / 2**20}
-        meta.update(num_features=ds.num_features, num_classes=None,
-                    dataset={"name": cfg.dataset_name, "fingerprint": fingerprint(ds)})
-
-        meta.update(num_edge_types=split.num_relations, num_relations=split.num_relations)
+        def load() -> tuple[Any, LinkSplit, dict[str, Any]]:
+            """The prepared dataset, its edge split and the summary's facts about them
+            (under torchrun: on rank 0 alone); ``meta`` takes their sizes."""
+            budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
+            ds = as_dataset(cfg.dataset, root=cfg.data_root, check=False, storage=cfg.storage,
+                            budget=budget)
+            synthesized = list(ds.info.get("synthesized", []))
+            say(describe_run(cfg, [s for s in synthesized if s != "labels"]))
+            ds = prepare_dataset(ds, reorder=cfg.reorder, seed=cfg.seed,
+                                 normalize=r["normalize_features"])
+            split = link_split(cfg, ds)
+            info = {"dataset_summary": {**ds.summary(), "link_split": split.summary()},
+                    "reciprocity": ds.reciprocity, "synthesized": synthesized,
+                    "storage": ds.info.get("storage", "memory"),
+                    "resident_mb": rss_bytes() / 2**20}
+            meta.update(num_features=ds.num_features, num_classes=None,
+                        dataset={"name": cfg.dataset_name, "fingerprint": fingerprint(ds)},
+                        num_edge_types=split.num_relations, num_relations=split.num_relations)
+            return ds, split, info
 
         def link_model() -> LinkModel:
-            return LinkModel(encoder(ds.num_features, split.num_relations),
-                             make_decoder(cfg.decoder, cfg.embedding_dim, split.num_relations))
+            k = meta["num_relations"]
+            return LinkModel(encoder(meta["num_features"], k),
+                             make_decoder(cfg.decoder, cfg.embedding_dim, k))
 
-        if cfg.nprocs > 1:
-            summary, state = train_link_distributed(cfg, ds, split, meta, echo)
-            info.pop("resident_mb")
-            for part in [summary, *(summary["results"] or [])]:
-                part.update(info, device=str(cfg.device))
+        if several:
+            summary, state, meta = train_link_distributed(cfg, load, meta, echo)
+            if state is None:  # another torchrun rank: rank 0 holds the model
+                return Outcome(summary, None, meta)
             model = link_model()
             model.load_state_dict(state)
             return Outcome(summary, model, meta)
+        ds, split, info = load()
         graph, edge_data = cfg.source.prepare(split.graph, split.edge_type, split.num_relations)
 
         def session(seed: int) -> LinkSession:

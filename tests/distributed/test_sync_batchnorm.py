@@ -59,9 +59,20 @@ def shares_on_ranks(momentum: float | None) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-@pytest.mark.parametrize("momentum", [0.1, None])
-def test_two_shares_normalize_as_the_whole_batch(momentum):
-    ranks = launch(shares_on_ranks, 2, momentum, threads=1)
+def both_momenta() -> list[list[dict[str, torch.Tensor]]]:
+    """Rank function: :func:`shares_on_ranks` with an exponential and a cumulative average."""
+    return [shares_on_ranks(m) for m in MOMENTA]
+
+
+MOMENTA = (0.1, None)
+
+
+def test_two_shares_normalize_as_the_whole_batch():
+    for momentum, ranks in zip(MOMENTA, zip(*launch(both_momenta, 2, threads=1))):
+        _check(momentum, ranks)
+
+
+def _check(momentum: float | None, ranks: tuple[list[dict[str, torch.Tensor]], ...]) -> None:
     bn = _bn(momentum)
     for step, (a, b, tail) in enumerate(STEPS):
         x, dy = _inputs(step, a, b, tail)

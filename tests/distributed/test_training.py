@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 import dist_ranks
+from killed_rank import kill_a_rank
 from ngra.distributed import DistributedError, launch
 from ngra.training.ranks import prepare_shards
 from ngra.training import TrainConfig
@@ -130,27 +130,12 @@ def test_a_killed_rank_ends_the_run_with_its_name(data, tmp_path):
     cmd = [sys.executable, "-m", "ngra", "train", "--model", "gcn", "--dataset", "cora",
            "--data-root", data, "--nprocs", "2", "--epochs", "100000", "--no-progress",
            "--checkpoint", str(ck), "--checkpoint-every", "1", "--exchange", "halo"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=os.environ.copy())
-    try:
-        deadline = time.monotonic() + 300
-        while not (ck / "checkpoint.pt").exists():  # training is under way
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
-        # the ranks: the launcher's spawned workers (their RANK is set after exec, so
-        # /proc/<pid>/environ does not show it; the message names the pid)
-        ranks = [p for p in psutil.Process(proc.pid).children(True)
-                 if "spawn_main" in " ".join(p.cmdline())]
-        assert len(ranks) == 2, [p.cmdline() for p in ranks]
-        victim = ranks[-1]
-        victim.send_signal(signal.SIGKILL)
-        t0 = time.monotonic()
-        _, err = proc.communicate(timeout=60)
-        assert time.monotonic() - t0 < 60
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode not in (0, None)
+    # the ranks: the launcher's spawned workers (their RANK is set after exec, so
+    # /proc/<pid>/environ does not show it; the message names the pid)
+    victim, ranks, code, err, took = kill_a_rank(cmd, ck, lambda line: "spawn_main" in line,
+                                                 env=os.environ.copy())
+    assert took < 60
+    assert code not in (0, None)
     assert re.search(rf"rank [01] of 2 \(pid {victim.pid}\) was killed by SIGKILL", err), err
     for p in ranks:
         assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE

@@ -29,6 +29,8 @@ NOT_SETTINGS = {
     "interruptible": "a run's signal handlers (SIGINT/SIGTERM raise Interrupted)",
     "_signals_deferred": "holds SIGINT/SIGTERM while a checkpoint is written",
     "atomic_output": "a file being written under a temporary name, renamed when complete",
+    "named_failure": "a torchrun rank's training: an error names the rank and ends it",
+    "link_files": "the link ranks' shards and pair files, the pairs removed on exit",
 }
 #: A value each setting refuses (path settings accept any string).
 BAD = {"NGRA_KERNEL_BACKEND": "bogus", "NGRA_DST_PARTIALS": "bogus", "NGRA_AVX512": "maybe",

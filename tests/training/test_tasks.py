@@ -98,14 +98,6 @@ def test_tasks_refuse_what_they_cannot_run(shared_data):
         ngra.fit("gin", _mutag(shared_data), epochs=1, progress=False)
 
 
-@pytest.mark.parametrize("task", ["link", "graph"])
-def test_link_and_graph_refuse_torchrun_before_reading_data(task, monkeypatch, tmp_path):
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # as a rank torchrun started
-    with pytest.raises(ValueError, match=rf"--task {task} starts its own processes: run "
-                                         rf"ngra train --task {task} --nprocs K"):
-        ngra.fit("gin", tmp_path / "nowhere", task=task, epochs=1, progress=False)
-
-
 def test_link_and_graph_models_reload_and_predict(shared_data, tmp_path):
     spec = _mutag(shared_data)
     g = ngra.fit("gin", spec, task="graph", epochs=2, progress=False,
