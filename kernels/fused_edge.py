@@ -23,6 +23,14 @@ at forward time, and the same backend runs the backward. Backend contract::
     fused_edge_shared_rows() -> bool                  # whether it reads shared dst rows
     fused_edge_bwd(indptr, indices, get_rev, call, src, dst, edge, aux, grad_out, need)
         -> (src_grads, dst_grads, edge_grads)
+    fused_edge_multi_fwd(indptr, indices, call, src, dst, edge)
+        -> ([out_j [num_dst, F]], [arg_j [num_dst, F] int64 for each max/min output j])
+    fused_edge_multi_bwd(indptr, indices, get_rev, call, src, dst, edge, args, grad_outs, need)
+        -> (src_grads, dst_grads, edge_grads)
+
+The ``multi`` ops serve :func:`fused_edge_aggregate_multi` (several outputs, each with
+its own expression and reducer, from one walk; ``call.outputs``); ``ref`` and ``cpu``
+implement them.
 
 ``call`` is a :class:`FusedEdgeCall`; ``src``/``dst``/``edge`` are lists of contiguous
 term tensors; ``aux`` is ``None`` for sum/mean and, for max/min, the ``[num_dst, F]``
@@ -77,6 +85,7 @@ from ngra.settings import get
 __all__ = [
     "FusedEdgeCall",
     "fused_edge_aggregate",
+    "fused_edge_aggregate_multi",
     "REDUCERS",
     "DST_PARTIALS",
     "dst_partials",
@@ -103,6 +112,9 @@ class FusedEdgeCall:
         num_terms: ``(len(src_terms), len(dst_terms), len(edge_terms))``.
         width: ``F``, the common feature width (output ``[num_dst, F]``).
         dtype: the terms' float dtype (the output's).
+        outputs: ``((expr, reduce), ...)`` of a :func:`fused_edge_aggregate_multi` call
+            (then ``expr``/``reduce`` are the first output's expression and ``"multi"``);
+            empty for one output.
     """
 
     expr: EdgeExpr
@@ -110,6 +122,15 @@ class FusedEdgeCall:
     num_terms: tuple[int, int, int]
     width: int
     dtype: torch.dtype
+    outputs: tuple[tuple[EdgeExpr, str], ...] = ()
+
+    def roots(self) -> tuple[tuple[EdgeExpr, str], ...]:
+        """``((expr, reduce), ...)`` of every output."""
+        return self.outputs or ((self.expr, self.reduce),)
+
+    def leaves(self) -> list[tuple[str, int]]:
+        """Every ``(kind, index)`` leaf some output's expression reads, sorted."""
+        return sorted({leaf for x, _ in self.roots() for leaf in leaves(x)})
 
     def split(self, terms: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any]]:
         """Split a flat term list into ``(src_terms, dst_terms, edge_terms)``."""
@@ -169,28 +190,9 @@ def fused_edge_aggregate(
     """
     verify(expr)
     check_choice(reduce, "reduce", REDUCERS)
-    num_dst = check_csc(indptr, indices)
-    num_edges = indices.numel()
-    groups = {
-        "src": _as_term_list(src_terms, "src_terms"),
-        "dst": _as_term_list(dst_terms, "dst_terms"),
-        "edge": _as_term_list(edge_terms, "edge_terms"),
-    }
-    for kind, i in leaves(expr):
-        if i >= len(groups[kind]):
-            raise ValueError(
-                f"expr reads {kind}{i} ({kind}_terms[{i}]) but only {len(groups[kind])} "
-                f"{kind}_terms were given; expr = {expr}."
-            )
-    width, dtype, num_src = _check_terms(groups, num_dst, num_edges, indptr.device)
-    if num_src is not None:
-        check_range(indices, num_src, "indices", "num_src = rows of src_terms")
-    else:  # no src terms: nothing is gathered by source id, any non-negative id is fine
-        check_range(indices, 2**62, "indices", "source ids")
-        num_src = int(indices.max()) + 1 if num_edges else 0
-    rev_t = None
-    if rev is not None:
-        rev_t = check_rev(rev, num_src, num_dst, num_edges, indptr.device)
+    groups, width, dtype, num_src, rev_t = _checked_call(
+        indptr, indices, [expr], src_terms, dst_terms, edge_terms, rev)
+    num_dst = indptr.numel() - 1
     call = FusedEdgeCall(
         expr, reduce, (len(groups["src"]), len(groups["dst"]), len(groups["edge"])), width,
         dtype if dtype is not None else torch.get_default_dtype(),
@@ -202,6 +204,93 @@ def fused_edge_aggregate(
         indptr, indices, call, rev_t, num_src, (partials, shared),
         *groups["src"], *groups["dst"], *groups["edge"]
     )
+
+
+def fused_edge_aggregate_multi(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    outputs: Sequence[tuple[EdgeExpr, str]],
+    src_terms: Sequence[torch.Tensor] = (),
+    dst_terms: Sequence[torch.Tensor] = (),
+    edge_terms: Sequence[torch.Tensor] = (),
+    *,
+    rev: Any = None,
+) -> list[torch.Tensor]:
+    r"""Several element-wise edge expressions over the same terms, each reduced over the
+    in-edges by its own reducer, in one walk (PNA's mean, max, min and second moment).
+
+    .. math::
+        \mathrm{out}^{(j)}_{v,f} = \bigoplus^{(j)}_{e = (u \to v)}
+            \mathrm{expr}_j\big(\mathrm{src}_i[u, f],\ \mathrm{dst}_i[v, f],\
+            \mathrm{edge}_i[e, f]\big)
+
+    Each output equals ``fused_edge_aggregate(indptr, indices, expr_j, ..., reduce=r_j)``
+    (the same ``max``/``min`` first-edge rule for ties); the backend evaluates every
+    expression per edge and column while it walks a destination's in-edges once, and its
+    backward likewise adds every output's share of a term's gradient in one walk
+    (``sum_j g_j * d expr_j / d term``, a max/min output's only on the edge that won).
+    No dst partials. Backends: ``ref`` and ``cpu``; a device whose preferred backend
+    lacks the op (``gpu``) falls back to ``ref``, so callers that care check
+    :func:`~ngra.kernels.registry.backend_for` first.
+
+    Args:
+        indptr, indices, src_terms, dst_terms, edge_terms, rev: as for
+            :func:`fused_edge_aggregate`.
+        outputs: ``[(expr, reduce), ...]``, at least one; ``reduce`` one of :data:`REDUCERS`.
+
+    Returns:
+        One ``[num_dst, F]`` tensor per output, ``F`` the largest term width (1 if none).
+
+    Raises:
+        TypeError, ValueError: as :func:`fused_edge_aggregate`, for any output.
+    """
+    if isinstance(outputs, (str, EdgeExpr)) or not isinstance(outputs, Sequence) or not outputs:
+        raise TypeError("outputs must be a non-empty list of (expr, reduce) pairs; got "
+                        f"{outputs!r}.")
+    for j, pair in enumerate(outputs):
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise TypeError(f"outputs[{j}] must be an (expr, reduce) pair; got {pair!r}.")
+        verify(pair[0])
+        check_choice(pair[1], f"outputs[{j}] reduce", REDUCERS)
+    groups, width, dtype, num_src, rev_t = _checked_call(
+        indptr, indices, [x for x, _ in outputs], src_terms, dst_terms, edge_terms, rev)
+    num_dst = indptr.numel() - 1
+    call = FusedEdgeCall(
+        outputs[0][0], "multi", (len(groups["src"]), len(groups["dst"]), len(groups["edge"])),
+        width, dtype if dtype is not None else torch.get_default_dtype(), tuple(outputs),
+    )
+    shared = tuple(i for i, t in enumerate(groups["dst"]) if t.shape[0] != num_dst)
+    return list(_FusedEdgeMulti.apply(indptr, indices, call, rev_t, num_src, shared,
+                                      *groups["src"], *groups["dst"], *groups["edge"]))
+
+
+def _checked_call(indptr, indices, exprs, src_terms, dst_terms, edge_terms, rev):
+    """Validate a call's graph, terms and ``rev`` for expressions ``exprs``: ``(groups,
+    F, dtype or None, num_src, rev tensors or None)``."""
+    num_dst = check_csc(indptr, indices)
+    num_edges = indices.numel()
+    groups = {
+        "src": _as_term_list(src_terms, "src_terms"),
+        "dst": _as_term_list(dst_terms, "dst_terms"),
+        "edge": _as_term_list(edge_terms, "edge_terms"),
+    }
+    for expr in exprs:
+        for kind, i in leaves(expr):
+            if i >= len(groups[kind]):
+                raise ValueError(
+                    f"expr reads {kind}{i} ({kind}_terms[{i}]) but only {len(groups[kind])} "
+                    f"{kind}_terms were given; expr = {expr}."
+                )
+    width, dtype, num_src = _check_terms(groups, num_dst, num_edges, indptr.device)
+    if num_src is not None:
+        check_range(indices, num_src, "indices", "num_src = rows of src_terms")
+    else:  # no src terms: nothing is gathered by source id, any non-negative id is fine
+        check_range(indices, 2**62, "indices", "source ids")
+        num_src = int(indices.max()) + 1 if num_edges else 0
+    rev_t = None
+    if rev is not None:
+        rev_t = check_rev(rev, num_src, num_dst, num_edges, indptr.device)
+    return groups, width, dtype, num_src, rev_t
 
 
 def _reads_shared_rows(device: torch.device) -> bool:
@@ -264,14 +353,7 @@ class _FusedEdge(torch.autograd.Function):
         partials, shared = routes  # dst partials, one-row dst terms (module docs)
         device = indptr.device
         ctx.bwd = lookup("fused_edge_bwd", device)  # same backend as the forward
-        ns, num_dst = call.num_terms[0], indptr.numel() - 1
-        if shared and not _reads_shared_rows(device):  # the backend gets the copies
-            terms = tuple(t.expand(num_dst, -1) if i - ns in shared else t
-                          for i, t in enumerate(terms))
-            ctx.copied = shared
-        else:
-            ctx.copied = ()
-        terms = tuple(t.contiguous() for t in terms)
+        terms, ctx.copied = _backend_terms(call, indptr, shared, terms)
         src, dst, edge = call.split(terms)
         aux, ks = None, []
         if forward_skipped(call.reduce):
@@ -324,6 +406,66 @@ class _FusedEdge(torch.autograd.Function):
             if gd[i] is not None:
                 gd[i] = gd[i].sum(0, keepdim=True)
         return skip + tuple(gs) + tuple(gd) + tuple(ge)
+
+
+def _backend_terms(call: FusedEdgeCall, indptr: torch.Tensor, shared: tuple[int, ...],
+                   terms: tuple) -> tuple[tuple, tuple[int, ...]]:
+    """``(contiguous terms, copied)``: a backend that does not read shared dst rows gets
+    ``[num_dst, F]`` copies of them (``copied``: their dst indices, whose gradients the
+    caller sums back to one row)."""
+    copied: tuple[int, ...] = ()
+    if shared and not _reads_shared_rows(indptr.device):
+        ns, num_dst = call.num_terms[0], indptr.numel() - 1
+        terms = tuple(t.expand(num_dst, -1) if i - ns in shared else t
+                      for i, t in enumerate(terms))
+        copied = shared
+    return tuple(t.contiguous() for t in terms), copied
+
+
+class _FusedEdgeMulti(torch.autograd.Function):
+    """:func:`fused_edge_aggregate_multi`: ``fused_edge_multi_fwd`` and ``_bwd`` of one
+    backend (contract: as ``fused_edge_fwd``/``_bwd`` with a list of outputs, a list of
+    ``[num_dst, F]`` int64 arg-extremes, one per max/min output, and a list of output
+    gradients)."""
+
+    _ARGS = 6  # indptr, indices, call, rev, num_src, shared
+
+    @staticmethod
+    def forward(ctx, indptr, indices, call, rev, num_src, shared, *terms):  # type: ignore[override]
+        ctx.bwd = lookup("fused_edge_multi_bwd", indptr.device)  # same backend as the forward
+        terms, ctx.copied = _backend_terms(call, indptr, shared, terms)
+        src, dst, edge = call.split(terms)
+        outs, args = lookup("fused_edge_multi_fwd", indptr.device)(indptr, indices, call, src,
+                                                                   dst, edge)
+        ctx.call, ctx.rev, ctx.num_src, ctx.num_args = call, rev, num_src, len(args)
+        ctx.save_for_backward(indptr, indices, *args, *terms)
+        return tuple(outs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):  # type: ignore[override]
+        saved = ctx.saved_tensors
+        indptr, indices = saved[:2]
+        args, terms = list(saved[2:2 + ctx.num_args]), saved[2 + ctx.num_args:]
+        call: FusedEdgeCall = ctx.call
+        skip = (None,) * _FusedEdgeMulti._ARGS
+        needs = ctx.needs_input_grad[_FusedEdgeMulti._ARGS:]
+        if not any(needs):
+            return skip + (None,) * len(terms)
+        ns, nd, _ = call.num_terms
+        gs = [g.to(call.dtype).contiguous() for g in grads]
+        need = (tuple(needs[:ns]), tuple(needs[ns:ns + nd]), tuple(needs[ns + nd:]))
+
+        def get_rev() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return reverse_of(indptr, indices, ctx.num_src, ctx.rev)
+
+        src, dst, edge = call.split(terms)
+        g_s, g_d, g_e = ctx.bwd(indptr, indices, get_rev, call, src, dst, edge, args, gs, need)
+        g_d = list(g_d)
+        for i in ctx.copied:  # gradient of the copy -> of the row
+            if g_d[i] is not None:
+                g_d[i] = g_d[i].sum(0, keepdim=True)
+        return skip + tuple(g_s) + tuple(g_d) + tuple(g_e)
 
 
 # ============================================================================ validation

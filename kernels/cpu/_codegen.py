@@ -29,6 +29,11 @@ Three pass kinds, all without atomics (each output row has exactly one writer):
              buffer (the caller zeroes one per thread and sums them), the one output that
              several threads would otherwise write.
 
+A spec with several ``outputs`` (``fused_edge_aggregate_multi``) writes ``out<j>`` (and
+``arg<j>`` for a max/min output) in ``fwd``, and its backward kinds take ``g<j>`` per output
+and add ``sum_j g<j> * d expr_j / d term`` (0 for a max/min output on an edge that did not
+win its column).
+
 Rows read at random (``src`` rows in the destination passes; ``dst``, ``g`` and
 ``edge`` rows in the source pass) are prefetched ``ahead`` edges ahead (an argument,
 so that tuning it never needs a recompile).
@@ -157,7 +162,21 @@ class _Emitter:
 
 def generate(spec: KernelSpec) -> tuple[str, list[float]]:
     """``(module source, constants)`` for ``spec``; the module defines ``kernel``."""
-    if spec.kind == "fwd":
+    if spec.outputs:
+        if spec.kind == "fwd":
+            if spec.grads:
+                raise ValueError(f"internal error: dst partials of a multi-output kernel: "
+                                 f"{spec.grads}")
+            emitter = _Emitter(spec, [x for x, _ in spec.outputs])
+            body = _fwd_multi(spec, emitter)
+        elif spec.kind in ("bwd_dst", "bwd_src", "bwd_all"):
+            mroots = spec.multi_grad_roots()
+            emitter = _Emitter(spec, [d for _, _, ds in mroots for d in ds])
+            write = _bwd_dst if spec.kind == "bwd_dst" else _bwd_sources
+            body = write(spec, emitter, mroots)
+        else:
+            raise ValueError(f"unknown kernel kind {spec.kind!r}")
+    elif spec.kind == "fwd":
         roots = spec.grad_roots()
         emitter = _Emitter(spec, [spec.expr] + [r for _, _, r in roots])
         body = _fwd(spec, emitter, roots)
@@ -335,12 +354,22 @@ def _fwd(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]])
     ext = spec.reduce in ("max", "min")
     if spec.grads and (ext or any(k != "dst" for k, _ in spec.grads)):
         raise ValueError(f"internal error: dst partials under {spec.reduce}: {spec.grads}")
-    parts = list(zip(spec.grad_names(), (r for _, _, r in roots)))
-    outs = ["out"] + [name for name, _ in parts]
+    # the output, then the dst partials (summed, and scaled for mean, like it)
+    outs = [("out", spec.expr, spec.reduce, "arg" if ext else None)]
+    outs += [(name, r, spec.reduce, None) for name, (_, _, r) in zip(spec.grad_names(), roots)]
+    return _fwd_walk(spec, em, outs)
+
+
+def _fwd_walk(spec: KernelSpec, em: _Emitter,
+              outs: list[tuple[str, EdgeExpr, str, str | None]]) -> str:
+    """The ``fwd`` kernel of ``outs``, ``(array, expression, reducer, arg array of a
+    max/min output or None)``: each destination's in-edges walked once, every output
+    accumulated by its reducer (a max/min output also records the CSC position of the first
+    edge attaining its extreme)."""
     w = _Writer()
-    args = ["indptr", "indices", "consts", "ahead", *spec.arrays(), *outs]
-    _open_kernel(w, spec, em, args + (["arg"] if ext else []))
-    w("nf = out.shape[1]")
+    args = ["indptr", "indices", "consts", "ahead", *spec.arrays(), *(o[0] for o in outs)]
+    _open_kernel(w, spec, em, args + [o[3] for o in outs if o[3]])
+    w(f"nf = {outs[0][0]}.shape[1]")
     w("num_edges = indices.shape[0]")
     w("for v in range(v0, v1):")
     w.indent()
@@ -348,10 +377,11 @@ def _fwd(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]])
     w("end = indptr[v + 1]")
     w("for f in range(nf):")
     w.indent()
-    for name in outs:
+    for name, _, _, _ in outs:
         w(f"{name}[v, f] = c0")
-    if ext:
-        w("arg[v, f] = -1")
+    for _, _, _, arg in outs:
+        if arg:
+            w(f"{arg}[v, f] = -1")
     w.dedent()
     w("for pos in range(start, end):")
     w.indent()
@@ -362,28 +392,28 @@ def _fwd(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]])
     w("for f in range(nf):")
     w.indent()
     em.emit(w, wide=True)
-    root = em.names[spec.expr]
-    if ext:
-        cmp = ">" if spec.reduce == "max" else "<"
-        w(f"val = {root}")
-        w(f"if arg[v, f] < 0 or val {cmp} out[v, f]:")
-        w.indent()
-        w("out[v, f] = val")
-        w("arg[v, f] = e")
-        w.dedent()
-    else:
-        w(f"out[v, f] += {root}")
-        for name, d in parts:
-            w(f"{name}[v, f] += {em.names[d]}")
+    for name, x, reduce, arg in outs:
+        root = em.names[x]
+        if arg:
+            cmp = ">" if reduce == "max" else "<"
+            w(f"val = {root}")
+            w(f"if {arg}[v, f] < 0 or val {cmp} {name}[v, f]:")
+            w.indent()
+            w(f"{name}[v, f] = val")
+            w(f"{arg}[v, f] = e")
+            w.dedent()
+        else:
+            w(f"{name}[v, f] += {root}")
     w.dedent()
     w.dedent()  # edge loop
-    if spec.reduce == "mean":
+    means = [name for name, _, reduce, _ in outs if reduce == "mean"]
+    if means:
         w("if end > start:")
         w.indent()
         w(f"inv = c1 / {_ft(spec)}(end - start)")
         w("for f in range(nf):")
         w.indent()
-        for name in outs:
+        for name in means:
             w(f"{name}[v, f] *= inv")
     return _close_kernel(w, spec)
 
@@ -396,6 +426,9 @@ def _grad_columns(w: _Writer, spec: KernelSpec, em: _Emitter,
     scalar ``<name>_acc`` that the caller opens and stores. Under max/min only the edge
     that won column ``f`` counts."""
     wide = {(k, i): wd for k, i, wd in spec.layout}
+    if spec.outputs:
+        _multi_grad_columns(w, spec, em, roots, wide)
+        return
     w("for f in range(nf):")
     w.indent()
     if spec.reduce in ("max", "min"):
@@ -408,32 +441,38 @@ def _grad_columns(w: _Writer, spec: KernelSpec, em: _Emitter,
         w.dedent()
     w("gv = g[v, f] * inv" if spec.reduce == "mean" else "gv = g[v, f]")
     em.emit(w, wide=True)
-    row = {"src": "u", "dst": "v"}
     for k, i, r in roots:
-        d = em.names[r]
-        name = f"g{_LEAF_ARRAY[k]}{i}"
-        if not wide[(k, i)]:
-            w(f"{name}_acc += gv * {d}")
-        elif k == "edge":
-            w(f"{name}[e, f] = gv * {d}")
-        else:
-            w(f"{name}[{'0' if (k, i) in spec.shared else row[k]}, f] += gv * {d}")
+        _write_grad(w, spec, wide, k, i, f"gv * {em.names[r]}")
     w.dedent()
 
 
+def _write_grad(w: _Writer, spec: KernelSpec, wide: dict, k: str, i: int, value: str) -> None:
+    """Add an edge's ``value`` into term ``(k, i)``'s gradient: its row (``u``, ``v``; a
+    shared dst row's is row 0), its edge ``e`` (written), or a width-1 term's scalar
+    ``<name>_acc``."""
+    name = f"g{_LEAF_ARRAY[k]}{i}"
+    if not wide[(k, i)]:
+        w(f"{name}_acc += {value}")
+    elif k == "edge":
+        w(f"{name}[e, f] = {value}")
+    else:
+        row = "0" if (k, i) in spec.shared else {"src": "u", "dst": "v"}[k]
+        w(f"{name}[{row}, f] += {value}")
+
+
 def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
-    ext = spec.reduce in ("max", "min")
     wide = {(k, i): wd for k, i, wd in spec.layout}
+    gs, args = _grad_out_args(spec)
     w = _Writer()
-    _open_kernel(w, spec, em, ["indptr", "indices", "consts", "ahead", *spec.arrays(), "g"]
-                 + (["arg"] if ext else []) + spec.grad_names())
-    w("nf = g.shape[1]")
+    _open_kernel(w, spec, em, ["indptr", "indices", "consts", "ahead", *spec.arrays(), *gs]
+                 + args + spec.grad_names())
+    w(f"nf = {gs[0]}.shape[1]")
     w("num_edges = indices.shape[0]")
     w("for v in range(v0, v1):")
     w.indent()
     w("start = indptr[v]")
     w("end = indptr[v + 1]")
-    if spec.reduce == "mean":
+    if _has_mean(spec):
         w(f"inv = c1 / {_ft(spec)}(end - start) if end > start else c0")
     # a shared row sums over destinations (each thread its own, zeroed by the caller)
     dst = [(k, i) for k, i, _ in roots if k == "dst"
@@ -464,14 +503,13 @@ def _bwd_dst(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExp
 def _bwd_sources(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, EdgeExpr]]) -> str:
     """``bwd_src`` and ``bwd_all``: rows = sources over the reverse CSR (``bwd_src`` is
     the case without dst or edge gradients)."""
-    ext = spec.reduce in ("max", "min")
     wide = {(k, i): wd for k, i, wd in spec.layout}
+    gs, args = _grad_out_args(spec)
     w = _Writer()
     # dst gradients last: they are the per-thread arguments (see run_rows(per_thread=...))
     _open_kernel(w, spec, em, ["indptr", "rev_indptr", "rev_indices", "rev_perm", "consts", "ahead",
-                              *spec.arrays(), "g"]
-                 + (["arg"] if ext else []) + spec.grad_names())
-    w("nf = g.shape[1]")
+                              *spec.arrays(), *gs] + args + spec.grad_names())
+    w(f"nf = {gs[0]}.shape[1]")
     w("num_edges = rev_indices.shape[0]")
     w("for u in range(v0, v1):")
     w.indent()
@@ -481,11 +519,11 @@ def _bwd_sources(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, Edg
     w.indent()
     dst_grads = [f"gd{i}" for k, i, _ in roots
                  if k == "dst" and wide[(k, i)] and (k, i) not in spec.shared]
-    _prefetch(w, _wide_leaves(spec, "dst") + ["g"] + dst_grads, "rev_indices", "num_edges")
+    _prefetch(w, _wide_leaves(spec, "dst") + gs + dst_grads, "rev_indices", "num_edges")
     _prefetch(w, _wide_leaves(spec, "edge"), "rev_perm", "num_edges")
     w("v = rev_indices[pos]")
     w("e = rev_perm[pos]")
-    if spec.reduce == "mean":
+    if _has_mean(spec):
         w(f"inv = c1 / {_ft(spec)}(indptr[v + 1] - indptr[v])")  # v has this in-edge: degree >= 1
     em.emit(w, wide=False)
     narrow = [(k, i) for k, i, _ in roots if k != "src" and not wide[(k, i)]]
@@ -501,3 +539,47 @@ def _bwd_sources(spec: KernelSpec, em: _Emitter, roots: list[tuple[str, int, Edg
         if not wd:
             w(f"{name}[{row}, 0] = {name}_acc")
     return _close_kernel(w, spec)
+
+
+# ---------------------------------------------------------------- several outputs
+def _grad_out_args(spec: KernelSpec) -> tuple[list[str], list[str]]:
+    """``(output gradients, arg-extreme arrays)`` a backward kernel takes: ``g`` (and
+    ``arg`` under max/min) for one output; ``g<j>`` per output and ``arg<j>`` per max/min
+    output ``j`` for several."""
+    if not spec.outputs:
+        return ["g"], (["arg"] if spec.reduce in ("max", "min") else [])
+    return ([f"g{j}" for j in range(len(spec.outputs))],
+            [f"arg{j}" for j, (_, r) in enumerate(spec.outputs) if r in ("max", "min")])
+
+
+def _has_mean(spec: KernelSpec) -> bool:
+    return any(r == "mean" for _, r in spec.roots())
+
+
+def _fwd_multi(spec: KernelSpec, em: _Emitter) -> str:
+    """``fwd`` of several outputs (``out<j>``, ``arg<j>`` for a max/min output ``j``)."""
+    return _fwd_walk(spec, em, [(f"out{j}", x, r, f"arg{j}" if r in ("max", "min") else None)
+                                for j, (x, r) in enumerate(spec.outputs)])
+
+
+def _multi_grad_columns(w: _Writer, spec: KernelSpec, em: _Emitter,
+                        roots: list[tuple[str, int, tuple[EdgeExpr, ...]]],
+                        wide: dict) -> None:
+    """:func:`_grad_columns` of several outputs: a term's gradient on an edge is
+    ``sum_j gv_j * d expr_j / d term``, ``gv_j`` output ``j``'s gradient (scaled for mean;
+    0 under max/min unless the edge won column ``f``)."""
+    w("for f in range(nf):")
+    w.indent()
+    for j, (_, r) in enumerate(spec.outputs):
+        if r == "mean":
+            w(f"gv{j} = g{j}[v, f] * inv")
+        elif r == "sum":
+            w(f"gv{j} = g{j}[v, f]")
+        else:
+            w(f"gv{j} = g{j}[v, f] if arg{j}[v, f] == e else c0")
+    em.emit(w, wide=True)
+    for k, i, ds in roots:
+        parts = [f"gv{j} * {em.names[d]}" for j, d in enumerate(ds)
+                 if not (d.op == "const" and d.value == 0.0)]
+        _write_grad(w, spec, wide, k, i, " + ".join(parts) if parts else "c0")
+    w.dedent()

@@ -26,6 +26,10 @@ Passes (no atomics; no ``[E, F]`` tensor):
 * otherwise, backward of dst and edge terms: the same walk over destinations as the
   forward; backward of src terms: rows = sources, walking the reverse CSR.
 
+``fused_edge_multi_fwd``/``_bwd`` (several outputs, each with its own expression and
+reducer: ``KernelSpec.outputs``) run the same passes, every output accumulated in the one
+walk forward and every output's share of a term's gradient added in each backward walk.
+
 Accumulators and the expression use the terms' dtype (float32 sums as torch's index_add does).
 """
 
@@ -48,7 +52,6 @@ from ngra.kernels import _edge_spec
 from ngra.kernels._edge_spec import KernelSpec
 from ngra.kernels.cpu._codegen import CODEGEN_VERSION, generate
 from ngra.kernels.cpu.util import as_numpy, prefetch_distance, row_threads, run_rows
-from ngra.kernels.edge_expr import leaves
 from ngra.kernels.fused_edge import FusedEdgeCall
 from ngra.kernels.registry import register
 
@@ -155,7 +158,7 @@ def _layout(call: FusedEdgeCall, groups: dict[str, list[torch.Tensor]], num_dst:
     """The leaves the expression reads, with width flags, their numpy arrays, and the
     shared dst rows (one row that every destination reads, see
     :func:`fused_edge_shared_rows`)."""
-    used = leaves(call.expr)
+    used = call.leaves()
     layout = tuple((k, i, groups[k][i].shape[1] != 1) for k, i in used)
     arrays = [as_numpy(groups[k][i]) for k, i in used]
     shared = tuple((k, i) for k, i in used
@@ -165,6 +168,12 @@ def _layout(call: FusedEdgeCall, groups: dict[str, list[torch.Tensor]], num_dst:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return "float32" if dtype == torch.float32 else "float64"
+
+
+def _spec(kind: str, call: FusedEdgeCall, layout, grads, shared) -> KernelSpec:
+    """The kernel spec of ``call`` (one output or several) for pass ``kind``."""
+    return KernelSpec(kind, _dtype_name(call.dtype), call.expr, call.reduce, layout, grads,
+                      FLUSH_DENORMALS, shared, call.outputs)
 
 
 def _gathered_bytes(layout, groups: dict[str, list[torch.Tensor]], kinds: tuple[str, ...],
@@ -184,10 +193,11 @@ def _rev_args(get_rev) -> tuple[np.ndarray, list[np.ndarray]]:
                 as_numpy(rev_perm.to(torch.int64).contiguous())]
 
 
-def _walk_row_bytes(layout, groups, g: np.ndarray, dst_terms, shared: tuple) -> int:
+def _walk_row_bytes(layout, groups, g: list[np.ndarray], dst_terms, shared: tuple) -> int:
     """Bytes a source walk touches at random per edge: the destination's gathered rows,
-    its ``g`` row and, with dst gradients, the rows it adds them into."""
-    return (_gathered_bytes(layout, groups, ("dst", "edge"), shared) + g.shape[1] * g.itemsize
+    its ``g`` rows (one per output) and, with dst gradients, the rows it adds them into."""
+    return (_gathered_bytes(layout, groups, ("dst", "edge"), shared)
+            + sum(x.shape[1] * x.itemsize for x in g)
             + sum(groups[k][i].shape[1] * groups[k][i].element_size() for k, i in dst_terms
                   if (k, i) not in shared))
 
@@ -226,14 +236,13 @@ def _source_walk(ip, rp, rev_args, call, layout, arrays, shared, groups, g, extr
     dst_terms = tuple(ki for ki in dst_side if ki[0] == "dst")
     edge_terms = tuple(ki for ki in dst_side if ki[0] == "edge")
     order = src_side + edge_terms + dst_terms  # the kernel's argument order
-    spec = KernelSpec("bwd_all" if dst_side else "bwd_src", _dtype_name(call.dtype), call.expr,
-                      call.reduce, layout, order, FLUSH_DENORMALS, shared)
+    spec = _spec("bwd_all" if dst_side else "bwd_src", call, layout, order, shared)
     kern, consts = kernel_for(spec)
     row_bytes = _walk_row_bytes(layout, groups, g, dst_terms, shared)
     threads = row_threads(rp, row_bytes)
     outs = [torch.empty_like(groups[k][i]) for k, i in src_side + edge_terms]
     own = [[torch.zeros_like(groups[k][i]) for k, i in dst_terms] for _ in range(threads)]
-    run_rows(kern, rp, ip, *rev_args, consts, prefetch_distance(row_bytes), *arrays, g, *extra,
+    run_rows(kern, rp, ip, *rev_args, consts, prefetch_distance(row_bytes), *arrays, *g, *extra,
              *[as_numpy(o) for o in outs], row_bytes=row_bytes,
              per_thread=[tuple(as_numpy(o) for o in bufs) for bufs in own])
     for t in range(1, threads):
@@ -251,7 +260,7 @@ def fused_edge_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward: ``(out [num_dst, F], arg [num_dst, F] int64 for max/min else None)``."""
     ext = call.reduce in ("max", "min")
-    out, extra = _forward(indptr, indices, call, src, dst, edge, (), ext)
+    (out,), extra = _forward(indptr, indices, call, src, dst, edge, ())
     return out, (extra[0] if ext else None)
 
 
@@ -263,7 +272,18 @@ def fused_edge_fwd_partials(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Sum/mean forward that also sums ``d expr / d dst_i`` over each destination's
     in-edges, ``i`` in ``partials``: ``(out, [K_i [num_dst, F]])``, in the same walk."""
-    return _forward(indptr, indices, call, src, dst, edge, partials, False)
+    (out,), ks = _forward(indptr, indices, call, src, dst, edge, partials)
+    return out, ks
+
+
+@register("fused_edge_multi_fwd", "cpu")
+def fused_edge_multi_fwd(
+    indptr: torch.Tensor, indices: torch.Tensor, call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Forward of several outputs from one walk: ``([out_j], [arg_j of each max/min
+    output])``."""
+    return _forward(indptr, indices, call, src, dst, edge, ())
 
 
 @register("fused_edge_shared_rows", "cpu")
@@ -288,22 +308,24 @@ def fused_edge_partials_pay(indptr: torch.Tensor, call: FusedEdgeCall) -> bool:
     return threads > 1 and _dense_for_buffers(ip, threads)
 
 
-def _forward(indptr, indices, call: FusedEdgeCall, src, dst, edge, partials, ext):
-    """The ``fwd`` kernel: ``(out, [arg] under max/min, else the K_i of partials)``."""
+def _forward(indptr, indices, call: FusedEdgeCall, src, dst, edge, partials):
+    """The ``fwd`` kernel: ``([out_j], [arg_j] of the max/min outputs, else the K_i of
+    partials)``."""
     num_dst = indptr.numel() - 1
     groups = {"src": src, "dst": dst, "edge": edge}
     layout, arrays, shared = _layout(call, groups, num_dst)
-    out = torch.empty(num_dst, call.width, dtype=call.dtype)
-    extra = ([torch.empty(num_dst, call.width, dtype=torch.int64)] if ext else
-             [torch.empty(num_dst, call.width, dtype=call.dtype) for _ in partials])
-    spec = KernelSpec("fwd", _dtype_name(call.dtype), call.expr, call.reduce, layout,
-                      tuple(("dst", i) for i in partials), FLUSH_DENORMALS, shared)
+    roots = call.roots()
+    outs = [torch.empty(num_dst, call.width, dtype=call.dtype) for _ in roots]
+    extra = ([torch.empty(num_dst, call.width, dtype=torch.int64)
+              for _, r in roots if r in ("max", "min")]
+             + [torch.empty(num_dst, call.width, dtype=call.dtype) for _ in partials])
+    spec = _spec("fwd", call, layout, tuple(("dst", i) for i in partials), shared)
     kern, consts = kernel_for(spec)
     ip = as_numpy(indptr.to(torch.int64).contiguous())
     row_bytes = _gathered_bytes(layout, groups, ("src",))
     run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts, prefetch_distance(row_bytes),
-             *arrays, as_numpy(out), *[as_numpy(x) for x in extra], row_bytes=row_bytes)
-    return out, extra
+             *arrays, *[as_numpy(x) for x in outs + extra], row_bytes=row_bytes)
+    return outs, extra
 
 
 @register("fused_edge_bwd", "cpu")
@@ -323,6 +345,28 @@ def fused_edge_bwd(
     pass over sources (``get_rev()`` builds or returns the reverse CSR only then). A term
     the expression never reads gets zeros.
     """
+    return _backward(indptr, indices, get_rev, call, src, dst, edge,
+                     [aux] if aux is not None else [], [grad_out], need)
+
+
+@register("fused_edge_multi_bwd", "cpu")
+def fused_edge_multi_bwd(
+    indptr: torch.Tensor, indices: torch.Tensor,
+    get_rev: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+    args: list[torch.Tensor], grad_outs: list[torch.Tensor],
+    need: tuple[tuple[bool, ...], tuple[bool, ...], tuple[bool, ...]],
+) -> tuple[list, list, list]:
+    """Backward of several outputs: the walks of :func:`fused_edge_bwd`, each adding every
+    output's share of a term's gradient on the edges it visits."""
+    return _backward(indptr, indices, get_rev, call, src, dst, edge, args, grad_outs, need)
+
+
+def _backward(indptr, indices, get_rev, call: FusedEdgeCall, src, dst, edge,
+              aux: list[torch.Tensor], grad_outs: list[torch.Tensor], need):
+    """:func:`fused_edge_bwd` of one output or several (``aux``: the arg-extremes of the
+    max/min outputs, ``grad_outs``: one gradient per output)."""
     groups = {"src": src, "dst": dst, "edge": edge}
     wanted = dict(zip(("src", "dst", "edge"), need))
     layout, arrays, shared = _layout(call, groups, indptr.numel() - 1)
@@ -333,8 +377,8 @@ def fused_edge_bwd(
         for k in groups
     }
     ip = as_numpy(indptr.to(torch.int64).contiguous())
-    g = as_numpy(grad_out.contiguous())
-    extra = [as_numpy(aux)] if aux is not None else []
+    g = [as_numpy(x.contiguous()) for x in grad_outs]
+    extra = [as_numpy(a) for a in aux]
     src_side = tuple((k, i) for k, i, _ in layout if k == "src" and wanted[k][i])
     dst_side = tuple((k, i) for k, i, _ in layout if k in ("dst", "edge") and wanted[k][i])
     walked: tuple = ()  # dst/edge gradients that the source walk computes too
@@ -348,15 +392,14 @@ def fused_edge_bwd(
         # shared rows last: each thread sums its destinations into a row of its own
         own_rows = tuple(ki for ki in dst_side if ki in shared)
         rows = tuple(ki for ki in dst_side if ki not in shared)
-        spec = KernelSpec("bwd_dst", _dtype_name(call.dtype), call.expr, call.reduce, layout,
-                          rows + own_rows, FLUSH_DENORMALS, shared)
+        spec = _spec("bwd_dst", call, layout, rows + own_rows, shared)
         kern, consts = kernel_for(spec)
         outs = [torch.empty_like(groups[k][i]) for k, i in rows]
         row_bytes = _gathered_bytes(layout, groups, ("src",))
         threads = row_threads(ip, row_bytes)
         per = [[torch.zeros_like(groups[k][i]) for k, i in own_rows] for _ in range(threads)]
         run_rows(kern, ip, ip, as_numpy(indices.contiguous()), consts,
-                 prefetch_distance(row_bytes), *arrays, g, *extra,
+                 prefetch_distance(row_bytes), *arrays, *g, *extra,
                  *[as_numpy(o) for o in outs], row_bytes=row_bytes,
                  per_thread=[tuple(as_numpy(o) for o in bufs) for bufs in per])
         for bufs in per[1:]:

@@ -12,7 +12,8 @@ Math, per edge ``e = (u -> v)`` in CSC order and column ``f``::
     out[v, f] = reduce_{e into v} msg[e, f]                     # 0 without in-edges
 
 ``max``/``min`` pick the first edge (lowest CSC position) attaining the extreme and
-route the gradient to it only.
+route the gradient to it only. The ``multi`` ops (several outputs, ``call.outputs``)
+evaluate every output's expression and reduce each with its own reducer.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ngra.kernels.fused_edge import FusedEdgeCall
 from ngra.kernels.registry import register
 
 __all__ = ["evaluate", "fused_edge_fwd", "fused_edge_fwd_partials", "fused_edge_partials_pay",
-           "fused_edge_bwd", "edge_ends"]
+           "fused_edge_bwd", "fused_edge_multi_fwd", "fused_edge_multi_bwd", "edge_ends"]
 
 
 def evaluate(
@@ -103,6 +104,14 @@ def _messages(
     indptr, indices, call: FusedEdgeCall, src, dst, edge
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(msg [E, F], dst [E])``: the expression on every edge, and each edge's destination."""
+    msgs, d_id = _all_messages(indptr, indices, call, src, dst, edge)
+    return msgs[0], d_id
+
+
+def _all_messages(
+    indptr, indices, call: FusedEdgeCall, src, dst, edge
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """``([msg_j [E, F]], dst [E])``: every output's expression on every edge."""
     s_id, d_id = edge_ends(indptr, indices)
     terms = {"src": (src, s_id), "dst": (dst, d_id), "edge": (edge, None)}
 
@@ -111,8 +120,8 @@ def _messages(
         t = ts[x.index]
         return t if rows is None else t.index_select(0, rows)
 
-    (msg,) = evaluate([call.expr], leaf, call.dtype, indptr.device)
-    return msg.expand(indices.numel(), call.width), d_id
+    msgs = evaluate([x for x, _ in call.roots()], leaf, call.dtype, indptr.device)
+    return [m.expand(indices.numel(), call.width) for m in msgs], d_id
 
 
 def _reduce(
@@ -204,11 +213,20 @@ def fused_edge_bwd(
         ]
         msg, d_id = _messages(indptr, indices, call, *leaves_)
         out, _ = _reduce(indptr, d_id, msg, call.reduce)
-        wanted = [t for ts in leaves_ for t in ts if t.requires_grad]
-        grads = (
-            torch.autograd.grad(out, wanted, grad_out, allow_unused=True)
-            if wanted and out.requires_grad else [None] * len(wanted)
-        )
+        return _term_grads(leaves_, [out], [grad_out])
+
+
+def _term_grads(leaves_: list[list[torch.Tensor]], outs: list[torch.Tensor],
+                grad_outs: list[torch.Tensor]) -> tuple[list, list, list]:
+    """``(src, dst, edge)`` gradients of the leaves that require grad (zeros where an
+    output does not reach one), ``None`` for the others, by autograd from ``outs``."""
+    pairs = [(o, g) for o, g in zip(outs, grad_outs) if o.requires_grad]
+    wanted = [t for ts in leaves_ for t in ts if t.requires_grad]
+    grads = (
+        torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                            allow_unused=True)
+        if wanted and pairs else [None] * len(wanted)
+    )
     it = iter(grads)
     result: list[list] = []
     for ts in leaves_:
@@ -221,3 +239,42 @@ def fused_edge_bwd(
             row.append(torch.zeros_like(t) if gr is None else gr)
         result.append(row)
     return result[0], result[1], result[2]
+
+
+def _multi_reduce(indptr, d_id, msgs, call: FusedEdgeCall) -> tuple[list, list]:
+    outs, args = [], []
+    for msg, (_, r) in zip(msgs, call.outputs):
+        out, arg = _reduce(indptr, d_id, msg, r)
+        outs.append(out)
+        if arg is not None:
+            args.append(arg)
+    return outs, args
+
+
+@register("fused_edge_multi_fwd", "ref")
+def fused_edge_multi_fwd(
+    indptr: torch.Tensor, indices: torch.Tensor, call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Forward of several outputs: ``([out_j], [arg_j of each max/min output])``."""
+    msgs, d_id = _all_messages(indptr, indices, call, src, dst, edge)
+    return _multi_reduce(indptr, d_id, msgs, call)
+
+
+@register("fused_edge_multi_bwd", "ref")
+def fused_edge_multi_bwd(
+    indptr: torch.Tensor, indices: torch.Tensor, get_rev: Callable, call: FusedEdgeCall,
+    src: list[torch.Tensor], dst: list[torch.Tensor], edge: list[torch.Tensor],
+    args: list[torch.Tensor], grad_outs: list[torch.Tensor],
+    need: tuple[tuple[bool, ...], tuple[bool, ...], tuple[bool, ...]],
+) -> tuple[list, list, list]:
+    """Backward of several outputs by torch autograd through the reference forward."""
+    del get_rev, args
+    groups = [list(src), list(dst), list(edge)]
+    with torch.enable_grad():
+        leaves_ = [
+            [t.detach().requires_grad_(n) for t, n in zip(ts, ns)] for ts, ns in zip(groups, need)
+        ]
+        msgs, d_id = _all_messages(indptr, indices, call, *leaves_)
+        outs, _ = _multi_reduce(indptr, d_id, msgs, call)
+        return _term_grads(leaves_, outs, grad_outs)
