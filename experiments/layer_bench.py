@@ -6,6 +6,7 @@ Usage::
     .venv/bin/python experiments/layer_bench.py                      # cora, pubmed, rmat16
     .venv/bin/python experiments/layer_bench.py --graphs rmat18 --layers gatv2,transformer
     .venv/bin/python experiments/layer_bench.py --quick              # cora only, 3 epochs
+    .venv/bin/python experiments/layer_bench.py --layers pna,pna_split --merge  # PNA: 1 vs 3 walks
 
 Writes ``experiments/results/layers.md`` and ``layers.csv`` (``--name`` to change).
 
@@ -62,6 +63,10 @@ GRAPHS = {
 }
 LAYERS = ("gatv2", "transformer", "gine", "pna", "edgeconv", "edgeconv_mlp", "edge_mlp_norm",
           "gatedgcn", "sgc", "appnp", "learned_gcn")
+# not run by default: PNA written as three SagaLayers (moments, max, min: three walks), the
+# form before per-field gathers, against ``pna`` (one walk) in the same run; ngra only
+# (PyG's layer is ``pna``'s)
+NGRA_ONLY = ("pna_split",)
 FRAMEWORKS = ("ngra", "pyg", "ngra-generic")
 HIDDEN, HEADS, HEAD_DIM, EDGE_DIM = 64, 4, 16, 8
 THREADS = 2
@@ -104,11 +109,13 @@ def _models(layer: str, f_in: int, classes: int, graph, edge_dim: int):
     if layer == "gine":
         a, b = C.GINE(f_in, h, edge_dim), C.GINE(h, classes, edge_dim)
         return Two(a, b), Two(C.pyg_gine(a), C.pyg_gine(b), True), graph
-    if layer == "pna":
+    if layer in ("pna", "pna_split"):
         avg = C.avg_log_degree(graph)
         hist = C.degree_histogram(graph)
-        a, b = C.PNA(f_in, h, avg), C.PNA(h, classes, avg)
-        return Two(a, b), Two(C.pyg_pna(a, hist), C.pyg_pna(b, hist), True), graph
+        one = layer == "pna"
+        a, b = C.PNA(f_in, h, avg, one_walk=one), C.PNA(h, classes, avg, one_walk=one)
+        pyg = Two(C.pyg_pna(a, hist), C.pyg_pna(b, hist), True) if one else None
+        return Two(a, b), pyg, graph
     if layer in ("edgeconv", "edgeconv_mlp"):
         cls = C.EdgeConv if layer == "edgeconv" else C.EdgeConvMLP
         a, b = cls(f_in, h), cls(h, classes)
@@ -137,7 +144,7 @@ def _models(layer: str, f_in: int, classes: int, graph, edge_dim: int):
     if layer == "learned_gcn":
         a, b = C.LearnedEdgeGCN(f_in, h), C.LearnedEdgeGCN(h, classes)
         return Two(a, b), Two(C._PygLearnedGCN(a), C._PygLearnedGCN(b), True), graph
-    raise SystemExit(f"unknown layer {layer!r}; choose from {LAYERS}")
+    raise SystemExit(f"unknown layer {layer!r}; choose from {LAYERS + NGRA_ONLY}")
 
 
 def run_child(layer: str, gname: str, framework: str, epochs: int) -> dict:
@@ -328,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     for gname in graphs:
         for layer in args.layers.split(","):
             for fw in args.frameworks.split(","):
+                if layer in NGRA_ONLY and fw != "ngra":
+                    continue
                 r = run_case(layer, gname, fw, epochs, args.time_cap, args.mem_cap_gb * 1024)
                 print(json.dumps(r), flush=True)
                 rows.append(r)

@@ -23,6 +23,19 @@ returns ``(score, value)`` and the values are summed with weights
 the accumulator's identity, 0. Vertex and edge data may be tensors or dicts of
 named tensors.
 
+When ``apply_edge`` returns a dict, ``gather`` may name a reducer per field
+(``sum``, ``mean``, ``max`` or ``min``; ``softmax`` does not mix with others), and
+``acc`` is the dict of the fields' reductions. PNA's aggregators from one message::
+
+    class PNAAggregate(ngra.SagaLayer):
+        gather = {"mean": "mean", "sq": "mean", "hi": "max", "lo": "min"}
+        def apply_edge(self, edge):
+            h = self.pre(torch.cat([edge.dst, edge.src], -1))
+            return {"mean": h, "sq": h * h, "hi": h, "lo": h}
+
+Fields that the compiler fuses run as one kernel that walks each destination's
+in-edges once for all of them (``ngra.explain`` names it).
+
 A ``softmax`` layer may drop its normalized weights in training mode (attention
 dropout, as in the GAT paper and PyG's ``GATConv(dropout=p)``) by setting
 ``attention_dropout`` beside ``gather``, on the class or the instance::
@@ -61,14 +74,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ngra.compiler.gather import GATHERS, check_gather
 from ngra.edge import Edge
 from ngra.runtime.executor import execute
 
-__all__ = ["SagaLayer", "Edge", "GATHERS"]
-
-GATHERS = ("sum", "mean", "max", "min", "softmax")
-
-
+__all__ = ["SagaLayer", "Edge", "GATHERS", "check_gather"]
 class SagaLayer(nn.Module):
     """Base class of a GNN layer written as a SAGA-NN vertex program.
 
@@ -102,15 +112,12 @@ class SagaLayer(nn.Module):
         vertex, else a ``ValueError`` names the layer and the shape that arrived.
     """
 
-    gather: str = "sum"
+    gather: str | dict[str, str] = "sum"
     attention_dropout: float = 0.0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.gather not in GATHERS:
-            raise TypeError(
-                f"{cls.__name__}.gather must be one of {GATHERS}; got {cls.gather!r}."
-            )
+        check_gather(cls.gather, cls.__name__)
         p = cls.attention_dropout
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
             raise TypeError(f"{cls.__name__}.attention_dropout must be a probability in "

@@ -16,7 +16,8 @@ whole-graph tile it runs here instead, over chunks of the destination-sorted (CS
   (:meth:`~ngra.compiler.gather.Accumulator.partial`) and merges the partial state into
   one ``[N, ...]`` state: a sum into its rows; max/min keeps, per row and feature, the
   extreme and the chunk that holds it (the first chunk on a tie: the kernels' rule, "the
-  first extreme row wins"); softmax merges online ``(max, sum, weighted sum)``. Only that
+  first extreme row wins"); a per-field gather does either per field; softmax merges
+  online ``(max, sum, weighted sum)``. Only that
   state, the chunk of each extreme and the softmax's log-sum-exp survive the chunk.
 * **Backward** recomputes each chunk under autograd (same RNG state as the forward, so a
   dropout inside the UDF draws the same masks) and differentiates the chunk's share of the
@@ -43,7 +44,7 @@ import numpy as np
 import torch
 
 from ngra import settings
-from ngra.compiler.gather import Accumulator
+from ngra.compiler.gather import Accumulator, PerFieldAccumulator
 from ngra.compiler.tile import TileView
 from ngra.edge import Edge
 from ngra.graph import EdgeFactors
@@ -269,7 +270,8 @@ class _Run:
         # the message structure: None (a tensor) or its dict keys; softmax: the per-row
         # shape of the log-sum-exp
         self.spec: Any = None
-        self.winner: list[torch.Tensor] = []  # max/min: the chunk holding each extreme
+        # max/min: the chunk holding each extreme (None for a sum/mean field)
+        self.winner: list[torch.Tensor | None] = []
         self.final: Any = None  # softmax: the log-sum-exp per row
         self.out: Any = None  # softmax, in backward: the output
         self.rng: tuple = ()
@@ -295,17 +297,20 @@ class _Run:
         state: Any = None
         for k, (b0, b1, lo, hi) in enumerate(self.chunks.bounds):
             part = self.chunk(k, self.terms, _edge_rows(self.edata, b0, b1), _plain_take)
-            if name in ("max", "min"):
-                values, has = part
-                part = _leaves(values)
+            if name != "softmax":
+                fields = self._fields(part)
                 if state is None:
-                    self.spec = _spec(values)
-                    state = [v.new_zeros((n,) + v.shape[1:]) for v in part]
-                    self.winner = [torch.full(s.shape, -1, dtype=torch.int32,
-                                              device=s.device) for s in state]
-                for s, w, v in zip(state, self.winner, part):
-                    _merge_extreme(s[lo:hi], w[lo:hi], v, has, k, name)
-            elif name == "softmax":
+                    self.spec = _spec(part[0] if name in ("max", "min") else part)
+                    state = [v.new_zeros((n,) + v.shape[1:]) for v, _, _ in fields]
+                    self.winner = [None if has is None else torch.full(
+                        s.shape, -1, dtype=torch.int32, device=s.device)
+                        for s, (_, has, _) in zip(state, fields)]
+                for s, w, (v, has, rule) in zip(state, self.winner, fields):
+                    if has is None:
+                        s[lo:hi].add_(v)
+                    else:
+                        _merge_extreme(s[lo:hi], w[lo:hi], v, has, k, rule)
+            else:
                 if state is None:
                     m, s, o = part
                     self.spec = m.shape[1:]  # the per-row shape of the log-sum-exp
@@ -314,14 +319,6 @@ class _Run:
                 rows = tuple(x[lo:hi] for x in state)
                 for x, y in zip(rows, self.acc.combine(rows, part)):
                     x.copy_(y)
-            else:
-                if state is None:
-                    self.spec = _spec(part)
-                part = _leaves(part)
-                if state is None:
-                    state = [p.new_zeros((n,) + p.shape[1:]) for p in part]
-                for s, p in zip(state, part):
-                    s[lo:hi].add_(p)
         if name == "softmax":
             out = self.acc.finalize(state, None, in_place=True)
             if keep:  # the output itself is saved by the Function (in-place checks)
@@ -331,6 +328,23 @@ class _Run:
             self.winner = []
         return state
 
+    def _fields(self, part: Any) -> list[tuple[torch.Tensor, Any, str]]:
+        """``(values, rows with edges or None, reducer)`` of each tensor of a chunk's sum,
+        mean, max or min partial state, or of a per-field gather's (a dict of them)."""
+        name = self.acc.name
+        if name in ("max", "min"):
+            values, has = part
+            return [(v, has, name) for v in _leaves(values)]
+        if isinstance(self.acc, PerFieldAccumulator):
+            out: list[tuple[torch.Tensor, Any, str]] = []
+            for k, rule in self.acc.fields.items():
+                if rule in ("max", "min"):
+                    out.append((part[k][0], part[k][1], rule))
+                else:
+                    out.append((part[k], None, rule))
+            return out
+        return [(v, None, name) for v in _leaves(part)]
+
     def state_of(self, outs: list[torch.Tensor]) -> Any:
         """The whole tile's accumulator state from the call's outputs."""
         name, tile = self.acc.name, self.tile
@@ -338,8 +352,12 @@ class _Run:
             out = outs[0]
             return out.new_zeros((tile.num_dst,) + tuple(self.spec)), None, out
         value = _unspec(self.spec, outs)
+        has = tile.indptr[1:] > tile.indptr[:-1]
         if name in ("max", "min"):
-            return value, tile.indptr[1:] > tile.indptr[:-1]
+            return value, has
+        if isinstance(self.acc, PerFieldAccumulator):
+            return {k: (value[k], has) if rule in ("max", "min") else value[k]
+                    for k, rule in self.acc.fields.items()}
         return value
 
     # .............................................................. backward
@@ -410,17 +428,14 @@ class _Run:
             lse, out = self.final, self.out
             share = self.acc.contribution(part, (lse[lo:hi], out[lo:hi]), None)
             return ([share], [grads[0][lo:hi]]) if share.requires_grad else ([], [])
-        if name in ("max", "min"):
-            values = _leaves(part[0])
-            outs, gs = [], []
-            for v, w, g in zip(values, self.winner, grads):
-                if v.requires_grad:
-                    outs.append(v)
-                    gs.append(torch.where(w[lo:hi] == k, g[lo:hi], torch.zeros((), dtype=g.dtype,
-                                                                               device=g.device)))
-            return outs, gs
-        pairs = [(p, g[lo:hi]) for p, g in zip(_leaves(part), grads) if p.requires_grad]
-        return [p for p, _ in pairs], [g for _, g in pairs]
+        outs, gs = [], []
+        for (v, _, _), w, g in zip(self._fields(part), self.winner, grads):
+            if not v.requires_grad:
+                continue
+            outs.append(v)
+            gs.append(g[lo:hi] if w is None else torch.where(
+                w[lo:hi] == k, g[lo:hi], torch.zeros((), dtype=g.dtype, device=g.device)))
+        return outs, gs
 
 
 class _ChunkedEdges(torch.autograd.Function):

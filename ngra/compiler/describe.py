@@ -69,10 +69,18 @@ def compiled_lines(plan: CompiledPlan) -> list[str]:
         lines.append("  pre     (per vertex) nothing: the edge stage reads the vertex data")
     for key, m in p.lowering.items():
         who = "" if key is None else f"[{key!r}] "
-        kernel = _kernel_line(p, m, plan.gather, plan._value_recipe is not None)
+        gather = plan.gather if isinstance(plan.gather, str) else plan.gather[key]
+        if isinstance(m, FusedEdgeMatch) and m.group:
+            kernel = _multi_line(p, m, key, plan.gather)
+        else:
+            kernel = _kernel_line(p, m, gather, plan._value_recipe is not None)
         lines.append(f"  edge    (per tile)   {who}{kernel}")
     mean = " (partial sums per tile; divided by the in-degree at the end)"
-    lines.append(f"  gather  {plan.gather}" + (mean if plan.gather == "mean" else ""))
+    if isinstance(plan.gather, str):
+        lines.append(f"  gather  {plan.gather}" + (mean if plan.gather == "mean" else ""))
+    else:
+        lines.append("  gather  per field: " + ", ".join(f"{k!r} {g}" for k, g
+                                                         in plan.gather.items()))
     if p.sink is not None:
         lines.append(f"  sink    (per vertex) {p.sink['module']} applied to the gathered "
                      "messages (moved from the end of ApplyEdge)")
@@ -130,6 +138,21 @@ def _kernel_line(p: Program, m: Any, gather: str, remade: bool = False) -> str:
                 f"edge={len(m.edge)} term(s), reduce={reduce}) -> "
                 f"[N_dst, {', '.join(map(str, m.out))}]; no [E, F] tensor")
     return f"interpreted edge stage + segment_reduce ({describe_match(p, m)})"
+
+
+def _multi_line(p: Program, m: FusedEdgeMatch, key: Any, gather: dict) -> str:
+    """The stage line of a field in a ``fused_edge_aggregate_multi`` group: the whole call
+    on its first field, a pointer to it on the others."""
+    if key != m.group[0]:
+        return f"in the fused_edge_aggregate_multi walk of [{m.group[0]!r}]"
+    outs = "; ".join(f"{k!r}: {gather[k]} of {p.lowering[k].expr}" for k in m.group)
+    src = ", ".join(format_key(k) for k, _ in m.src)
+    dst = ", ".join(format_key(k) if kind == "term" else "param row" for kind, k, _ in m.dst)
+    shape = ", ".join(map(str, m.out))
+    return (f"fused_edge_aggregate_multi({outs}; src=[{src}], dst=[{dst}], edge={len(m.edge)} "
+            f"term(s)) -> {len(m.group)} x [N_dst, {shape}] from one walk over each "
+            "destination's in-edges, forward and backward; no [E, F] tensor (on a GPU: one "
+            "fused_edge_aggregate per field, no Triton multi-output kernel)")
 
 
 def _k(key: Any) -> str:

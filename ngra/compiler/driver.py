@@ -158,5 +158,7 @@ def _attr_sig(layer: Any) -> tuple:
 def signature(layer: Any, x: Any, edata: Any) -> tuple:
     """The cache key of a compiled plan (see the module docstring)."""
     params = tuple((n, tuple(p.shape), p.dtype) for n, p in layer.named_parameters())
-    return (type(layer), layer.gather, layer.training, _tensor_sig(x), _tensor_sig(edata),
+    gather = layer.gather
+    gather = tuple(gather.items()) if isinstance(gather, dict) else gather  # hashable
+    return (type(layer), gather, layer.training, _tensor_sig(x), _tensor_sig(edata),
             _attr_sig(layer), params)

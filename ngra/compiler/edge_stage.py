@@ -7,7 +7,11 @@
   term, scaled per edge by the message's factors (or per vertex, by an
   :class:`~ngra.graph.EdgeFactors`); a typed message runs over ``N * T`` virtual sources;
 * :class:`~ngra.compiler.passes.fuse.FusedEdgeMatch`:
-  :func:`~ngra.kernels.fused_edge.fused_edge_aggregate` of its expression;
+  :func:`~ngra.kernels.fused_edge.fused_edge_aggregate` of its expression; the fields of a
+  per-field gather's group (``FusedEdgeMatch.group``) all from one
+  :func:`~ngra.kernels.fused_edge.fused_edge_aggregate_multi` walk, each with its reducer
+  (one ``fused_edge_aggregate`` per field where the device's backend has no multi-output
+  kernel: the GPU's);
 * :class:`~ngra.compiler.passes.fuse.SoftmaxMatch`: :func:`~ngra.kernels.softmax_aggregate`;
   on the whole-graph tile, when its scores are rowdots of its own value (GAT),
   :func:`~ngra.kernels.attention_aggregate`, which may make the value again in backward
@@ -37,7 +41,7 @@ import torch
 
 from ngra import kernels
 from ngra.compiler import chunked
-from ngra.compiler.gather import make_accumulator
+from ngra.compiler.gather import PerFieldAccumulator, make_accumulator
 from ngra.compiler.interp import Resolver, evaluate
 from ngra.compiler.ir import Node, Op, Program, map_refs
 from ngra.compiler.passes.fuse import (
@@ -50,7 +54,8 @@ from ngra.compiler.passes.fuse import (
 from ngra.compiler.plan import StagedTile
 from ngra.compiler.tile import TileView
 from ngra.graph import EdgeFactors
-from ngra.kernels.fused_edge import fused_edge_aggregate
+from ngra.kernels.fused_edge import fused_edge_aggregate, fused_edge_aggregate_multi
+from ngra.kernels.registry import backend_for
 
 __all__ = ["EdgeStage", "shaped"]
 
@@ -126,19 +131,34 @@ class EdgeStage:
         if interp:
             roots = [self._root(k) for k in interp]
             env = evaluate(self.program.edge, roots, ctx, self.resolver)
-        reduce = "sum" if self.gather in ("sum", "mean") else self.gather
-        parts = {}
+        if isinstance(self.accumulator, PerFieldAccumulator):
+            # the fields apply_edge returns are the gather's (else a clear error)
+            self.accumulator.check(self.program.edge.outputs, "one tensor")
+        parts: dict[Any, Any] = {}
         for k, m in lowering.items():
+            reduce = _kernel_reduce(self.gather_of(k))
+            if k in parts:
+                continue  # made by its group's walk
             if isinstance(m, InterpMatch):
                 parts[k] = kernels.segment_reduce(tile.indptr, env[self._root(k)], reduce)
             elif isinstance(m, GspmmMatch):
                 parts[k] = self._gspmm(ctx, m, reduce)
+            elif m.group:
+                parts.update(self._fused_group(ctx, m))
             else:
                 parts[k] = self._fused(ctx, m, reduce)
+        has = tile.indptr[1:] > tile.indptr[:-1]
+        if not isinstance(self.gather, str):  # per field: each its accumulator's partial
+            return {k: (v, has) if self.gather[k] in ("max", "min") else v
+                    for k, v in parts.items()}
         value = parts[None] if set(parts) == {None} else parts
         if self.gather in ("max", "min"):
-            return value, tile.indptr[1:] > tile.indptr[:-1]
+            return value, has
         return value
+
+    def gather_of(self, key: Any) -> str:
+        """The reducer of output ``key`` (the layer's gather, or its field's)."""
+        return self.gather if isinstance(self.gather, str) else self.gather[key]
 
     def chunks(self, tile: TileView, src: Any, dst: Any, edata: Any) -> chunked.Chunks | None:
         """How the tile's edges run in chunks (:mod:`ngra.compiler.chunked`), or ``None``:
@@ -284,15 +304,39 @@ class EdgeStage:
         tile = ctx.tile
         rest, width = m.out, math.prod(m.out) if m.out else 1
         src_terms, dst_terms = self._vertex_terms(ctx, m)
-        edge_terms = []
-        if m.edge:
-            env = evaluate(self.program.edge, [i for i, _ in m.edge], ctx, self.resolver)
-            edge_terms = [_term(env[i], rest, lay) for i, lay in m.edge]
+        edge_terms = self._edge_terms(ctx, m)
         out = fused_edge_aggregate(tile.indptr, tile.src_idx, m.expr, src_terms, dst_terms,
                                    edge_terms, reduce=reduce, rev=tile.rev if src_terms else None)
         if out.shape[1] != width:  # only width-1 terms: broadcast to the message width
             out = out.expand(out.shape[0], width)
         return shaped(out, (ctx.num_dst,) + rest)
+
+    def _fused_group(self, ctx: _Tile, m: FusedEdgeMatch) -> dict[Any, torch.Tensor]:
+        """The fields of ``m.group`` from one :func:`fused_edge_aggregate_multi` walk (their
+        matches share leaves); where the device's backend has no multi-output kernel (the
+        GPU's), one :func:`fused_edge_aggregate` per field."""
+        lowering = self.program.lowering
+        keys = m.group
+        tile = ctx.tile
+        device = tile.indptr.device
+        if backend_for("fused_edge_multi_fwd", device) != backend_for("fused_edge_fwd", device):
+            return {k: self._fused(ctx, lowering[k], _kernel_reduce(self.gather_of(k)))
+                    for k in keys}
+        rest, width = m.out, math.prod(m.out) if m.out else 1
+        src_terms, dst_terms = self._vertex_terms(ctx, m)
+        edge_terms = self._edge_terms(ctx, m)
+        outs = fused_edge_aggregate_multi(
+            tile.indptr, tile.src_idx,
+            [(lowering[k].expr, _kernel_reduce(self.gather_of(k))) for k in keys],
+            src_terms, dst_terms, edge_terms, rev=tile.rev if src_terms else None)
+        return {k: shaped(o.expand(o.shape[0], width), (ctx.num_dst,) + rest)
+                for k, o in zip(keys, outs)}
+
+    def _edge_terms(self, ctx: _Tile, m: FusedEdgeMatch) -> list[torch.Tensor]:
+        if not m.edge:
+            return []
+        env = evaluate(self.program.edge, [i for i, _ in m.edge], ctx, self.resolver)
+        return [_term(env[i], m.out, lay) for i, lay in m.edge]
 
     def _softmax_score(self, ctx: _Tile, m: SoftmaxScoreMatch, drop: Any = None) -> tuple:
         """The softmax state of a tile whose scores come from :func:`~ngra.kernels.edge_score`:
@@ -416,6 +460,12 @@ def _terms(src: Any, dst: Any) -> Any:
     if isinstance(src, dict) and isinstance(dst, dict):
         return {**dst, **src}
     return src
+
+
+def _kernel_reduce(gather: str) -> str:
+    """The reducer a kernel runs for ``gather``: a mean's sum is divided by the in-degree
+    when the column's accumulator finalizes."""
+    return "sum" if gather in ("sum", "mean") else gather
 
 
 def _factors_want_grad(edata: Any) -> bool:

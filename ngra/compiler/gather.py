@@ -39,7 +39,42 @@ import torch
 from ngra import kernels
 from ngra.graph import segment_ids
 
-__all__ = ["Accumulator", "make_accumulator"]
+__all__ = ["Accumulator", "PerFieldAccumulator", "make_accumulator", "check_gather", "GATHERS",
+           "FIELD_GATHERS"]
+
+GATHERS = ("sum", "mean", "max", "min", "softmax")
+#: the reducers a per-field gather (a dict) may name
+FIELD_GATHERS = ("sum", "mean", "max", "min")
+
+
+def check_gather(gather: Any, owner: str) -> None:
+    """Raise ``TypeError`` unless ``gather`` is one of :data:`GATHERS` or a non-empty dict
+    of field name -> one of :data:`FIELD_GATHERS` (``owner`` names the layer in the
+    message)."""
+    if isinstance(gather, str):
+        if gather not in GATHERS:
+            raise TypeError(f"{owner}.gather must be one of {GATHERS} or a dict of field -> "
+                            f"one of {FIELD_GATHERS}; got {gather!r}.")
+        return
+    if not isinstance(gather, Mapping):
+        raise TypeError(f"{owner}.gather must be one of {GATHERS} or a dict of field -> one of "
+                        f"{FIELD_GATHERS}; got {type(gather).__name__}.")
+    if not gather:
+        raise TypeError(f"{owner}.gather is an empty dict: name a reducer per field of "
+                        "apply_edge's dict result, e.g. {'m': 'mean', 'hi': 'max'}.")
+    for field, name in gather.items():
+        if not isinstance(field, str):
+            raise TypeError(f"{owner}.gather: field names must be strings (the keys of "
+                            f"apply_edge's dict result); got {field!r}.")
+        if name == "softmax":
+            raise TypeError(
+                f"{owner}.gather[{field!r}] = 'softmax': a softmax gather normalizes a "
+                "(score, value) pair over the in-edges and does not mix with per-field "
+                f"reducers. Use gather = 'softmax' on a layer of its own; per-field gathers "
+                f"take {FIELD_GATHERS}.")
+        if name not in FIELD_GATHERS:
+            raise TypeError(f"{owner}.gather[{field!r}] must be one of {FIELD_GATHERS}; "
+                            f"got {name!r}.")
 
 
 class Accumulator:
@@ -201,7 +236,59 @@ class SoftmaxAccumulator(Accumulator):
         return _bcast(w, o) * (o - _bcast(s, o) * out)
 
 
-def make_accumulator(name: str) -> Accumulator:
+class PerFieldAccumulator(Accumulator):
+    """A reducer per field of a dict message (``gather = {"m": "mean", "hi": "max"}``):
+    each state, partial and result is a dict holding each field's own accumulator's."""
+
+    name = "per-field"
+
+    def __init__(self, fields: Mapping[str, str]) -> None:
+        check_gather(fields, "layer")
+        self.fields = dict(fields)
+        self.rules = {k: make_accumulator(v) for k, v in self.fields.items()}
+        self.linear = all(r.linear for r in self.rules.values())
+
+    def check(self, msg: Any, what: str | None = None) -> None:
+        """Raise ``ValueError`` unless ``msg`` is a dict with exactly the gather's fields
+        (``what`` describes a ``msg`` that is not a dict; default: its type)."""
+        if not isinstance(msg, Mapping):
+            raise ValueError(f"gather = {self.fields} names a reducer per field of a dict "
+                             f"message; apply_edge returned {what or type(msg).__name__}.")
+        unknown = [k for k in self.fields if k not in msg]
+        missing = [k for k in msg if k not in self.fields]
+        if unknown or missing:
+            raise ValueError(
+                f"gather = {self.fields} must name one reducer per field of apply_edge's "
+                f"result, fields {list(msg)}: " + "; ".join(
+                    ([f"no field {unknown} in the result"] if unknown else [])
+                    + ([f"no reducer for {missing}"] if missing else [])) + ".")
+
+    def partial(self, indptr: torch.Tensor, msg: Any, drop: Any = None) -> Any:
+        self.check(msg)
+        return {k: r.partial(indptr, msg[k]) for k, r in self.rules.items()}
+
+    def combine(self, state: Any, part: Any, in_place: bool = False) -> Any:
+        if state is None:
+            return part
+        return {k: r.combine(state[k], part[k], in_place) for k, r in self.rules.items()}
+
+    def finalize(self, state: Any, in_degree: torch.Tensor, in_place: bool = False) -> Any:
+        return {k: r.finalize(state[k], in_degree, in_place) for k, r in self.rules.items()}
+
+    def final_stats(self, state: Any, acc: Any) -> Any:
+        return {k: r.final_stats(state[k], acc[k]) for k, r in self.rules.items()}
+
+    def for_backward(self, final: Any) -> Any:
+        return {k: r.for_backward(final[k]) for k, r in self.rules.items()}
+
+    def contribution(self, part: Any, final: Any, in_degree: torch.Tensor) -> Any:
+        return {k: r.contribution(part[k], final[k], in_degree) for k, r in self.rules.items()}
+
+
+def make_accumulator(name: str | Mapping[str, str]) -> Accumulator:
+    """The accumulator of a gather: a name of :data:`GATHERS` or a per-field dict."""
+    if isinstance(name, Mapping):
+        return PerFieldAccumulator(name)
     if name == "sum":
         return Accumulator()
     if name == "mean":

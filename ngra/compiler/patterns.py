@@ -133,6 +133,8 @@ def match_typed(stage: Stage, core_id: int) -> dict | None:
 
 def linear_gather_message(program: Program) -> Ref | str:
     """The one message of a program whose Gather is linear (sum/mean), or why not."""
+    if not isinstance(program.gather, str):
+        return "a per-field gather (one accumulator per message)"
     if program.gather not in ("sum", "mean"):
         return f"gather '{program.gather}' is not linear (needs sum or mean)"
     out = program.edge.outputs

@@ -182,42 +182,49 @@ def run_streamed(plan: Plan, graph: Graph, grid: WalkGrid, terms: Any, edata: An
     params = [p for p in plan_parameters(plan) if p.requires_grad]
     ctx = _Context(plan, graph, grid, t_spec, len(t_leaves), e_spec, len(e_leaves), len(params),
                    drop)
-    return StreamedPropagation.apply(ctx, *t_leaves, *e_leaves, *params)
+    out = StreamedPropagation.apply(ctx, *t_leaves, *e_leaves, *params)
+    return out[0] if ctx.keys is None else dict(zip(ctx.keys, out))
 
 
 class _Context:
-    __slots__ = ("plan", "graph", "grid", "t_spec", "nt", "e_spec", "ne", "np", "drop")
+    __slots__ = ("plan", "graph", "grid", "t_spec", "nt", "e_spec", "ne", "np", "drop", "keys")
 
     def __init__(self, plan, graph, grid, t_spec, nt, e_spec, ne, np_, drop):
         self.plan, self.graph, self.grid = plan, graph, grid
         self.t_spec, self.nt, self.e_spec, self.ne, self.np = t_spec, nt, e_spec, ne, np_
         self.drop = drop
+        self.keys: tuple | None = None  # a dict accumulator's keys (the outputs' order)
 
 
 class StreamedPropagation(torch.autograd.Function):
-    """Propagation over a tile grid; backward restages and recomputes one tile at a time."""
+    """Propagation over a tile grid; backward restages and recomputes one tile at a time.
+    Its outputs are the accumulator, or a dict accumulator's values (``c.keys``)."""
 
     @staticmethod
-    def forward(ctx: Any, c: _Context, *leaves: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, c: _Context, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
         terms = unflatten(c.t_spec, list(leaves[: c.nt]))
         edata = unflatten(c.e_spec, list(leaves[c.nt: c.nt + c.ne]))
         with torch.no_grad():
             out, states, rng, stager = propagate(c.plan, c.graph, c.grid, terms, edata,
                                                  keep_state=True, drop=c.drop)
-        if not isinstance(out, torch.Tensor):
+        if isinstance(out, Mapping) and all(isinstance(v, torch.Tensor) for v in out.values()):
+            c.keys = tuple(out)
+        elif not isinstance(out, torch.Tensor):
             raise NotImplementedError(
-                "chunked streaming supports tensor-valued accumulators; this layer's "
-                f"apply_edge returns {type(out).__name__}. Run it without a memory budget.")
+                "chunked streaming supports tensor-valued accumulators (or dicts of them); "
+                f"this layer's apply_edge returns {type(out).__name__}. Run it without a "
+                "memory budget.")
         ctx.c, ctx.rng = c, rng
         ctx.staging = {"mode": stager.mode}  # backward restages alike
-        ctx.final = [(lo, hi, c.plan.accumulator.final_stats(st, out[lo:hi]))
+        ctx.final = [(lo, hi, c.plan.accumulator.final_stats(st, _rows(out, lo, hi)))
                      for lo, hi, st in states]
         ctx.save_for_backward(*leaves[: c.nt + c.ne])
-        return out
+        return (out,) if c.keys is None else tuple(out.values())
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         c: _Context = ctx.c
+        grad_out: Any = grads[0] if c.keys is None else dict(zip(c.keys, grads))
         saved = ctx.saved_tensors
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
         params = [p for p in plan_parameters(c.plan) if p.requires_grad][: c.np]
@@ -242,7 +249,8 @@ class StreamedPropagation(torch.autograd.Function):
             for st in staged(stager, [t for t in col if t.num_edges]):
                 lo, hi = st.view.dst_lo, st.view.dst_hi
                 leaf_grads, param_grads = tile_gradients(
-                    c.plan, st, final[lo][1], grad_out[lo:hi], in_deg[lo:hi], params, linear,
+                    c.plan, st, final[lo][1], _rows(grad_out, lo, hi), in_deg[lo:hi], params,
+                    linear,
                     ctx.rng[st.view.key])
                 for (slot, _, rows), g in leaf_grads:
                     add_rows(slot, rows, g)
@@ -255,7 +263,7 @@ class StreamedPropagation(torch.autograd.Function):
         return (None, *grads)
 
 
-def tile_gradients(plan: Plan, st: Staged, final: Any, grad: torch.Tensor,
+def tile_gradients(plan: Plan, st: Staged, final: Any, grad: Any,
                    in_deg: torch.Tensor, params: list[torch.Tensor], linear: bool,
                    rng_state: torch.Tensor | None = None) -> tuple[list, list]:
     """Gradients of one staged tile's share of the accumulator.
@@ -263,7 +271,8 @@ def tile_gradients(plan: Plan, st: Staged, final: Any, grad: torch.Tensor,
     ``st.leaves`` holds ``(slot, leaf, rows)`` entries: the staged rows that want
     gradients, as fresh leaves. ``final`` is the accumulator's
     :meth:`~ngra.compiler.gather.Accumulator.final_stats` for the tile's destinations and
-    ``grad`` the output gradient of those rows. A plan with a direct rule
+    ``grad`` the output gradient of those rows (a dict of them for a dict
+    accumulator). A plan with a direct rule
     (``plan.tile_grads``) differentiates the tile without recomputing it; otherwise the
     tile's edge stage runs again under autograd (with the RNG state it first ran with,
     and, for a ``linear`` plan, its kernels' forward skipped).
@@ -281,15 +290,27 @@ def tile_gradients(plan: Plan, st: Staged, final: Any, grad: torch.Tensor,
     with torch.enable_grad(), skip():
         part = st.run(plan)
         contrib = plan.accumulator.contribution(part, final, in_deg)
-    if not contrib.requires_grad:
+    if isinstance(contrib, Mapping):
+        pairs = [(contrib[k], grad[k]) for k in contrib if contrib[k].requires_grad]
+    else:
+        pairs = [(contrib, grad)] if contrib.requires_grad else []
+    if not pairs:
         return [], [None] * len(params)
     leaves = [x for _, x, _ in st.leaves]
-    gs = torch.autograd.grad(contrib, leaves + list(params), grad, allow_unused=True)
+    gs = torch.autograd.grad([t for t, _ in pairs], leaves + list(params),
+                             [g for _, g in pairs], allow_unused=True)
     return ([(e, g) for e, g in zip(st.leaves, gs) if g is not None],
             list(gs[len(leaves):]))
 
 
 # ------------------------------------------------------------- helpers
+def _rows(x: Any, lo: int, hi: int) -> Any:
+    """Rows ``[lo, hi)`` of a tensor or of each tensor of a dict."""
+    if isinstance(x, Mapping):
+        return {k: v[lo:hi] for k, v in x.items()}
+    return x[lo:hi]
+
+
 def _cat(cols: list[Any]) -> Any:
     if isinstance(cols[0], Mapping):
         return {k: torch.cat([c[k] for c in cols]) for k in cols[0]}

@@ -12,6 +12,8 @@ one line why it falls back and what rewrite would fuse it.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from _compiler_cases import GRAPH_CASES, assert_close_all, make_graph
-from conformance_layers import EXPECTED, LAYERS, conformance_case
+from conformance_layers import EXPECTED, LAYERS, PNA, conformance_case
 
 from ngra import explain
 from ngra.compiler import compile_layer, disabled
@@ -78,11 +80,11 @@ def test_layer_matches_reference_and_generic(name, case_name):
     assert_close_all(generic, want, f"{name} on {case_name}: generic path vs reference", **TOL)
 
 
-# dict-valued messages (PNA's moments, GatedGCN's numerator and denominator) do not run
-# on a tile grid yet (ngra.runtime.stream: tensor-valued accumulators only)
 # EdgeConvMLP's max ties across tiles (messages equal to the last bias wherever the hidden
-# ReLU is all zero) found the doubled gradient ExtremeAccumulator.for_backward now prevents
-GRID_LAYERS = [n for n in LAYERS if n not in ("pna", "gatedgcn")]
+# ReLU is all zero) found the doubled gradient ExtremeAccumulator.for_backward now prevents;
+# dict-valued messages (PNA's per-field gather, GatedGCN's numerator and denominator) run
+# on a grid as dicts of accumulators (ngra.runtime.stream)
+GRID_LAYERS = list(LAYERS)
 
 
 @pytest.mark.parametrize("name", GRID_LAYERS)
@@ -94,6 +96,22 @@ def test_layer_on_a_tile_grid(name):
     with grid_shape(3, 2):
         tiled, _ = _run(case, probe)
     assert_close_all(tiled, whole, f"{name} on a 3x2 grid vs whole graph", **TOL)
+
+
+def test_pna_one_walk_equals_its_three_layer_form():
+    """PNA with a per-field gather (one SagaLayer, one fused walk) == the same model written
+    as three SagaLayers (moments, max, min), forward and backward, compiled and generic."""
+    case = conformance_case("pna", make_graph("skewed"))
+    three = PNA(case.x.shape[1], case.layer.lin.out_features, case.layer.avg_log,
+                one_walk=False).double()
+    for name in ("pre", "post", "lin"):  # shared by the forms; the SagaLayers hold no more
+        getattr(three, name).load_state_dict(getattr(case.layer, name).state_dict())
+    got, probe = _run(case)
+    split = dataclasses.replace(case, layer=three)
+    for ctx in (contextlib.nullcontext(), disabled()):
+        with ctx:
+            want, _ = _run(split, probe)
+        assert_close_all(got, want, "PNA one walk vs three SagaLayers", **TOL)
 
 
 # PNA's std masks values at a threshold (as PyG's): float32 sums in another order can

@@ -12,7 +12,10 @@ patterns, tried in order for each message of a sum/mean/max/min gather:
    **typed gspmm**: one gspmm over the ``N * T`` virtual sources ``u * T + type``.
 3. an element-wise expression of terms, edge data and constants:
    **fused_edge_aggregate** (the expression is evaluated per edge inside the kernel;
-   no ``[E, F]`` tensor is written).
+   no ``[E, F]`` tensor is written). Under a per-field gather (``gather = {"m": "mean",
+   "hi": "max", ...}``) the element-wise fields of one shape are matched again over shared
+   leaf tables and run as one **fused_edge_aggregate_multi** walk, each field with its own
+   reducer (``FusedEdgeMatch.group``, kind ``fused_edge_multi``).
 
 A softmax gather whose score is ``leaky_relu(src_term + dst_term)`` (or without the
 activation) and whose value is a source term runs as **softmax_aggregate**; when both
@@ -87,6 +90,9 @@ class FusedEdgeMatch:
     edge: tuple[tuple[int, str], ...]
     out: tuple[int, ...]
     kind: str = "fused_edge"
+    # a per-field gather: the fields (this one among them) whose expressions read the
+    # same leaves and run as one fused_edge_aggregate_multi walk; () alone
+    group: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,8 @@ def run(program: Program) -> PassNote:
     out = edge.outputs
     if program.gather == "softmax":
         matches = {None: _score_weights(program, _match_softmax(edge, out[0].id, out[1].id))}
+    elif isinstance(out, dict) and isinstance(program.gather, dict):
+        matches = _match_fields(edge, out, program.gather)
     elif isinstance(out, dict):
         matches = {k: _match_message(edge, r.id, program.gather) for k, r in out.items()}
     else:
@@ -129,7 +137,8 @@ def run(program: Program) -> PassNote:
     if not fired:
         return PassNote("fuse", False, "no kernel pattern matched", details)
     kinds = ", ".join(sorted({m.kind for m in fired}))
-    return PassNote("fuse", True, f"ApplyEdge + {program.gather} -> {kinds}", details)
+    gather = program.gather if isinstance(program.gather, str) else "per-field gather"
+    return PassNote("fuse", True, f"ApplyEdge + {gather} -> {kinds}", details)
 
 
 def describe_match(program: Program, m: Any) -> str:
@@ -160,9 +169,40 @@ def describe_match(program: Program, m: Any) -> str:
         return (f"edge_score + edge_softmax + gspmm: score {scale}sum_d {m.score.expr} per "
                 f"head {list(m.heads) or [1]}, value {format_key(m.value)}[src] "
                 "(no [E, H, D] tensor)")
+    if isinstance(m, FusedEdgeMatch) and m.group:
+        return (f"fused_edge_aggregate_multi: {m.expr}, one walk for fields "
+                f"{', '.join(map(repr, m.group))} (no [E, F] tensor)")
     if isinstance(m, FusedEdgeMatch):
         return f"fused_edge_aggregate: {m.expr} (no [E, F] tensor)"
     return str(m)
+
+
+def _match_fields(edge: Stage, out: dict, gather: dict) -> dict:
+    """A per-field gather's matches: each field as its own message, then the element-wise
+    fields of one message shape matched again over shared leaf tables, so that they run as
+    one ``fused_edge_aggregate_multi`` walk (:attr:`FusedEdgeMatch.group`)."""
+    if set(out) != set(gather):
+        # the accumulator says what is wrong when the layer runs (generic plan)
+        return {k: InterpMatch(f"gather names fields {list(gather)}, apply_edge returns "
+                               f"{list(out)}") for k in out}
+    matches = {k: _match_message(edge, r.id, gather[k]) for k, r in out.items()}
+    by_shape: dict[tuple, list] = {}
+    for k, m in matches.items():
+        if isinstance(m, FusedEdgeMatch):
+            by_shape.setdefault(m.out, []).append(k)
+    for keys in by_shape.values():
+        if len(keys) < 2:
+            continue
+        tables: tuple[dict, dict, dict] = ({}, {}, {})
+        shared = {k: _match_elementwise(edge, edge.nodes[out[k].id], gather[k], tables)
+                  for k in keys}
+        if not all(isinstance(m, FusedEdgeMatch) for m in shared.values()):
+            continue  # pragma: no cover - each matched alone, so each matches again
+        full = _leaf_tables(*tables)
+        for k in keys:
+            matches[k] = dataclasses.replace(shared[k], src=full[0], dst=full[1], edge=full[2],
+                                             group=tuple(keys), kind="fused_edge_multi")
+    return matches
 
 
 # ---------------------------------------------------------------------------- sum/mean/max/min
@@ -225,13 +265,18 @@ def _leaf_layout(n: Node, rest: tuple[int, ...], rowdep: bool) -> str | None:
     return None
 
 
-def _match_elementwise(edge: Stage, msg: Node, gather: str = "sum") -> Any:
-    """An :class:`FusedEdgeMatch`, or the reason (a string) the message is not element-wise."""
+def _match_elementwise(edge: Stage, msg: Node, gather: str = "sum",
+                       tables: tuple[dict, dict, dict] | None = None) -> Any:
+    """An :class:`FusedEdgeMatch`, or the reason (a string) the message is not element-wise.
+
+    ``tables``: ``(src, dst, edge)`` leaf tables shared with other messages (the leaves
+    they number are added to), so that their expressions index the same term lists."""
     rest = tuple(msg.shape[1:])
     expr_text = format_node(edge, msg.id)
-    src: dict[Any, tuple[int, str]] = {}
-    dst: dict[tuple, tuple[int, str]] = {}
-    ekeys: dict[int, tuple[int, str]] = {}
+    src: dict[Any, tuple[int, str]]
+    dst: dict[tuple, tuple[int, str]]
+    ekeys: dict[int, tuple[int, str]]
+    src, dst, ekeys = tables if tables is not None else ({}, {}, {})
     memo: dict[int, Any] = {}
 
     def fail(n: Node, why: str) -> str:
@@ -283,12 +328,15 @@ def _match_elementwise(edge: Stage, msg: Node, gather: str = "sum") -> Any:
     root = walk(msg.id)
     if isinstance(root, str):
         return root
-    return FusedEdgeMatch(
-        root,
+    return FusedEdgeMatch(root, *_leaf_tables(src, dst, ekeys), rest)
+
+
+def _leaf_tables(src: dict, dst: dict, ekeys: dict) -> tuple[tuple, tuple, tuple]:
+    """A match's ``(src, dst, edge)`` leaves from the tables that numbered them."""
+    return (
         tuple((k, lay) for k, (_, lay) in sorted(src.items(), key=lambda kv: kv[1][0])),
         tuple((k[0], k[1], lay) for k, (_, lay) in sorted(dst.items(), key=lambda kv: kv[1][0])),
         tuple((i, lay) for i, (_, lay) in sorted(ekeys.items(), key=lambda kv: kv[1][0])),
-        rest,
     )
 
 
