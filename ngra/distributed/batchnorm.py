@@ -19,8 +19,9 @@ normalize the share by its own statistics (``DistributedDataParallel`` without
 - **running statistics** are updated from the global ones with torch's convention (the
   running variance is unbiased, ``var * N / (N - 1)``; ``momentum=None`` is a cumulative
   average), so every rank holds one process's ``running_mean`` / ``running_var``;
-- **eval mode** (or ``track_running_stats=False`` without a batch) is
-  ``nn.BatchNorm1d``'s, with no collective.
+- **eval mode** is ``nn.BatchNorm1d``'s, with no collective (the running statistics;
+  with ``track_running_stats=False`` the rank's own batch, as one process normalizes
+  each evaluation batch by itself): ranks evaluate different numbers of batches.
 
 A rank whose share is empty (0 rows) still joins every collective, forward and
 backward, so no rank waits for it; a batch of 0 rows in all leaves the running
@@ -120,17 +121,16 @@ class SyncBatchNorm1d(nn.BatchNorm1d):
         if x.shape[1] != self.num_features:
             raise ValueError(f"{type(self).__name__}({self.num_features}) got {x.shape[1]} "
                              f"channels (input {list(x.shape)}).")
-        batch = self.training or not self.track_running_stats
-        if not batch or not dist.is_initialized():
-            return super().forward(x)  # eval: the running statistics, as one process
+        if not self.training or not dist.is_initialized():
+            return super().forward(x)  # eval: no collective (module docstring)
         group = self.group
         mean, var, n = batch_stats(x, lambda t: AllReduceSum.apply(t, group))
-        if self.training and self.track_running_stats:
+        if self.track_running_stats:
             self.num_batches_tracked.add_(1)
-        if n == 1 and self.training:  # every rank sees the same count: all fail together
+        if n == 1:  # every rank sees the same count: all fail together
             raise ValueError("Expected more than 1 value per channel when training, got "
                              f"1 row over the ranks (this rank's input {list(x.shape)}).")
-        if self.training and self.track_running_stats and n > 0:
+        if self.track_running_stats and n > 0:
             with torch.no_grad():
                 f = (1.0 / float(self.num_batches_tracked) if self.momentum is None
                      else self.momentum)

@@ -52,6 +52,9 @@ def shares_on_ranks(momentum: float | None) -> list[dict[str, torch.Tensor]]:
                     "var": bn.running_var.clone(), "n": bn.num_batches_tracked.clone()})
     model.eval()
     out.append({"eval": model(_inputs(99, 3, 0, ())[0]).detach()})  # running statistics
+    if rank == 0:  # eval joins no collective, even on the batch's own statistics
+        own = SyncBatchNorm1d(4, track_running_stats=False).double().eval()
+        out[-1]["own"] = own(_inputs(99, 3, 0, ())[0]).detach()
     try:
         model.train()(torch.ones(1 - rank, 4, dtype=torch.float64))  # 1 row over the ranks
     except ValueError as exc:
@@ -68,7 +71,9 @@ MOMENTA = (0.1, None)
 
 
 def test_two_shares_normalize_as_the_whole_batch():
-    for momentum, ranks in zip(MOMENTA, zip(*launch(both_momenta, 2, threads=1))):
+    # a collective on one rank alone would fail at the timeout
+    for momentum, ranks in zip(MOMENTA, zip(*launch(both_momenta, 2, threads=1,
+                                                    timeout_s=60))):
         _check(momentum, ranks)
 
 
@@ -91,10 +96,13 @@ def _check(momentum: float | None, ranks: tuple[list[dict[str, torch.Tensor]], .
             torch.testing.assert_close(g["var"], bn.running_var)
             assert int(g["n"]) == int(bn.num_batches_tracked)
     bn.eval()
-    want = bn(_inputs(99, 3, 0, ())[0])
+    x = _inputs(99, 3, 0, ())[0]
+    want = bn(x)
     for r in ranks:
         torch.testing.assert_close(r[len(STEPS)]["eval"], want)
         assert "more than 1 value per channel" in r[-1]["one_row"]
+    torch.testing.assert_close(ranks[0][len(STEPS)]["own"],
+                               nn.functional.batch_norm(x, None, None, training=True))
 
 
 def test_statistics_are_the_batch_s_mean_and_biased_variance():
