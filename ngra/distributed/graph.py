@@ -266,6 +266,16 @@ class DistGraph(Partitioned):
                         "wait_s": med(lambda r: r.wait_s)})
         return out
 
+    def layers(self) -> list[tuple[Any, int]]:
+        """The live layers that exchanged, in first-call order, each with the bytes of a
+        propagated source row (for :func:`ngra.distributed.memory.partition_bytes`)."""
+        out = []
+        for key in self._order:
+            layer = self._choices[key][0]()
+            if layer is not None:
+                out.append((layer, key[1]))
+        return out
+
     def settle(self) -> None:
         """Wait for the stale halos' exchanges still in flight (see ``staleness``)."""
         for stale in self._stale.values():

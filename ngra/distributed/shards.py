@@ -54,6 +54,7 @@ from ngra.distributed.cost import PartitionStats
 from ngra.distributed.halo import HaloPlan
 from ngra.graph import EdgeFactors, Graph
 from ngra.idtype import narrow
+from ngra.memstat import rss_bytes
 from ngra.partition import PartitionBook, permute_graph
 from ngra.models import MODELS
 from ngra.models import prepare
@@ -351,6 +352,7 @@ class Shard:
     edge_data: Any
     row_ids: torch.Tensor
     meta: dict[str, Any]
+    start_rss: int | None = None  # the rank's RSS before it loaded the shard (bytes)
 
     def to(self, device: torch.device | str) -> Shard:
         """The shard's graph and data on ``device`` (``row_ids`` too: dropout reads them)."""
@@ -362,7 +364,7 @@ class Shard:
             return None if v is None else v.to(device)
 
         return Shard(self.graph.to(device), move(self.x), move(self.y), move(self.masks),
-                     move(self.edge_data), move(self.row_ids), self.meta)
+                     move(self.edge_data), move(self.row_ids), self.meta, self.start_rss)
 
 
 def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, group: Any = None,
@@ -375,6 +377,7 @@ def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, gr
     from ngra.distributed.graph import DistGraph
 
     folder = Path(folder)
+    start = rss_bytes()  # before the shard: the fixed part the rank's summary reports
     meta = _read_meta(folder)
     if meta["stamp"]["parts"] != world_size:
         raise ValueError(f"the shards in {folder} are for {meta['stamp']['parts']} ranks, "
@@ -399,4 +402,4 @@ def load_shard(folder: str | os.PathLike[str], rank: int, world_size: int, *, gr
                       link=link, edge_ids=s["edge_ids"], overlap=overlap,
                       halo_bits=halo_bits, staleness=staleness)
     masks = {"train": s["train_mask"], "val": s["val_mask"], "test": s["test_mask"]}
-    return Shard(graph, s["x"], s["y"], masks, s["edge_data"], s["row_ids"], meta)
+    return Shard(graph, s["x"], s["y"], masks, s["edge_data"], s["row_ids"], meta, start)

@@ -31,7 +31,10 @@ the same epoch; ``--runs`` trains each seed in turn on the same ranks
 same ranks and shards reads at its first step (another process count or partition: an
 exact first step, logged and in the summary's ``stale_halos_resumed``). The summary
 adds ``world_size``, each layer's exchange, bytes sent a training step per rank (counted
-at the sends), the partition's figures and each rank's peak memory and step time.
+at the sends), the partition's figures and each rank's peak memory and step time, and
+``memory_per_rank``: each rank's peak (``VmHWM``), what its partition requires
+(:func:`ngra.distributed.memory.partition_bytes` for the layers it ran, by part) and its
+RSS before its shard.
 
 A rank serves allocations of :data:`RANK_LARGE_FREE_BYTES` (8 MiB) and more with their
 own mappings (:func:`ngra.memstat.release_large_frees`, as a memory budget does from
@@ -50,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -69,12 +73,14 @@ from ngra.distributed.gradsync import GradientSync
 from ngra.distributed.graph import exchange_table
 from ngra.distributed.launch import in_worker, init_process_group, launch
 from ngra.distributed.link import link_model
+from ngra.distributed.memory import LayerWidths, partition_bytes
 from ngra.distributed.shards import build_shards, load_shard, shard_sizes, shards_current
 from ngra.kernels import dropout_rows
 from ngra.memstat import io_read_bytes, mapped_from, peak_rss_bytes, release_large_frees, rss_bytes
 from ngra.partition import BOOK_SEED, book_for, parse_bytes
 from ngra.runtime.budget import memory_budget
 from ngra.runtime.explain import explain
+from ngra.saga import SagaLayer
 from ngra.training.config import TrainConfig
 from ngra.training.data import as_dataset, fingerprint, prepare_dataset
 from ngra.training.loop import fit_runs, grid_report
@@ -259,6 +265,10 @@ class RankSession:
         self.sync.broadcast_parameters()
         self.steps: list[dict[str, int]] = []
         self.resident = rss_bytes()  # the shard loaded: this rank's data in memory
+        self._widths: dict[int, tuple[int, int]] = {}  # a layer's input and output widths
+        for m in model.modules():
+            if isinstance(m, SagaLayer):
+                m.register_forward_hook(self._layer_widths)
         self.read_start = io_read_bytes()
 
     def context(self) -> Any:
@@ -360,6 +370,31 @@ class RankSession:
         if self.is_main:
             log.warning("--halo-staleness 1: %s", self.stale_resume)
 
+    def _layer_widths(self, layer: torch.nn.Module, args: tuple, out: Any) -> None:
+        self._widths[id(layer)] = (_width(args[1]) if len(args) > 1 else 0, _width(out))
+
+    def required_bytes(self) -> dict[str, int] | None:
+        """What this rank's partition requires (:func:`~ngra.distributed.memory.
+        partition_bytes`, by part and ``total``) for the layers it ran; ``None`` before a
+        layer ran."""
+        g = self.graph
+        layers = [LayerWidths(self._widths[id(lay)][0], row, self._widths[id(lay)][1])
+                  for lay, row in g.layers() if id(lay) in self._widths]
+        if not layers:
+            return None
+        e = max(g.num_edges, 1)
+        edata = self.edge_data
+        edge_bytes = (sum(t.nbytes for t in edata.values()) if isinstance(edata, dict)
+                      else edata.nbytes if isinstance(edata, torch.Tensor) else 0) // e
+        local = g.local
+        return partition_bytes(
+            g.stats, g.rank, features=int(self.x.shape[1]) if self.x.dim() > 1 else 1,
+            classes=self.shard.meta["num_classes"], layers=layers,
+            params=sum(p.numel() for p in self.model.parameters()),
+            factors=local.edge_factors is not None,
+            edge_weight=local.weighted and local.edge_factors is None,
+            edge_data_bytes=edge_bytes, overlap=g.overlap, staleness=g.staleness)
+
     def step_begin(self) -> None:
         """Before each training step (the exchange counts its own traffic)."""
 
@@ -368,8 +403,13 @@ class RankSession:
 
     def extra(self, times: list[float]) -> dict[str, Any]:
         step = self.steps[-1] if self.steps else {}
+        required = self.required_bytes()
         mine = {"bytes": {**step, "total": sum(step.values())},
                 "peak_rss_mb": peak_rss_bytes() / 2**20,
+                "memory": {"peak_rss": peak_rss_bytes(),
+                           "required_bytes": (required or {}).get("total"),
+                           "required": required,
+                           "fixed_bytes": self.shard.start_rss},
                 "resident_mb": self.resident / 2**20,
                 "disk_read_mb": (io_read_bytes() - self.read_start) / 2**20,
                 "peak_device_mb": (torch.cuda.max_memory_allocated() / 2**20
@@ -392,6 +432,8 @@ class RankSession:
             "partition_stats": self.shard.meta["stats"],  # the cost model's inputs
             "peak_rss_mb_per_rank": [e["peak_rss_mb"] for e in everyone],
             "peak_rss_mb": max(e["peak_rss_mb"] for e in everyone),
+            # VmHWM, what the partition requires, the RSS before the shard (bytes)
+            "memory_per_rank": [e["memory"] for e in everyone],
             "resident_mb": max(e["resident_mb"] for e in everyone),  # the largest rank's
             "disk_read_mb": sum(e["disk_read_mb"] for e in everyone),
             "placement": f"{self.x.device}: {self.world} processes, the graph partitioned",
@@ -404,6 +446,17 @@ class RankSession:
             "dense_layout": self.layout.describe() if self.layout is not None else None,
             **({"stale_halos_resumed": self.stale_resume} if self.stale_resume else {}),
         }
+
+
+def _width(v: Any) -> int:
+    """Values a row of ``v`` (a tensor ``[N, ...]``, or a dict / sequence of them)."""
+    if isinstance(v, torch.Tensor):
+        return math.prod(v.shape[1:]) if v.dim() > 1 else 1
+    if isinstance(v, dict):
+        return sum(_width(t) for t in v.values())
+    if isinstance(v, (tuple, list)):
+        return sum(_width(t) for t in v)
+    return 0
 
 
 def _stamp_text(shard: Any) -> str:

@@ -86,6 +86,9 @@ FIELDS: dict[str, str] = {
     "partition_stats": "several processes: the cost model's inputs",
     "peak_rss_mb_per_rank": "several processes: each rank's peak resident memory (MiB)",
     "peak_device_mb_per_rank": "several processes on GPUs: each rank's peak device memory",
+    "memory_per_rank": "several processes: each rank's peak_rss (VmHWM, bytes), "
+                       "required_bytes (what its partition requires, ngra.distributed.memory; "
+                       "required: by part) and fixed_bytes (its RSS before its shard)",
     "stale_halos_resumed": "--halo-staleness 1, resumed: what its first step read (the "
                            "checkpoint's stale halos, or exact halos and why)",
     "epoch_time_s_per_rank": "several processes: each rank's median step",
