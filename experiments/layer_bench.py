@@ -293,6 +293,8 @@ def write_report(rows: list[dict], path: Path, meta: dict) -> None:
             n = by.get((layer, gname, "ngra"), {})
             p = by.get((layer, gname, "pyg"), {})
             gen = by.get((layer, gname, "ngra-generic"), {})
+            if layer in NGRA_ONLY and not n:
+                continue  # a comparison row only where it was run
 
             def s(r):
                 return f"{r['time']:.3f}" if r.get("status") == "ok" else r.get("status", "-")
