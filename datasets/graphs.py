@@ -18,7 +18,7 @@ int64) or ``"binary"`` (OGB's ``ogbg-molhiv``, ``-molpcba``: ``T`` binary tasks 
 graph, ``y`` ``[G, T]`` float32 holding 0, 1 or NaN for a missing label; ``num_classes``
 is 2 and the model's head has ``T`` outputs, :attr:`GraphDataset.num_outputs`). The
 metric a run reports (:attr:`GraphDataset.metric`) is ``info["eval_metric"]`` when the
-loader knows it (an OGB folder's ``rocauc`` or ``ap``), else accuracy or ROC-AUC.
+loader knows it (an OGB folder's ``roc_auc`` or ``ap``), else accuracy or ROC-AUC.
 
 A dataset may carry its own split (``split``: train/val/test graph ids, an OGB folder's
 ``split/<type>/``); graph classification trains on it instead of a random one. A subset
@@ -266,8 +266,8 @@ class GraphDataset:
     @property
     def metric(self) -> str:
         """What a run reports: ``info["eval_metric"]`` (an OGB folder's), else
-        ``"accuracy"`` (multiclass) or ``"rocauc"`` (binary)."""
-        default = "rocauc" if self.task_type == "binary" else "accuracy"
+        ``"accuracy"`` (multiclass) or ``"roc_auc"`` (binary)."""
+        default = "roc_auc" if self.task_type == "binary" else "accuracy"
         return self.info.get("eval_metric") or default
 
     @property

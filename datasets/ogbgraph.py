@@ -27,7 +27,8 @@ Labels and metric (``ds.task_type``, ``info["eval_metric"]``, ``info["task_sourc
 what decided them): the ``task type`` and ``eval metric`` rows of a ``master.csv`` in or
 beside the folder, else OGB's values for a folder named after an OGB dataset
 (:data:`OGB_GRAPH_TASKS`), else the file's width: several columns are binary tasks
-(metric ``rocauc``), one column is a class label (metric accuracy).
+(metric ``roc_auc``), one column is a class label (metric accuracy). OGB's metric names
+map to ngra's (:data:`METRIC_NAMES`: ``rocauc`` is ``roc_auc``, as link prediction says).
 
 * ``binary classification`` (ogbg-molhiv: 1 task, ``rocauc``; ogbg-molpcba: 128 tasks,
   ``ap``): ``y`` ``[G, T]`` float32, NaN where a field is empty or ``nan``, as OGB's
@@ -76,6 +77,9 @@ log = logging.getLogger(__name__)
 #: ``add_inverse_edge`` of OGB's graph-property datasets (``ogb/graphproppred/master.csv``)
 #: that are not molecules; every ``ogbg-mol*`` dataset has ``True``.
 OGB_GRAPH_ADD_INVERSE_EDGE = {"ogbg-ppa": True, "ogbg-code2": False}
+
+#: OGB's binary eval metrics by the names ngra's summaries give them
+METRIC_NAMES = {"rocauc": "roc_auc", "ap": "ap"}
 
 #: ``(task type, eval metric)`` of OGB's graph-property datasets
 #: (``ogb/graphproppred/master.csv``), for folders without a master.csv of their own.
@@ -155,7 +159,7 @@ def load_ogb_graph(path: str | Path, *, split: str | None = None,
     task_type, metric, task_source = _task(folder, label_file)
     labels = _labels(label_file, g)
     if task_type is None:  # unstated: several columns are binary tasks, one a class label
-        task_type, metric = (("binary", "rocauc") if labels.shape[1] > 1 else
+        task_type, metric = (("binary", "roc_auc") if labels.shape[1] > 1 else
                              ("multiclass", "accuracy"))
     if task_type == "binary":
         _check_binary(labels, label_file)
@@ -315,7 +319,7 @@ def _task(folder: Path, label_file: Path) -> tuple[str | None, str | None, str]:
         if metric not in ("rocauc", "ap", None):
             raise DatasetError(f"{source}: eval metric {metric!r} for binary classification; "
                                "expected rocauc or ap (OGB's graph-property metrics).")
-        return "binary", metric or "rocauc", source
+        return "binary", METRIC_NAMES[metric or "rocauc"], source
     if kind == "multiclass classification":
         return "multiclass", "accuracy", source
     raise DatasetError(f"{label_file}: {source} says task type {kind!r}; graph classification "

@@ -17,7 +17,8 @@
   from the highest, each **distinct** score a threshold (tied scores enter together, so
   their order does not matter); AP is the sum over thresholds of the recall gained there
   times the precision there.
-* :func:`mean_over_tasks` (OGB's ``graphproppred`` evaluator, ``rocauc`` and ``ap``):
+* :func:`mean_over_tasks` (OGB's ``graphproppred`` evaluator, ``rocauc`` (here ``roc_auc``)
+  and ``ap``):
   ``[G, T]`` binary labels with NaN for a missing label; each task is scored on its
   labeled graphs when they hold a positive and a negative, and the metric is the mean over
   those tasks (OGB raises when no task qualifies; so does this, with ``ValueError``).
@@ -164,18 +165,18 @@ def average_precision(pos: Scores, neg: Scores) -> float:
 
 
 #: The per-task metrics of :func:`mean_over_tasks`, by OGB's ``eval metric`` name.
-TASK_METRICS = {"rocauc": roc_auc, "ap": average_precision}
+TASK_METRICS = {"roc_auc": roc_auc, "ap": average_precision}
 
 
 def mean_over_tasks(y: Scores, scores: Scores, metric: str) -> tuple[float, int]:
-    """OGB's graph-property ``rocauc`` / ``ap``: the mean over tasks of the metric on each
+    """OGB's graph-property ``rocauc`` (``roc_auc``) / ``ap``: the mean over tasks of the metric on each
     task's labeled graphs, over the tasks whose labeled graphs hold both a positive and a
     negative.
 
     Args:
         y: ``[G, T]`` labels 0 or 1, NaN where missing (``[G]``: one task).
         scores: ``[G, T]`` scores (logits or probabilities), as ``y``.
-        metric: ``"rocauc"`` or ``"ap"``.
+        metric: ``"roc_auc"`` or ``"ap"``.
 
     Returns:
         ``(mean, tasks scored)``.

@@ -15,11 +15,11 @@ On several processes each rank takes a slice of every batch
 ``[G, T]`` with NaN for a missing label): the head gives ``T`` logits; the loss is
 binary cross-entropy with logits averaged over the batch's **labeled** entries only
 (:func:`loss_sum`; a batch without one contributes 0, not NaN), as OGB's examples
-train; the metric is the dataset's (``ds.metric``: ``rocauc`` or ``ap``), computed as
+train; the metric is the dataset's (``ds.metric``: ``roc_auc`` or ``ap``), computed as
 OGB's evaluator does from every graph's scores of a part
 (:func:`ngra.metrics.mean_over_tasks`). A part in which no task has both a positive and
 a negative label has no value: it is NaN (never selected) and a warning says so, once
-per part. The summary's ``metrics`` holds both ``rocauc`` and ``ap`` of every part.
+per part. The summary's ``metrics`` holds both ``roc_auc`` and ``ap`` of every part.
 """
 
 from __future__ import annotations

@@ -80,7 +80,9 @@ class Predictor:
         ``pairs`` (``[2, P]``) each pair's probability of being an edge (a DistMult
         model: of being an edge of ``relations``, ``[P]`` relation ids). A
         graph-classification model takes a collection of graphs (``tu:PATH``, a
-        ``GraphDataset``) and gives one label (or row of scores) per graph.
+        ``GraphDataset``) and gives one label (or row of scores) per graph; on a binary
+        dataset of ``T`` tasks (OGB's molecules) a row of ``T`` per graph: 0/1 labels
+        (logit > 0), logits, or sigmoid probabilities.
 
         Raises:
             ValueError: an unknown ``output`` or layer name (the names are listed).

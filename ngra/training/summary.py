@@ -31,16 +31,16 @@ FIELDS: dict[str, str] = {
     "task": "what was learned: node (classification), link (prediction), graph "
             "(classification)",
     "metric": "what test_acc / val_acc measure: accuracy (node, graph), roc_auc (link), or "
-              "a binary graph dataset's OGB metric, rocauc or ap",
+              "a binary graph dataset's OGB metric, roc_auc or ap",
     "runs": "how many seeds were trained",
     "seeds": "the seeds, seed .. seed + runs - 1",
     "seed": "this run's seed (null over several runs)",
     "test_acc": "the task's metric on the test part at the selected epoch (the best "
                 "validation value): accuracy, ROC-AUC for link prediction, or a binary "
-                "graph dataset's rocauc / ap",
+                "graph dataset's roc_auc / ap",
     "val_acc": "the selected epoch's validation value of the metric",
     "metrics": "more metrics at the selected epoch (link: Hits@20/50/100, ROC-AUC per part; "
-               "binary graph tasks: rocauc and ap per part)",
+               "binary graph tasks: roc_auc and ap per part)",
     "best_epoch": "the selected epoch (1-based)",
     "epochs": "epochs trained",
     "stopped_early": "whether --patience stopped the run before --epochs",

@@ -68,7 +68,7 @@ def test_multi_task_labels_with_missing_entries(tmp_path):
         ds.y.isnan(), torch.tensor([[0, 1, 0], [1, 1, 0], [0, 0, 1], [1, 1, 1]]).bool())
     assert torch.allclose(ds.y, torch.tensor([[1, nan, 0], [nan, nan, 1], [0, 1, nan],
                                               [nan] * 3]), equal_nan=True)
-    assert ds.metric == "rocauc" and "width" in ds.info["task_source"]
+    assert ds.metric == "roc_auc" and "width" in ds.info["task_source"]
     s = ds.summary()
     assert (s["task_type"], s["num_tasks"], s["missing_labels"], s["class_counts"]) == (
         "binary", 3, 7, [2, 3])
@@ -90,7 +90,7 @@ def test_fields_of_one_digit_and_other_numbers_read_alike(tmp_path):
 
 def test_task_type_and_metric_from_ogbs_names_and_master_csv(tmp_path):
     hiv = load_ogb_graph(ogbg_folder(tmp_path, "ogbg_molhiv"))  # one 0/1 column: binary
-    assert (hiv.task_type, hiv.num_tasks, hiv.metric) == ("binary", 1, "rocauc")
+    assert (hiv.task_type, hiv.num_tasks, hiv.metric) == ("binary", 1, "roc_auc")
     assert hiv.y[:, 0].tolist() == [0.0, 1.0, 0.0, 1.0] and "ogbg-molhiv" in hiv.info[
         "task_source"]
     pcba = load_ogb_graph(ogbg_folder(tmp_path, "ogbg_molpcba"))

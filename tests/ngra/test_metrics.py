@@ -119,11 +119,11 @@ def test_mean_over_tasks_scores_tasks_with_both_labels_as_ogb():
     scores = torch.tensor([[0.9, 0.1, 0.3], [0.2, 0.2, 0.8], [0.1, 0.3, 0.5], [5.0, 0.4, 0.6]])
     # task 0: labeled rows 0-2, pos {0.9, 0.1} vs neg {0.2}: AUC 1/2, AP (1 + 2/3) / 2;
     # task 1 has no positive (skipped); task 2: pos {0.8} vs neg {0.6}: 1 and 1
-    assert mean_over_tasks(y, scores, "rocauc") == (pytest.approx(0.75), 2)
+    assert mean_over_tasks(y, scores, "roc_auc") == (pytest.approx(0.75), 2)
     assert mean_over_tasks(y, scores, "ap") == (pytest.approx(((1 + 2 / 3) / 2 + 1) / 2), 2)
-    assert mean_over_tasks(y[:, 0], scores[:, 0], "rocauc")[0] == pytest.approx(0.5)
+    assert mean_over_tasks(y[:, 0], scores[:, 0], "roc_auc")[0] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="no task has both a positive and a negative"):
-        mean_over_tasks(y[:, 1:2], scores[:, 1:2], "rocauc")
+        mean_over_tasks(y[:, 1:2], scores[:, 1:2], "roc_auc")
     with pytest.raises(ValueError, match=r"both be \[G, T\]; got \[4, 3\] and \[4, 2\]"):
         mean_over_tasks(y, scores[:, :2], "ap")
     with pytest.raises(ValueError, match="metric must be one of"):

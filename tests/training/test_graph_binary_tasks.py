@@ -63,7 +63,7 @@ def test_fit_selects_on_the_folders_metric_and_names_it(tmp_path):
     s = r.summary
     assert s["metric"] == "ap" and s["dataset_summary"]["task_type"] == "binary"
     assert set(s["metrics"]) == {f"{p}_{m}" for p in ("train", "val", "test")
-                                 for m in ("rocauc", "ap")}
+                                 for m in ("roc_auc", "ap")}
     best = max(h["val"] for h in s["history"])
     assert s["val_acc"] == best == s["metrics"]["val_ap"]
     assert s["history"][s["best_epoch"] - 1]["test"] == s["test_acc"]
@@ -85,8 +85,8 @@ def test_cli_summary_names_the_metric(tmp_path, capsys):
                  "--epochs", "2", "--batch-size", "8", "--no-progress", "--out",
                  str(out)]) == 0
     s = json.loads(out.read_text())
-    assert s["metric"] == "rocauc" and s["dataset_summary"]["num_tasks"] == 3
-    assert "test_rocauc=" in capsys.readouterr().out
+    assert s["metric"] == "roc_auc" and s["dataset_summary"]["num_tasks"] == 3
+    assert "test_roc_auc=" in capsys.readouterr().out
 
 
 def test_a_part_without_both_labels_is_nan_with_one_warning(tmp_path, caplog):
@@ -100,4 +100,4 @@ def test_a_part_without_both_labels_is_nan_with_one_warning(tmp_path, caplog):
     assert values["train"] == 1.0 and math.isnan(values["val"]) and math.isnan(values["test"])
     assert val_loss == pytest.approx(math.log(2))  # logits 0 on three labeled entries
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 2 and "among the 2 val graphs, so their rocauc is NaN" in warned[0]
+    assert len(warned) == 2 and "among the 2 val graphs, so their roc_auc is NaN" in warned[0]
