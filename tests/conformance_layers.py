@@ -609,6 +609,175 @@ class _PygLearnedGCN(nn.Module):
         return self.conv(x, edge_index, torch.sigmoid(w))
 
 
+# ============================================================================ DGL builders
+# DGL's built-in layers of the same definition, with the ngra layer's weights (its import
+# through ngra.compat.import_dgl: DGL 2.1 on a newer torch). Each returns a module called
+# as ``module(dgl_graph, x, edata)`` on a DGL graph with the same edges (edata in that
+# graph's edge order). DGL lacks TransformerConv, the two-layer EdgeConv MLP and the
+# LayerNorm edge MLP; its PNAConv is another definition (a LeakyReLU mixing layer, std
+# without PNA's threshold, a graph-size normalization), so PNA has no DGL builder.
+def _dgl_nn():
+    from ngra.compat import import_dgl
+
+    import_dgl()
+    import dgl.nn as dglnn
+
+    return dglnn
+
+
+class _DglGATv2(nn.Module):
+    """``GATv2Conv`` (biases on its two linears) plus :class:`GATv2`'s output bias."""
+
+    def __init__(self, layer: GATv2) -> None:
+        super().__init__()
+        f_in = layer.lin_l.in_features
+        self.conv = _like(_dgl_nn().GATv2Conv(f_in, layer.f_out, layer.heads,
+                                              negative_slope=layer.slope,
+                                              allow_zero_in_degree=True), layer)
+        _copy_linear(self.conv.fc_src, layer.lin_l)
+        _copy_linear(self.conv.fc_dst, layer.lin_r)
+        self.bias = nn.Parameter(layer.bias.detach().clone())
+        with torch.no_grad():
+            self.conv.attn.copy_(layer.att.view(1, layer.heads, layer.f_out))
+
+    def forward(self, graph, x, _=None):
+        return self.conv(graph, x).flatten(1) + self.bias
+
+
+class _DglGINE(nn.Module):
+    """``GINEConv`` (no edge linear of its own) after :class:`GINE`'s edge linear."""
+
+    def __init__(self, layer: GINE) -> None:
+        super().__init__()
+        self.edge_lin = _like(nn.Linear(layer.edge_lin.in_features,
+                                        layer.edge_lin.out_features), layer)
+        _copy_linear(self.edge_lin, layer.edge_lin)
+        mlp = _like(nn.Sequential(nn.Linear(layer.mlp[0].in_features, layer.mlp[0].out_features),
+                                  nn.ReLU(), nn.Linear(layer.mlp[2].in_features,
+                                                       layer.mlp[2].out_features)), layer)
+        _copy_linear(mlp[0], layer.mlp[0])
+        _copy_linear(mlp[2], layer.mlp[2])
+        self.conv = _like(_dgl_nn().GINEConv(mlp, init_eps=float(layer.eps), learn_eps=True),
+                          layer)
+        with torch.no_grad():
+            self.conv.eps.copy_(layer.eps)
+
+    def forward(self, graph, x, e):
+        return self.conv(graph, x, self.edge_lin(e))
+
+
+class _DglEdgeConv(nn.Module):
+    r"""DGL's ``EdgeConv`` is :math:`\max_u \Theta(x_v - x_u) + \Phi x_v`; with
+    :math:`W = [W_1 \Vert W_2]`, :math:`\Theta = -W_2` (bias ``b``), :math:`\Phi = W_1`
+    (no bias) and a ReLU after the max (ReLU is monotone: max of ReLU = ReLU of max) it is
+    :class:`EdgeConv`."""
+
+    def __init__(self, layer: EdgeConv) -> None:
+        super().__init__()
+        lin = layer.mlp[0]
+        f_in = lin.in_features // 2
+        self.conv = _like(_dgl_nn().EdgeConv(f_in, lin.out_features, allow_zero_in_degree=True),
+                          layer)
+        with torch.no_grad():
+            self.conv.phi.weight.copy_(lin.weight[:, :f_in])
+            self.conv.phi.bias.zero_()
+            self.conv.theta.weight.copy_(-lin.weight[:, f_in:])
+            self.conv.theta.bias.copy_(lin.bias)
+
+    def forward(self, graph, x, _=None):
+        return torch.relu(self.conv(graph, x))
+
+
+class _DglGatedGCN(nn.Module):
+    """``GatedGCNConv`` without batch norm (ReLU, residual): the DGL names ``D`` / ``E``
+    read the source / destination, :class:`GatedGCN`'s the destination / source."""
+
+    def __init__(self, layer: GatedGCN) -> None:
+        super().__init__()
+        f = layer.A.in_features
+        self.conv = _like(_dgl_nn().GatedGCNConv(f, f, f, batch_norm=False, residual=True),
+                          layer)
+        for mine, theirs in (("A", "A"), ("B", "B"), ("C", "C"), ("D", "E"), ("E", "D")):
+            _copy_linear(getattr(self.conv, theirs), getattr(layer, mine))
+
+    def forward(self, graph, x, e):
+        return self.conv(graph, x, e)
+
+
+class _DglGatedGCNNet(nn.Module):
+    """:class:`GatedGCNNet` in DGL: ``(new vertex features, new edge features)``."""
+
+    def __init__(self, net: GatedGCNNet) -> None:
+        super().__init__()
+        self.conv = _DglGatedGCN(net.conv)
+
+    def forward(self, graph, x, e):
+        return self.conv(graph, x, e)
+
+
+class _DglSGC(nn.Module):
+    """``SGConv`` normalizes by ``in_degree^-1/2`` on both sides: the ngra graph's
+    ``gcn_norm`` (self-loops already in); the given weights are not read."""
+
+    def __init__(self, model: SGC) -> None:
+        super().__init__()
+        self.conv = _like(_dgl_nn().SGConv(model.lin.in_features, model.lin.out_features,
+                                           k=model.k, allow_zero_in_degree=True), model)
+        _copy_linear(self.conv.fc, model.lin)
+
+    def forward(self, graph, x, _=None):
+        return self.conv(graph, x)
+
+
+class _DglAPPNP(nn.Module):
+    """``APPNPConv`` after :class:`APPNP`'s linear. It normalizes by ``out_degree^-1/2``
+    of the source and ``in_degree^-1/2`` of the destination (and renormalizes any weights
+    it is given): :class:`APPNP` on a ``gcn_norm`` graph whose in- and out-degrees agree
+    (a symmetric graph: Cora, PubMed); elsewhere the same cost, another normalization."""
+
+    def __init__(self, model: APPNP) -> None:
+        super().__init__()
+        self.lin = _like(nn.Linear(model.lin.in_features, model.lin.out_features), model)
+        _copy_linear(self.lin, model.lin)
+        self.prop = _dgl_nn().APPNPConv(model.k, model.prop.alpha)
+
+    def forward(self, graph, x, _=None):
+        h = self.lin(x)
+        if h.dtype == torch.float32:
+            return self.prop(graph, h)
+        # its unweighted path multiplies by float32 ones; unit weights in h's dtype,
+        # renormalized by out- and in-degree, are the same normalization
+        return self.prop(graph, h, edge_weight=torch.ones(graph.num_edges(), dtype=h.dtype))
+
+
+class _DglLearnedGCN(nn.Module):
+    """``GraphConv(norm="none")`` with ``sigmoid(w)`` as its edge weights."""
+
+    def __init__(self, layer: LearnedEdgeGCN) -> None:
+        super().__init__()
+        self.conv = _like(_dgl_nn().GraphConv(layer.lin.in_features, layer.lin.out_features,
+                                              norm="none", allow_zero_in_degree=True), layer)
+        with torch.no_grad():
+            self.conv.weight.copy_(layer.lin.weight.t())
+            self.conv.bias.copy_(layer.lin.bias)
+
+    def forward(self, graph, x, w):
+        return self.conv(graph, x, edge_weight=torch.sigmoid(w))
+
+
+# layer name -> ``builder(ngra layer or model) -> DGL module``; absent: no DGL built-in of
+# the same definition
+DGL_BUILDERS: dict[str, Callable[[nn.Module], nn.Module]] = {
+    "gatv2": _DglGATv2,
+    "gine": _DglGINE,
+    "edgeconv": _DglEdgeConv,
+    "gatedgcn": _DglGatedGCNNet,
+    "sgc": _DglSGC,
+    "appnp": _DglAPPNP,
+    "learned_gcn": _DglLearnedGCN,
+}
+
+
 # ============================================================================ cases
 @dataclass
 class Case:

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 from _compiler_cases import GRAPH_CASES, assert_close_all, make_graph
-from conformance_layers import EXPECTED, LAYERS, PNA, conformance_case
+from conformance_layers import DGL_BUILDERS, EXPECTED, LAYERS, PNA, conformance_case
 
-from ngra import explain
+from ngra import Graph, explain
+from ngra.compat import import_dgl
 from ngra.compiler import compile_layer, disabled
 from ngra.kernels import use_backend
 from ngra.runtime.budget import grid_shape
@@ -138,17 +139,46 @@ def test_layer_matches_pyg(name, case_name):
     ei = case.graph.edge_index()
     got, probe = _run(case)
     out = _outputs(pyg(case.x, ei, case.edata) if case.edata is not None else pyg(case.x, ei))
-    want_out = out
-    # gradients of the input (and of the learned edge weights): the same loss
+    _assert_baseline_matches(case, got, probe, out, f"{name} vs PyG")
+
+
+def _assert_baseline_matches(case, got, probe, out, what):
+    """A baseline's outputs ``out`` and its gradients of the input (and of float edge
+    data that requires grad) under the same loss == ngra's (``got``, from :func:`_run`)."""
     inputs = [case.x] + ([case.edata] if isinstance(case.edata, torch.Tensor)
                          and case.edata.requires_grad else [])
     loss = sum((o * p).sum() for o, p in zip(out, probe))
     gs = torch.autograd.grad(loss, inputs)
-    n_out = len(want_out)
+    n_out = len(out)
     ours_inputs = [got[n_out]] + ([got[-1]] if len(inputs) > 1 else [])
-    assert_close_all(got[:n_out], want_out, f"{name} vs PyG forward", rtol=1e-7, atol=1e-8)
-    assert_close_all(ours_inputs, list(gs), f"{name} vs PyG input gradients", rtol=1e-7,
-                     atol=1e-8)
+    assert_close_all(got[:n_out], out, f"{what} forward", rtol=1e-7, atol=1e-8)
+    assert_close_all(ours_inputs, list(gs), f"{what} input gradients", rtol=1e-7, atol=1e-8)
+
+
+def _symmetric(g):
+    """``g`` with every edge also reversed (in-degrees == out-degrees)."""
+    src, dst = g.edge_index()
+    return Graph.from_edge_index(torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]),
+                                 num_nodes=g.num_nodes)
+
+
+@pytest.mark.baselines
+@pytest.mark.parametrize("case_name", ["random", "isolated", "multi_edges"])
+@pytest.mark.parametrize("name", sorted(DGL_BUILDERS))
+def test_layer_matches_dgl(name, case_name):
+    """DGL's built-in layer (``DGL_BUILDERS``, the layer benchmark's DGL column) with the
+    ngra layer's weights == the ngra layer, forward and input gradients. APPNP on a
+    symmetric graph: DGL's ``APPNPConv`` normalizes by out-degree on the source side."""
+    try:
+        import_dgl()
+    except ImportError as exc:  # DGL is an optional baseline
+        pytest.skip(f"DGL not importable: {exc}")
+    g = make_graph(case_name)
+    case = conformance_case(name, _symmetric(g) if name == "appnp" else g)
+    dgl_layer = DGL_BUILDERS[name](case.layer).double()
+    got, probe = _run(case)
+    out = _outputs(dgl_layer(case.graph.to_dgl(), case.x, case.edata))
+    _assert_baseline_matches(case, got, probe, out, f"{name} vs DGL")
 
 
 @pytest.mark.parametrize("name", LAYERS)
