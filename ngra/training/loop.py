@@ -69,6 +69,7 @@ from ngra.training.checkpoint import (CHECKPOINT_NAME, FORMAT_VERSION, PREVIOUS_
                                       set_rng_state)
 from ngra.training.config import TrainConfig
 from ngra.training.model_source import call_model
+from ngra.training.optim import Adam
 from ngra.training.summary import finish_summary, summarize_runs
 
 __all__ = ["CHECKPOINT_KEYS", "EarlyStop", "Session", "check_finite", "evaluate", "fit",
@@ -426,8 +427,9 @@ def fit(cfg: TrainConfig, s: Session, echo: Callable[[str], None] | None = None,
             raise TypeError(f"optimizer(model) must return a torch.optim.Optimizer; got "
                             f"{type(opt).__name__}.")
     else:
-        # capturable: Adam keeps its step count on the device, so its step needs no host read
-        opt = torch.optim.Adam(_param_groups(cfg, s, resolved["weight_decay"]),
+        # capturable: Adam keeps its step count on the device, so its step needs no host read;
+        # ngra's Adam is torch's without importing torch._dynamo (146 MB a process)
+        opt = Adam(_param_groups(cfg, s, resolved["weight_decay"]),
                                lr=resolved["lr"], capturable=graphed is not None)
     plans = None
     if cfg.explain and (run is None or run[0] == 0):
