@@ -23,12 +23,10 @@ import torch
 
 import ngra
 from ngra import compiler, explain, kernels, settings
-from ngra.characterize import command as characterize_command
 from ngra.datasets import describe, load
 from ngra.errors import DistributedError, TrainingDivergedError
 from ngra.models import MODELS, Defaults, defaults_table
 from ngra.partition import build_book, parse_bytes, reorder_dataset, save_book
-from ngra.planner import command as planner_command
 from ngra.runtime.placement import move_to, placed, plan_placement, resident_bytes, resolve_device
 from ngra.training import TrainConfig, load_model
 from ngra.training.config import DECODERS, NEGATIVES, READOUTS, STRATEGIES, TASKS
@@ -228,11 +226,15 @@ def _add_hyper(p: argparse.ArgumentParser, *names: str) -> None:
 
 
 def _add_characterize(sub: argparse._SubParsersAction) -> None:
-    characterize_command.add_parser(sub)
+    from ngra.characterize import command  # lazy: matplotlib, kept out of spawned ranks
+
+    command.add_parser(sub)
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:
-    planner_command.add_parser(sub)
+    from ngra.planner import command  # lazy: as _add_characterize
+
+    command.add_parser(sub)
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
@@ -373,11 +375,15 @@ def explain_model(model: str, dataset: str, *, hidden: int | None = None,
 
 
 def _cmd_characterize(args: argparse.Namespace) -> int:
-    return characterize_command.run(args)
+    from ngra.characterize import command  # lazy: as _add_characterize
+
+    return command.run(args)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    return planner_command.run(args)
+    from ngra.planner import command  # lazy: as _add_characterize
+
+    return command.run(args)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

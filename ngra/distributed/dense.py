@@ -137,8 +137,6 @@ def split_linears(model: torch.nn.Module, layout: DenseLayout, tp: Any) -> torch
     Raises:
         ValueError: a split path that names no ``nn.Linear`` of ``model``.
     """
-    from torch.distributed.tensor.parallel import parallelize_module
-
     styles = {}
     for path, config in layout.configs.items():
         if config not in SPLITS:
@@ -153,5 +151,8 @@ def split_linears(model: torch.nn.Module, layout: DenseLayout, tp: Any) -> torch
                              "not an nn.Linear of it.")
         styles[path] = tp_style(config)
     if styles:
+        # imported here: DTensor pulls in sympy (about 40 MB a rank); most plans split nothing
+        from torch.distributed.tensor.parallel import parallelize_module
+
         parallelize_module(model, tp, styles)
     return model
