@@ -496,7 +496,10 @@ def write_report(rows: list[dict], path: Path, meta: dict) -> None:
               "stage probes; PyG and DGL: torch.profiler with the characterization's op-to-"
               "stage mapping, whose overhead inflates their instrumented epoch): shares of "
               "that epoch; `rest` is what no SAGA stage holds (the loss, activations between "
-              "layers, framework overhead, and for ngra the backward between probe markers).",
+              "layers, framework overhead, and for ngra the backward between probe markers). "
+              "As in `ngra characterize`, ngra's fused edge kernels count as Gather, and a "
+              "generic plan's edge stage (the chunked path: `edge_mlp_norm`) has no inner "
+              "probes and is left in `rest`.",
               ""]
     if not miss:
         lines += ["Every measured cell meets its targets.", ""]
