@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from _bench_util import fmt_ratio, machine_info, markdown_table
+from rank_fixed_cost import train_step
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRAPHS = {"rmat17": ("rmat:scale=17,edge_factor=8,feat=64", 64, 8),
@@ -51,16 +52,7 @@ def rank_steps(cfg, folder: str, steps: int, free_from: int) -> dict:
     opt = torch.optim.Adam(s.model.parameters(), lr=hyper["lr"])
     peaks = []
     for _ in range(steps):
-        s.step_begin()
-        s.model.train()
-        opt.zero_grad()
-        with s.context():
-            loss, _ = s.loss(s.forward())
-            loss.backward()
-        s.after_backward()
-        opt.step()
-        s.step_done()
-        s.evaluate()
+        train_step(s, opt)
         peaks.append(peak_rss_bytes())
     return {"peaks": peaks, "required": s.required_bytes()["total"]}
 

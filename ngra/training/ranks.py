@@ -46,6 +46,9 @@ largest rank 924 MB after 4 epochs, 1,259 MB -- one process's peak -- after 100)
 before); freshly mapped pages fault in every step: 2 ranks, R-MAT 2^20 872 -> 985 ms an
 epoch, ego-Twitter 63 -> 65-67 ms (from 1 MiB: 80 ms, its 1-8 MiB temporaries mapped too);
 4 ranks on 2 cores, R-MAT 2^20 904 -> 1,161 ms.
+
+A rank's fixed cost (its peak on an empty partition) is about 410 MB on the CPU, mostly
+torch and numba (:mod:`ngra.distributed.launch` itemizes it and what is kept out).
 """
 
 from __future__ import annotations
