@@ -652,7 +652,8 @@ def compression_rows(args: argparse.Namespace) -> int:
         row["load_1m"] = round(os.getloadavg()[0], 1)
         rows.append(row)
         print(f"{name} {model} {k} ranks: exact {row.get('exact_acc')}, "
-              f"8-bit {row.get('bits8_acc')}, stale {row.get('stale1_acc')} (load {row['load_1m']})", flush=True)
+              f"8-bit {row.get('bits8_acc')}, stale {row.get('stale1_acc')} "
+              f"(load {row['load_1m']})", flush=True)
         write_csv(rows, out.with_name(out.name + "_compression").with_suffix(".csv"))
         _write_overlap_section(out.with_suffix(".md"), compression_report(rows, args),
                                COMPRESSION_MARK)
@@ -687,7 +688,8 @@ def compression_report(rows: list[dict], args: argparse.Namespace) -> str:
                 d[f"{label}_d"] = f"{(r[f'{label}_acc'] - r['exact_acc']) * 100:+.2f} points"
         shown.append(d)
     lines.append(markdown_table(shown, [
-        ("cell", "graph model"), ("procs", "ranks"), ("exact", "exact test acc"), ("bits8", "8-bit test acc"),
+        ("cell", "graph model"), ("procs", "ranks"), ("exact", "exact test acc"),
+        ("bits8", "8-bit test acc"),
         ("bits8_d", "8-bit - exact"), ("stale1", "stale test acc"),
         ("stale1_d", "stale - exact"), ("exact_b", "halo bytes/step exact"),
         ("bits8_b", "8-bit"), ("exact_t", "step exact"), ("bits8_t", "step 8-bit"),

@@ -164,14 +164,15 @@ def average_precision(pos: Scores, neg: Scores) -> float:
     return float((recall_gain * precision).sum())
 
 
-#: The per-task metrics of :func:`mean_over_tasks`, by OGB's ``eval metric`` name.
+#: The per-task metrics of :func:`mean_over_tasks`, by ngra's name (OGB's ``eval metric``
+#: ``rocauc`` is ``roc_auc`` here, as in link prediction's summaries).
 TASK_METRICS = {"roc_auc": roc_auc, "ap": average_precision}
 
 
 def mean_over_tasks(y: Scores, scores: Scores, metric: str) -> tuple[float, int]:
-    """OGB's graph-property ``rocauc`` (``roc_auc``) / ``ap``: the mean over tasks of the metric on each
-    task's labeled graphs, over the tasks whose labeled graphs hold both a positive and a
-    negative.
+    """OGB's graph-property ``rocauc`` (here ``roc_auc``) / ``ap``: the mean over tasks of
+    the metric on each task's labeled graphs, over the tasks whose labeled graphs hold both a
+    positive and a negative.
 
     Args:
         y: ``[G, T]`` labels 0 or 1, NaN where missing (``[G]``: one task).
