@@ -49,6 +49,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from ngra import kernels
 from ngra.compiler.plan import Plan
@@ -314,71 +315,73 @@ class StreamedLayer(torch.autograd.Function):
         # 1. pre, a row chunk at a time
         chunks: _Chunks | None = None
         dst_host: dict[int, torch.Tensor] = {}
-        for r in range(k):
-            lo, hi = c.rows(r)
-            _, xd = c.x_chunk(r)
-            if r == 0:
-                rng_after = _get_rng(c.device)
-            leaves = c.pre(xd)
-            if chunks is None:
-                src_slots, dst_slots = read_slots(c.plan, c.t_spec, len(leaves))
-                c.src_slots, c.dst_slots, c.nt = src_slots, dst_slots, len(leaves)
-                chunks = _Chunks(c, sorted(src_slots | dst_slots))
-                n = c.graph.num_nodes
+        with record_function("ngra.stream.forward.pre"):
+            for r in range(k):
+                lo, hi = c.rows(r)
+                _, xd = c.x_chunk(r)
+                if r == 0:
+                    rng_after = _get_rng(c.device)
+                leaves = c.pre(xd)
+                if chunks is None:
+                    src_slots, dst_slots = read_slots(c.plan, c.t_spec, len(leaves))
+                    c.src_slots, c.dst_slots, c.nt = src_slots, dst_slots, len(leaves)
+                    chunks = _Chunks(c, sorted(src_slots | dst_slots))
+                    n = c.graph.num_nodes
+                    for s in chunks.slots:
+                        shape = (n,) + tuple(leaves[s].shape[1:])
+                        if not c.s.resident_terms:
+                            chunks.host[s] = pinned_empty(shape, leaves[s].dtype, c.device)
+                        if s in dst_slots:
+                            dst_host[s] = pinned_empty(shape, leaves[s].dtype, c.device)
                 for s in chunks.slots:
-                    shape = (n,) + tuple(leaves[s].shape[1:])
-                    if not c.s.resident_terms:
-                        chunks.host[s] = pinned_empty(shape, leaves[s].dtype, c.device)
-                    if s in dst_slots:
-                        dst_host[s] = pinned_empty(shape, leaves[s].dtype, c.device)
-            for s in chunks.slots:
-                if c.s.resident_terms:
-                    chunks.resident.setdefault(r, {})[s] = leaves[s]
-                else:
-                    link.d2h(leaves[s], chunks.host[s][lo:hi])
-                if s in c.dst_slots:
-                    link.d2h(leaves[s], dst_host[s][lo:hi])
-            c.pace()
-        if k and c.p:
-            _set_rng(c.device, rng_after)  # as after one draw of the input dropout
-        link.fence()  # the host terms are written before a column copies them back
-        # 2. columns
-        out_host = acc_host = lse_host = None
-        for col in range(k):
-            lo, hi = c.rows(col)
-            dst = _tree(c.t_spec, chunks.get(col), c.dst_slots, c.nt)
-            state = None
-            for q in c.s.order(col):
-                src = _tree(c.t_spec, chunks.get(q), c.src_slots, c.nt)
-                view = c.view(col, q)
-                c.rng[(col, q)] = torch.get_rng_state()
-                part = c.plan.edge(view, src, dst, c.edata(col, q), c.tile_drop(col, q))
-                state = acc_rule.combine(state, part, in_place=True)
+                    if c.s.resident_terms:
+                        chunks.resident.setdefault(r, {})[s] = leaves[s]
+                    else:
+                        link.d2h(leaves[s], chunks.host[s][lo:hi])
+                    if s in c.dst_slots:
+                        link.d2h(leaves[s], dst_host[s][lo:hi])
                 c.pace()
-            if state is None:  # no edges into this column: an empty tile shapes its state
-                src = _tree(c.t_spec, chunks.get(col), c.src_slots, c.nt)
-                state = c.plan.edge(c.empty_view(col), src, dst, None, None)
-            acc = acc_rule.finalize(state, c.degrees(col), in_place=True)
-            if not isinstance(acc, torch.Tensor):
-                raise NotImplementedError(
-                    "device streaming supports tensor-valued accumulators; this layer's "
-                    f"apply_edge returns {type(acc).__name__}. Train it resident.")
-            final = acc_rule.final_stats(state, acc)
-            xd = c.x_chunk(col)[1] if c.reads_x else None
-            out = c.post(xd, acc, col)
-            if out_host is None:
-                n = c.graph.num_nodes
-                out_host = pinned_empty((n,) + tuple(out.shape[1:]), out.dtype, c.device)
-                acc_host = pinned_empty((n,) + tuple(acc.shape[1:]), acc.dtype, c.device)
-                if acc_rule.name == "softmax":
-                    lse_host = pinned_empty((n,) + tuple(final[0].shape[1:]), final[0].dtype,
-                                            c.device)
-            link.d2h(out, out_host[lo:hi])
-            link.d2h(acc, acc_host[lo:hi])
-            if lse_host is not None:
-                link.d2h(final[0].contiguous(), lse_host[lo:hi])
-            c.pace()
-        link.drain()
+            if k and c.p:
+                _set_rng(c.device, rng_after)  # as after one draw of the input dropout
+            link.fence()  # the host terms are written before a column copies them back
+        # 2. columns
+        with record_function("ngra.stream.forward.columns"):
+            out_host = acc_host = lse_host = None
+            for col in range(k):
+                lo, hi = c.rows(col)
+                dst = _tree(c.t_spec, chunks.get(col), c.dst_slots, c.nt)
+                state = None
+                for q in c.s.order(col):
+                    src = _tree(c.t_spec, chunks.get(q), c.src_slots, c.nt)
+                    view = c.view(col, q)
+                    c.rng[(col, q)] = torch.get_rng_state()
+                    part = c.plan.edge(view, src, dst, c.edata(col, q), c.tile_drop(col, q))
+                    state = acc_rule.combine(state, part, in_place=True)
+                    c.pace()
+                if state is None:  # no edges into this column: an empty tile shapes its state
+                    src = _tree(c.t_spec, chunks.get(col), c.src_slots, c.nt)
+                    state = c.plan.edge(c.empty_view(col), src, dst, None, None)
+                acc = acc_rule.finalize(state, c.degrees(col), in_place=True)
+                if not isinstance(acc, torch.Tensor):
+                    raise NotImplementedError(
+                        "device streaming supports tensor-valued accumulators; this layer's "
+                        f"apply_edge returns {type(acc).__name__}. Train it resident.")
+                final = acc_rule.final_stats(state, acc)
+                xd = c.x_chunk(col)[1] if c.reads_x else None
+                out = c.post(xd, acc, col)
+                if out_host is None:
+                    n = c.graph.num_nodes
+                    out_host = pinned_empty((n,) + tuple(out.shape[1:]), out.dtype, c.device)
+                    acc_host = pinned_empty((n,) + tuple(acc.shape[1:]), acc.dtype, c.device)
+                    if acc_rule.name == "softmax":
+                        lse_host = pinned_empty((n,) + tuple(final[0].shape[1:]), final[0].dtype,
+                                                c.device)
+                link.d2h(out, out_host[lo:hi])
+                link.d2h(acc, acc_host[lo:hi])
+                if lse_host is not None:
+                    link.d2h(final[0].contiguous(), lse_host[lo:hi])
+                c.pace()
+            link.drain()
         c.acc_host, c.lse_host, c.dst_host = acc_host, lse_host, dst_host
         ctx.call = c
         return out_host
@@ -400,24 +403,25 @@ class StreamedLayer(torch.autograd.Function):
                     g_params[i] = g if g_params[i] is None else g_params[i].add_(g)
 
         # 1. per column: apply_vertex's backward
-        g_acc_host = pinned_empty(tuple(c.acc_host.shape), c.acc_host.dtype, c.device)
-        g_x_post = {}
-        for col in range(k):
-            lo, hi = c.rows(col)
-            g, a = link.h2d(grad_out[lo:hi], c.acc_host[lo:hi]).ready()
-            a.requires_grad_()
-            with torch.enable_grad():
-                raw, xd = c.x_chunk(col, grad=True) if c.reads_x else ([], None)
-                y = c.post(xd, a, col)
-            xs = [t for t in raw if t.requires_grad]
-            gs = torch.autograd.grad(y, [a, *xs, *c.params], g, allow_unused=True)
-            link.d2h(gs[0] if gs[0] is not None else torch.zeros_like(a),
-                     g_acc_host[lo:hi])
-            if xs:
-                g_x_post[col] = [t for t in gs[1:1 + len(xs)]]
-            add_params(gs[1 + len(xs):])
-            c.pace()
-        link.fence()
+        with record_function("ngra.stream.backward.columns"):
+            g_acc_host = pinned_empty(tuple(c.acc_host.shape), c.acc_host.dtype, c.device)
+            g_x_post = {}
+            for col in range(k):
+                lo, hi = c.rows(col)
+                g, a = link.h2d(grad_out[lo:hi], c.acc_host[lo:hi]).ready()
+                a.requires_grad_()
+                with torch.enable_grad():
+                    raw, xd = c.x_chunk(col, grad=True) if c.reads_x else ([], None)
+                    y = c.post(xd, a, col)
+                xs = [t for t in raw if t.requires_grad]
+                gs = torch.autograd.grad(y, [a, *xs, *c.params], g, allow_unused=True)
+                link.d2h(gs[0] if gs[0] is not None else torch.zeros_like(a),
+                         g_acc_host[lo:hi])
+                if xs:
+                    g_x_post[col] = [t for t in gs[1:1 + len(xs)]]
+                add_params(gs[1 + len(xs):])
+                c.pace()
+            link.fence()
         # 2. per source chunk: the tiles of its row, then (when no destination term
         # needs a gradient) pre's backward right away
         g_src_host: dict[int, torch.Tensor] = {}
@@ -428,84 +432,87 @@ class StreamedLayer(torch.autograd.Function):
         # max/min: which extremes a tile has taken (gather.py), on the host beside acc
         taken_host = (torch.zeros(tuple(c.acc_host.shape), dtype=torch.bool)
                       if name in ("max", "min") else None)
-        for q in range(k if propagate or wants_x else 0):
-            q_lo, q_hi = c.rows(q)
-            with torch.enable_grad():
-                raw, xd = c.x_chunk(q, grad=True)
-                terms = c.pre(xd)
-            if q == 0 and not fused:
-                for s in c.dst_slots:
-                    if terms[s].requires_grad:
-                        g_dst[s] = torch.zeros((n,) + tuple(terms[s].shape[1:]),
-                                               dtype=terms[s].dtype, device=c.device)
-            leaves = {s: terms[s].detach().requires_grad_(terms[s].requires_grad)
-                      for s in c.src_slots}
-            g_src: dict[int, torch.Tensor] = {}
-            for col in range(k):
-                if not propagate or not c.s.tile_edges[col][q]:
-                    continue
-                lo, hi = c.rows(col)
-                hosts = [g_acc_host[lo:hi]]
-                if name not in ("sum", "mean"):
-                    hosts.append(c.acc_host[lo:hi])
-                if c.lse_host is not None:
-                    hosts.append(c.lse_host[lo:hi])
-                dst_slots = sorted(c.dst_slots)
-                hosts += [c.dst_host[s][lo:hi] for s in dst_slots]
-                fetch = link.h2d(*hosts).ready()
-                g_col = fetch[0]
-                i = 1
-                acc = lse = None
-                if name not in ("sum", "mean"):
-                    acc, i = fetch[i], i + 1
-                if c.lse_host is not None:
-                    lse, i = fetch[i], i + 1
-                dst = {s: t.requires_grad_(s in g_dst) for s, t in zip(dst_slots, fetch[i:])}
-                st = Staged(c.view(col, q, backward=True), "span")
-                st.src = _tree(c.t_spec, leaves, c.src_slots, c.nt)
-                st.dst = _tree(c.t_spec, dst, c.dst_slots, c.nt)
-                st.edata, st.drop = c.edata(col, q), c.tile_drop(col, q)
-                st.leaves = [(("src", s), t, None) for s, t in leaves.items() if t.requires_grad]
-                st.leaves += [(("dst", s), t, None) for s, t in dst.items() if t.requires_grad]
-                final = _final(name, acc, lse)
-                if taken_host is not None:
-                    final = (acc, taken_host[lo:hi].to(c.device))
-                pairs, pgs = tile_gradients(c.plan, st, final, g_col,
-                                            c.degrees(col), c.params, c.linear,
-                                            c.rng.get((col, q)))
-                if taken_host is not None:
-                    taken_host[lo:hi].copy_(final[1])
-                for ((side, s), _, _), g in pairs:
-                    if side == "src":
-                        g_src[s] = g if s not in g_src else g_src[s].add_(g)
-                    else:
-                        g_dst[s][lo:hi].add_(g)
-                add_params(pgs)
-                c.pace()
-            if fused:
-                _pre_backward(c, q, raw, terms, g_src, {}, g_x, g_x_post, add_params)
-            else:
-                for s, leaf in leaves.items():
-                    if not leaf.requires_grad:
-                        continue
-                    if s not in g_src_host:
-                        g_src_host[s] = pinned_empty((n,) + tuple(leaf.shape[1:]),
-                                                     leaf.dtype, c.device)
-                    g = g_src[s] if s in g_src else torch.zeros_like(leaf)
-                    link.d2h(g, g_src_host[s][q_lo:q_hi])
-        # 3. pre's backward, once the destination terms' gradients are complete
-        if not fused:
-            link.fence()
-            for r in range(k):
-                lo, hi = c.rows(r)
+        with record_function("ngra.stream.backward.rows"):
+            for q in range(k if propagate or wants_x else 0):
+                q_lo, q_hi = c.rows(q)
                 with torch.enable_grad():
-                    raw, xd = c.x_chunk(r, grad=True)
+                    raw, xd = c.x_chunk(q, grad=True)
                     terms = c.pre(xd)
-                g_src = dict(zip(g_src_host, link.h2d(*[h[lo:hi] for h in
-                                                         g_src_host.values()]).ready()))
-                _pre_backward(c, r, raw, terms, g_src,
-                              {s: g[lo:hi] for s, g in g_dst.items()}, g_x, g_x_post,
-                              add_params)
+                if q == 0 and not fused:
+                    for s in c.dst_slots:
+                        if terms[s].requires_grad:
+                            g_dst[s] = torch.zeros((n,) + tuple(terms[s].shape[1:]),
+                                                   dtype=terms[s].dtype, device=c.device)
+                leaves = {s: terms[s].detach().requires_grad_(terms[s].requires_grad)
+                          for s in c.src_slots}
+                g_src: dict[int, torch.Tensor] = {}
+                for col in range(k):
+                    if not propagate or not c.s.tile_edges[col][q]:
+                        continue
+                    lo, hi = c.rows(col)
+                    hosts = [g_acc_host[lo:hi]]
+                    if name not in ("sum", "mean"):
+                        hosts.append(c.acc_host[lo:hi])
+                    if c.lse_host is not None:
+                        hosts.append(c.lse_host[lo:hi])
+                    dst_slots = sorted(c.dst_slots)
+                    hosts += [c.dst_host[s][lo:hi] for s in dst_slots]
+                    fetch = link.h2d(*hosts).ready()
+                    g_col = fetch[0]
+                    i = 1
+                    acc = lse = None
+                    if name not in ("sum", "mean"):
+                        acc, i = fetch[i], i + 1
+                    if c.lse_host is not None:
+                        lse, i = fetch[i], i + 1
+                    dst = {s: t.requires_grad_(s in g_dst) for s, t in zip(dst_slots, fetch[i:])}
+                    st = Staged(c.view(col, q, backward=True), "span")
+                    st.src = _tree(c.t_spec, leaves, c.src_slots, c.nt)
+                    st.dst = _tree(c.t_spec, dst, c.dst_slots, c.nt)
+                    st.edata, st.drop = c.edata(col, q), c.tile_drop(col, q)
+                    st.leaves = [(("src", s), t, None) for s, t in leaves.items()
+                                 if t.requires_grad]
+                    st.leaves += [(("dst", s), t, None) for s, t in dst.items() if t.requires_grad]
+                    final = _final(name, acc, lse)
+                    if taken_host is not None:
+                        final = (acc, taken_host[lo:hi].to(c.device))
+                    pairs, pgs = tile_gradients(c.plan, st, final, g_col,
+                                                c.degrees(col), c.params, c.linear,
+                                                c.rng.get((col, q)))
+                    if taken_host is not None:
+                        taken_host[lo:hi].copy_(final[1])
+                    for ((side, s), _, _), g in pairs:
+                        if side == "src":
+                            g_src[s] = g if s not in g_src else g_src[s].add_(g)
+                        else:
+                            g_dst[s][lo:hi].add_(g)
+                    add_params(pgs)
+                    c.pace()
+                if fused:
+                    _pre_backward(c, q, raw, terms, g_src, {}, g_x, g_x_post, add_params)
+                else:
+                    for s, leaf in leaves.items():
+                        if not leaf.requires_grad:
+                            continue
+                        if s not in g_src_host:
+                            g_src_host[s] = pinned_empty((n,) + tuple(leaf.shape[1:]),
+                                                         leaf.dtype, c.device)
+                        g = g_src[s] if s in g_src else torch.zeros_like(leaf)
+                        link.d2h(g, g_src_host[s][q_lo:q_hi])
+        # 3. pre's backward, once the destination terms' gradients are complete
+        with record_function("ngra.stream.backward.pre"):
+            if not fused:
+                link.fence()
+                for r in range(k):
+                    lo, hi = c.rows(r)
+                    with torch.enable_grad():
+                        raw, xd = c.x_chunk(r, grad=True)
+                        terms = c.pre(xd)
+                    g_src = dict(zip(g_src_host, link.h2d(*[h[lo:hi] for h in
+                                                             g_src_host.values()]).ready()))
+                    _pre_backward(c, r, raw, terms, g_src,
+                                  {s: g[lo:hi] for s, g in g_dst.items()}, g_x, g_x_post,
+                                  add_params)
         link.drain()
         if wants_x:
             link.compute_done()
