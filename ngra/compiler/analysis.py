@@ -29,22 +29,26 @@ _UNKNOWN = object()
 
 
 class Samples:
-    """A few rows of the vertex and edge data, used to propagate shapes."""
+    """A few rows of the vertex and edge data, used to propagate shapes; on ``device`` when
+    given (where the layer's parameters are: a sample op mixing devices would fail and
+    leave its node without a shape, and the layer unfused)."""
 
-    def __init__(self, x: Any, edata: Any) -> None:
-        self.x = _sample(x)
-        self.edata = _sample(edata)
+    def __init__(self, x: Any, edata: Any, device: torch.device | None = None) -> None:
+        self.x = _sample(x, device)
+        self.edata = _sample(edata, device)
 
 
-def _sample(data: Any) -> Any:
+def _sample(data: Any, device: torch.device | None) -> Any:
     if data is None:
         return None
     if isinstance(data, Mapping):
-        return {k: _sample(v) for k, v in data.items()}
+        return {k: _sample(v, device) for k, v in data.items()}
     t = data.detach()
     if t.shape[0] >= SAMPLE_ROWS:
-        return t[:SAMPLE_ROWS].clone()
-    return torch.zeros((SAMPLE_ROWS,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        t = t[:SAMPLE_ROWS].clone()
+    else:
+        t = torch.zeros((SAMPLE_ROWS,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    return t if device is None else t.to(device)
 
 
 def _field(data: Any, key: Any) -> Any:

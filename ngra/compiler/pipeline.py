@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ngra.compiler.analysis import Samples, annotate
 from ngra.compiler.interp import Resolver
 from ngra.compiler.ir import Op, Program, verify
@@ -76,6 +78,14 @@ class Compiled:
     reason: str = ""
 
 
+def _run_device(layer: Any) -> torch.device | None:
+    """Where the plan's stages will run: the device of ``layer``'s parameters when they
+    share one (device streaming keeps the data in host memory and runs every stage
+    there), else ``None`` (wherever the data is)."""
+    devices = {p.device for p in layer.parameters()}
+    return next(iter(devices)) if len(devices) == 1 else None
+
+
 def compile_program(layer: Any, x: Any, edata: Any) -> Compiled:
     """Run the pipeline on ``layer`` for inputs shaped like ``x`` / ``edata`` (CSC order)."""
     notes: list[PassNote] = []
@@ -91,7 +101,7 @@ def compile_program(layer: Any, x: Any, edata: Any) -> Compiled:
     except TraceFailure as exc:
         vertex_note = f"; {exc} (apply_vertex runs as written)"
     resolver = Resolver(layer)
-    samples = Samples(x, edata)
+    samples = Samples(x, edata, _run_device(layer))
     annotate(program, samples, resolver)
     verify(program, annotated=True)
     n_edge = len(program.edge.nodes)

@@ -71,3 +71,16 @@ def test_zoo_float32_and_ref_backend(name):
     with ngra.kernels.use_backend("ref"):
         torch.testing.assert_close(layer(g, x, ed), out, rtol=1e-4, atol=1e-5)
     assert compile_layer(layer, g, x, edge_data_csc(g, ed)).edge_kinds == kinds
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_fuses_with_parameters_on_another_device(name):
+    """Device streaming keeps the data in host memory and the parameters on the GPU: the
+    compiler's shape samples go where the parameters are, so the layer fuses as it does
+    with both in one place (before, every op mixing the two devices failed on its samples
+    and GAT and MPNN ran interpreted). ``meta`` stands in for the GPU."""
+    layer, g, ed, _, kinds = zoo_case(name, make_graph("random"))
+    x = torch.randn(g.num_nodes, 6, dtype=torch.float64)
+    plan = compile_layer(layer.double().to("meta"), g, x, edge_data_csc(g, ed))
+    assert plan.kind == "compiled", "\n".join(plan.describe())
+    assert plan.edge_kinds == kinds
