@@ -188,7 +188,7 @@ class SoftmaxAccumulator(Accumulator):
     def partial(self, indptr: torch.Tensor, msg: Any, drop: Any = None) -> Any:
         score, value = _split_softmax_msg(msg)
         m = kernels.segment_reduce(indptr, score.detach(), "max")
-        dst = _edge_dst(indptr)
+        dst = segment_ids(indptr, total=score.shape[0])
         w = torch.exp(score - m.index_select(0, dst))
         s = kernels.segment_reduce(indptr, w, "sum")
         if drop is not None:
@@ -317,10 +317,6 @@ def _split_softmax_msg(msg: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _bcast(w: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return w.reshape(tuple(w.shape) + (1,) * (like.dim() - w.dim()))
-
-
-def _edge_dst(indptr: torch.Tensor) -> torch.Tensor:
-    return segment_ids(indptr)
 
 
 def _map(x: Any, fn: Any) -> Any:

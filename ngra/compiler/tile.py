@@ -54,7 +54,8 @@ class TileView:
     def dst_idx(self) -> torch.Tensor:
         """``[E_t]`` local destination (row of the staged destination rows) of each edge."""
         if self._dst_idx is None:
-            self._dst_idx = segment_ids(self.indptr, dtype=self.src_idx.dtype)
+            self._dst_idx = segment_ids(self.indptr, dtype=self.src_idx.dtype,
+                                        total=self.src_idx.numel())
         return self._dst_idx
 
     @property

@@ -256,8 +256,11 @@ class _Call:
 
     def setup(self) -> None:
         """What every stage reads whole: in-degrees and per-vertex edge factors."""
-        got = self.link.h2d(self.graph.in_degrees(),
-                            *(self.e_leaves if self.e_spec == "factors" else [])).ready()
+        # page-locked, made once per array: a pageable copy would make the host wait
+        deg = self.graph.cached(f"ngra.pinned-in-degrees-{self.device.type}",
+                                lambda: pinned(self.graph.in_degrees(), self.device))
+        factors = self.e_leaves if self.e_spec == "factors" else []
+        got = self.link.h2d(deg, *[pinned(t, self.device) for t in factors]).ready()
         self.in_deg = got[0]
         self.factors = got[1:]
 
