@@ -105,18 +105,24 @@ def _peak_mib(dev) -> float:
     return torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else float("nan")
 
 
-def _workload(name, ds, dev):
+#: what each framework's step reads of a workload: only that goes to the device for its
+#: run, so neither framework's peak memory holds the other's copy of the graph
+FIELDS = {"ngra": ("graph", "edge_data", "x", "y", "train_mask"),
+          "pyg": ("x", "y", "train_mask", "src", "dst", "weight", "etype", "norm")}
+
+
+def _workload(name, ds, dev, framework: str = "ngra"):
     """``ds`` prepared for zoo model ``name`` (:func:`ngra.characterize.workloads.
-    prepare_workload`: what the training benchmark and the characterization use), every
-    tensor on ``dev``; GAT 4 heads x 16, the others hidden 64."""
+    prepare_workload`: what the training benchmark and the characterization use), the
+    tensors ``framework``'s step reads on ``dev`` (:data:`FIELDS`); GAT 4 heads x 16, the
+    others hidden 64."""
     import dataclasses
 
     from ngra.characterize.workloads import prepare_workload
     from ngra.runtime.placement import move_to
 
     w = prepare_workload(ds, name, hidden=64, heads=4)
-    fields = ("graph", "edge_data", "x", "y", "train_mask", "src", "dst", "weight", "etype",
-              "norm")
+    fields = FIELDS[framework]
     moved = move_to(dev, *(getattr(w, f) for f in fields))
     return dataclasses.replace(w, **dict(zip(fields, moved)))
 
@@ -299,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         for gname, spec in specs.items():
             ds = load(spec, progress=False)
             for name in args.models.split(","):
-                w = _workload(name, ds, dev)  # one prepared graph for the three variants
+                w = _workload(name, ds, dev)  # one prepared graph for ngra's two variants
                 eager = _measure(_ngra_step(w, dev), dev, epochs)
                 try:
                     graphed = _graphed(w, dev, epochs)
@@ -308,15 +314,16 @@ def main(argv: list[str] | None = None) -> int:
                     graphed = Run(status=f"error: {type(err).__name__}: "
                                          f"{str(err).splitlines()[0] if str(err) else ''}")
                     notes.append(f"ngra graphed {name} on {gname}: {graphed.status}")
+                del w
                 pyg = Run(status="skipped (--no-pyg)")
                 if not args.no_pyg:
                     try:
-                        pyg = _measure(_pyg_step(w, dev), dev, epochs)
+                        pyg = _measure(_pyg_step(_workload(name, ds, dev, "pyg"), dev), dev,
+                                       epochs)
                     except torch.OutOfMemoryError:
                         notes.append(f"PyG {name} on {gname}: out of GPU memory")
                         pyg = Run(status="out of GPU memory")
                         torch.cuda.empty_cache()
-                del w
                 rows.append((gname, name, eager, graphed, pyg))
                 write(False)
                 print(f"{gname:7s} {name:5s} ngra {eager.epoch:8.4f} s, graphed "
