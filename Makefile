@@ -34,9 +34,11 @@ test-all: $(VENV)/.test
 
 # PyG for experiments/gpu_check.sh on a GPU machine without network: the wheel goes to .whl/
 # (git-ignored locally: echo /.whl/ >> .git/info/exclude), carried to the machine beside the tree.
-gpu-wheels:
+gpu-wheels:  # what the GPU machine lacks: the PyG the tests pin, pymetis for distributed rows
 	python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 	    --implementation cp --platform any -d .whl torch_geometric==2.8.1
+	python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+	    --implementation cp --platform manylinux_2_28_x86_64 -d .whl pymetis==2025.2.2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

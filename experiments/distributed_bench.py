@@ -531,6 +531,7 @@ def overlap_rows(args: argparse.Namespace) -> int:
                                 args.data_root, args.time_cap, args.mem_cap_gb, hidden))
             one_s = [s["epoch_time_s"] for s in one if "error" not in s]
             row: dict[str, Any] = {"graph": name, "model": label, "steps": args.steps,
+                                   "cores": os.cpu_count(),
                                    "load_1m": round(max(load, os.getloadavg()[0]), 1),
                                    "argv": " ".join(sys.argv[1:]),
                                    "git": machine_info().get("git", "?"),
@@ -551,7 +552,9 @@ def overlap_rows(args: argparse.Namespace) -> int:
             if one_s:
                 row["one_rank_s"] = statistics.median(one_s)
                 row["efficiency"] = min(row["overlapped_s"], row["blocking_s"]) / row["one_rank_s"]
-            rows = [r for r in rows if (r["graph"], r["model"]) != (name, label)] + [row]
+            # a cell's row per machine size: the 16-core rows beside this machine's
+            rows = [r for r in rows if (r["graph"], r["model"], r.get("cores", 2))
+                    != (name, label, row["cores"])] + [row]
             print(f"{name} {label}: overlapped {fmt_seconds(row['overlapped_s'])}, blocking "
                   f"{fmt_seconds(row['blocking_s'])} ({row['ratio']:.2f}x), 1 rank "
                   f"{fmt_seconds(row.get('one_rank_s', float('nan')))} "
@@ -582,9 +585,10 @@ def overlap_report(rows: list[dict], args: argparse.Namespace) -> str:
              "halo forced; the two modes alternate training steps in one run (`--steps` "
              "steps each after a warm-up step each; median of the slowest rank's step); "
              "1 rank x 1 thread is `ngra train --nprocs 1 --threads 1`, `--epochs` epochs, "
-             "run before and after (median epoch). The machine was shared with other "
-             "work: the 1-minute load average is in each row (2 cores; above 2, the ranks "
-             "shared their cores). Wait: seconds the slowest-waiting rank's compute thread "
+             "run before and after (median epoch). Cores: the machine's CPU count (2: the "
+             "shared development machine, where a 1-minute load above 2 means the ranks "
+             "shared their cores; 16: the host of the lent GPU machine, otherwise idle). "
+             "Wait: seconds the slowest-waiting rank's compute thread "
              "was blocked on the exchange in a step (median per layer, summed); bytes: "
              "halo bytes sent by all ranks in a step (forward and backward).", ""]
     shown = []
@@ -598,14 +602,14 @@ def overlap_report(rows: list[dict], args: argparse.Namespace) -> str:
             "bytes": f"{fmt_bytes(r['overlapped_bytes'])} / {fmt_bytes(r['blocking_bytes'])}",
             "one": fmt_seconds(r["one_rank_s"]) if "one_rank_s" in r else "—",
             "eff": fmt_ratio(r["efficiency"]) if "efficiency" in r else "—",
-            "load": f"{r['load_1m']:.1f}"})
+            "cores": str(int(r.get("cores", 2))), "load": f"{r['load_1m']:.1f}"})
     lines.append(markdown_table(shown, [
         ("cell", "graph model"), ("ov", "overlapped step"), ("bl", "blocking step"),
         ("ratio", "overlapped / blocking"), ("pairs", "median of step pairs"),
         ("wait", "wait a step: overlapped / blocking"),
         ("bytes", "halo bytes a step: overlapped / blocking"),
         ("one", "1 rank x 1 thread epoch"), ("eff", "2x1 (faster mode) / 1x1"),
-        ("load", "load 1m")]))
+        ("cores", "cores"), ("load", "load 1m")]))
     lines += ["", "Targets: overlapped <= 0.85x blocking; 2 x 1 <= 0.65x 1 x 1.", ""]
     return "\n".join(lines)
 
