@@ -49,6 +49,7 @@ from ngra.kernels.checks import (
     storage_uses,
 )
 from ngra.kernels.dropout import EdgeDropout, check_edge_dropout
+from ngra.kernels.lean import vjp
 from ngra.kernels.registry import lookup, thread_setting
 from ngra.kernels.rowdot import check_row_weight
 from ngra.kernels.transpose import reverse_of
@@ -210,7 +211,7 @@ class _AttentionAggregate(torch.autograd.Function):
                  g_wd.sum_to_size(ctx.w_shapes[1]) if need[4] else None, None, None, None, None]
         if ctx.recompute is not None:
             wanted = [t for t in leaves if t.requires_grad]
-            got = iter(torch.autograd.grad(value, wanted, g_value, allow_unused=True)
+            got = iter(vjp(value, wanted, g_value, allow_unused=True)
                        if wanted else ())
             grads += [next(got) if t.requires_grad else None for t in leaves]
         return tuple(grads)

@@ -23,6 +23,7 @@ from ngra.kernels.checks import (
     kernel_offsets,
     spmm_layout,
 )
+from ngra.kernels.lean import broadcast_shape
 from ngra.kernels.registry import current_backend, forward_skipped, lookup, use_backend
 from ngra.kernels.transpose import Rev, csc_walk_preferred, reverse_of, walks_csc
 from ngra.mapped import is_mapped
@@ -121,8 +122,7 @@ class _GSpMM(torch.autograd.Function):
         ctx.backend = current_backend()
         if forward_skipped(reduce):
             shape = (indptr.numel() - 1,) + tuple(
-                src.shape[1:] if edge is None else torch.broadcast_shapes(src.shape[1:],
-                                                                          edge.shape[1:]))
+                src.shape[1:] if edge is None else broadcast_shape(src.shape[1:], edge.shape[1:]))
             out, arg = src.new_zeros(()).expand(shape), None
         else:
             out, arg = lookup("gspmm", src.device)(indptr, indices, src, edge, reduce, None)

@@ -20,6 +20,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ngra.kernels.checks import check_feat
+from ngra.kernels.lean import broadcast_shape
 
 __all__ = ["check_row_weight", "rowdot"]
 
@@ -60,7 +61,7 @@ def check_row_weight(x: torch.Tensor, w: torch.Tensor, name: str) -> torch.Tenso
                          f"a leading 1) for x of shape {list(x.shape)}; got shape "
                          f"{list(w.shape)}.")
     try:
-        fits = torch.broadcast_shapes(tuple(w.shape), tuple(x.shape[1:])) == x.shape[1:]
+        fits = broadcast_shape(w.shape, x.shape[1:]) == x.shape[1:]
     except RuntimeError:
         fits = False
     if not fits:

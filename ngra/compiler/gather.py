@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ngra import kernels
+from ngra.kernels.lean import broadcast_shape
 from ngra.graph import segment_ids
 
 __all__ = ["Accumulator", "PerFieldAccumulator", "make_accumulator", "check_gather", "GATHERS",
@@ -339,5 +340,5 @@ def _writable(*ts: torch.Tensor) -> bool:
 
 
 def _add_into(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return a.add_(b) if _writable(a) and a.shape == torch.broadcast_shapes(a.shape, b.shape) \
+    return a.add_(b) if _writable(a) and a.shape == broadcast_shape(a.shape, b.shape) \
         else a + b

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ngra.compiler.ir import Node, Op, Stage, map_refs
 from ngra.kernels import sparse_input
+from ngra.kernels.lean import broadcast_shape
 from ngra.kernels.rowdot import rowdot
 
 __all__ = ["Resolver", "run_stage", "evaluate", "apply_sink"]
@@ -119,7 +120,7 @@ def _in_place(op: Op, vals: list[Any], ours: list[bool]) -> Any:
         if isinstance(other, torch.Tensor):
             if op in (Op.MUL, Op.DIV) and other.requires_grad and torch.is_grad_enabled():
                 continue  # its gradient reads the value we would overwrite
-            if (torch.broadcast_shapes(target.shape, other.shape) != target.shape
+            if (broadcast_shape(target.shape, other.shape) != target.shape
                     or torch.result_type(target, other) != target.dtype):
                 continue
         elif not target.is_floating_point():

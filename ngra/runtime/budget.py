@@ -68,6 +68,7 @@ from ngra.compiler.plan import Plan
 from ngra.compiler.tile import TileView
 from ngra.graph import CSR, DeferredReverse, Graph, segment_ids
 from ngra.idtype import idtype_for
+from ngra.kernels.lean import vjp
 from ngra.kernels.registry import thread_setting
 from ngra.kernels.transpose import prefer_csc_walk
 from ngra.partition import GridChoice, TileBytes, choose_grid, default_bounds, parse_bytes
@@ -324,7 +325,7 @@ def _sample_backward(plan: Plan, st: Any, part: Any) -> None:
     staged = [t for tree in (st.src, st.dst, st.edata) for t in flatten(tree)[0]]
     wrt = [t for t in staged + plan_parameters(plan) if t.requires_grad]
     if outs and wrt:
-        torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
+        vjp(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
 
 
 class LayerTileBytes(NamedTuple):

@@ -44,6 +44,7 @@ import torch
 from ngra import kernels, probes
 from ngra.compiler.plan import Plan
 from ngra.graph import Graph
+from ngra.kernels.lean import vjp
 from ngra.kernels.transpose import prefer_csc_walk
 from ngra.memstat import malloc_trim, release_large_frees
 from ngra.runtime.staging import (
@@ -297,8 +298,8 @@ def tile_gradients(plan: Plan, st: Staged, final: Any, grad: Any,
     if not pairs:
         return [], [None] * len(params)
     leaves = [x for _, x, _ in st.leaves]
-    gs = torch.autograd.grad([t for t, _ in pairs], leaves + list(params),
-                             [g for _, g in pairs], allow_unused=True)
+    gs = vjp([t for t, _ in pairs], leaves + list(params), [g for _, g in pairs],
+             allow_unused=True)
     return ([(e, g) for e, g in zip(st.leaves, gs) if g is not None],
             list(gs[len(leaves):]))
 
