@@ -5,7 +5,8 @@
 # 8 minutes, so that a lent machine's 15 minutes of device time allow one rerun.
 #
 #   bash experiments/gpu_check.sh            # from the repository root, on a GPU machine
-#   PARTS="pytest bench" bash experiments/gpu_check.sh    # some parts only
+#   PARTS="pytest bench" bash experiments/gpu_check.sh    # some parts only (about 150 + 200
+#                                                         # + 90 s for the default three)
 #
 # Parts: pytest, streaming, bench (the default: all three), profile (gpu_profile.py: where a
 # streamed epoch's time and resident GCN's memory go), distributed (issue 41's overlapped vs
@@ -39,8 +40,10 @@ if has pytest; then
     stamp "pytest -m gpu"
     # -P: the working directory's ngra/ (the source folder, without kernels/ inside it) must
     # not shadow the package layout on PYTHONPATH
-    timeout 120 python3 -P -m pytest -q -m gpu -p no:cacheprovider tests/runtime tests/kernels \
-        2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+    # per-test times in the log, and a per-test limit (pytest-timeout is on the GPU image) so
+    # one slow test cannot take the others' time
+    timeout 150 python3 -P -m pytest -q -m gpu -p no:cacheprovider --durations=0 --timeout 60 \
+        tests/runtime tests/kernels 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
 fi
 if has streaming; then
     stamp "gpu_streaming.py"
