@@ -13,8 +13,10 @@ benchmarks' graph), written to ``results/gpu_profile.md``:
   configurations, forced) and a variant that gives each program several destinations,
   as effective bandwidth over the device copy's (target 0.7x), each checked against
   ``index_add``.
-* **resident GCN's peak**: one training step with the allocator's history recorded; the
-  blocks live at the peak, grouped by the ngra source line that allocated them.
+* **device peaks**: one training step with the allocator's history recorded (resident
+  GCN, and streamed MPNN and GAT under the 4 x 4 budget, whose peaks exceed the priced
+  budget); the blocks live at the peak, grouped by the ngra source line that allocated
+  them.
 
     python experiments/gpu_profile.py              # needs CUDA -> results/gpu_profile.md
     python experiments/gpu_profile.py --dry-run    # CPU stand-in, tiny graph (profile only)
@@ -281,16 +283,30 @@ def spmm_sweep(ds, dev) -> list[str]:
     return lines + [""]
 
 
-def peak_breakdown(ds, dev, model: str = "gcn") -> list[str]:
-    """The blocks live at a resident training step's peak, by the ngra line that
-    allocated them."""
-    import torch
-
+def _resident_step(ds, dev, model):
     from gpu_bench import _ngra_step, _workload
 
+    return _ngra_step(_workload(model, ds, dev), dev), None
+
+
+def _streamed_step(ds, dev, model):
+    """A streamed step of ``model`` under gpu_streaming's 4 x 4 budget, and the budget."""
+    from gpu_streaming import PARTS, _budget_for, _setup, _step
+    from ngra.runtime.device_schedule import device_streaming
+
+    w, net, opt = _setup(model, ds, dev)
+    budget, _ = _budget_for(net, w, dev, PARTS)
+    return _step(w, net, opt, dev, lambda: device_streaming(dev, budget=budget,
+                                                            parts=PARTS)), budget
+
+
+def peak_breakdown(ds, dev, model: str = "gcn", streamed: bool = False) -> list[str]:
+    """The blocks live at a training step's peak (resident, or streamed under the 4 x 4
+    budget), by the ngra line that allocated them."""
+    import torch
+
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
-    w = _workload(model, ds, dev)
-    step = _ngra_step(w, dev)
+    step, budget = (_streamed_step if streamed else _resident_step)(ds, dev, model)
     step()  # the warm-up: Triton's compiling and autotuning
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -320,17 +336,19 @@ def peak_breakdown(ds, dev, model: str = "gcn") -> list[str]:
     def where(frames):
         own = [f for f in frames if "/ngra/" in f.get("filename", "")
                or "/experiments/" in f.get("filename", "")]
-        f = own[0] if own else (frames[0] if frames else None)
-        if f is None:
+        own = own[:2] or frames[:1]  # the allocating line and its caller
+        if not own:
             return "(no frames)"
-        name = f["filename"].split("/ngra/")[-1].split("/experiments/")[-1]
-        return f"{name}:{f['line']} {f['name']}"
+        return " < ".join(f"{f['filename'].split('/ngra/')[-1].split('/experiments/')[-1]}:"
+                          f"{f['line']} {f['name']}" for f in own)
 
     groups: dict[str, list[int]] = collections.defaultdict(list)
     for size, frames in best_live.values():
         groups[where(frames)].append(size)
     mib = 2**20
-    lines = ["## Resident GCN step: memory live at the peak", "",
+    title = (f"Streamed {model.upper()} step (4 x 4 budget {budget / mib:,.0f} MiB)"
+             if streamed else f"Resident {model.upper()} step")
+    lines = [f"## {title}: memory live at the peak", "",
              f"max_memory_allocated {peak / mib:,.0f} MiB; replayed peak {best / mib:,.0f} "
              f"MiB ({len(best_live)} blocks)", "", "| allocated at | MiB | blocks |",
              "|---|---|---|"]
@@ -359,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"Device: {torch.cuda.get_device_name(dev)}, torch {torch.__version__}.", ""]
     probes = [lambda: streamed_profile(ds, dev, args.models.split(","), out_dir)]
     if dev.type == "cuda":
-        probes += [lambda: spmm_sweep(ds, dev), lambda: peak_breakdown(ds, dev)]
+        probes += [lambda: spmm_sweep(ds, dev), lambda: peak_breakdown(ds, dev),
+                   lambda: peak_breakdown(ds, dev, "mpnn", streamed=True),
+                   lambda: peak_breakdown(ds, dev, "gat", streamed=True)]
     for probe in probes:
         try:
             lines += probe()
