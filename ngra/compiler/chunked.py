@@ -6,13 +6,14 @@ make its per-edge tensors for every edge at once and keep them for backward. On 
 whole-graph tile it runs here instead, over chunks of the destination-sorted (CSC) edges:
 
 * **Chunks** are edge ranges ``[b0, b1)`` of about ``C`` edges (``NGRA_EDGE_CHUNK``; auto:
-  :data:`CHUNK_BYTES` of the widest per-edge input row, :data:`CHUNK_BYTES_CUDA` on a
-  GPU), cut at a destination's first edge where one lies in reach, so only a destination
-  with more than about ``C`` in-edges is split; each chunk covers a contiguous range of
-  destination rows ``[lo, hi)`` (the rows of consecutive chunks share at most the split
-  row; together they cover every row).
-* **Forward** (no autograd) gathers each chunk's source/destination rows, runs the edge
-  stage, reduces the chunk's messages with the gather's accumulator
+  as few equal chunks as keep the widest per-edge input row of a chunk within
+  :data:`CHUNK_BYTES`, :data:`CHUNK_BYTES_CUDA` on a GPU), cut at a destination's first
+  edge where one lies in reach, so only a destination with more than about ``C`` in-edges
+  is split; each chunk covers a contiguous range of destination rows ``[lo, hi)`` (the
+  rows of consecutive chunks share at most the split row; together they cover every row).
+* **Forward** (no autograd, but for the last chunk: see backward) gathers each chunk's
+  source/destination rows, runs the edge stage, reduces the chunk's messages with the
+  gather's accumulator
   (:meth:`~ngra.compiler.gather.Accumulator.partial`) and merges the partial state into
   one ``[N, ...]`` state: a sum into its rows; max/min keeps, per row and feature, the
   extreme and the chunk that holds it (the first chunk on a tie: the kernels' rule, "the
@@ -20,7 +21,9 @@ whole-graph tile it runs here instead, over chunks of the destination-sorted (CS
   online ``(max, sum, weighted sum)``. Only that
   state, the chunk of each extreme and the softmax's log-sum-exp survive the chunk.
 * **Backward** recomputes each chunk under autograd (same RNG state as the forward, so a
-  dropout inside the UDF draws the same masks) and differentiates the chunk's share of the
+  dropout inside the UDF draws the same masks), except the last: the forward runs that
+  one under autograd and keeps its graph (one chunk's tensors), so backward starts with it
+  and frees it before recomputing the others. It differentiates the chunk's share of the
   output (the partial itself for sum/mean; the extremes the chunk holds for max/min;
   :meth:`~ngra.compiler.gather.SoftmaxAccumulator.contribution` for softmax) with respect
   to the layer's parameters and the chunk's edge data. The gathered vertex rows are made
@@ -28,10 +31,10 @@ whole-graph tile it runs here instead, over chunks of the destination-sorted (CS
   per term: no ``[N, F]`` gradient per chunk.
 
 No ``[E, F]`` tensor outlives a chunk, in forward or in backward; the recomputation costs
-one more forward of the edge stage. Results equal the whole-edge path's (sum orders
-aside). Not chunked: a graph whose edges fit one chunk, ``NGRA_EDGE_CHUNK=0``, factored
-edge weights that require grad, a partial tile of a grid (the streaming runtime recomputes
-tiles itself).
+one more forward of the edge stage on all chunks but one. Results equal the whole-edge
+path's (sum orders aside). Not chunked: a graph whose edges fit one chunk,
+``NGRA_EDGE_CHUNK=0``, factored edge weights that require grad, a partial tile of a grid
+(the streaming runtime recomputes tiles itself).
 """
 
 from __future__ import annotations
@@ -82,11 +85,14 @@ def chunk_edges(row_bytes: int, num_edges: int, device: torch.device | None = No
     (``NGRA_EDGE_CHUNK``), or ``None``: run over every edge at once (the setting is 0, or
     the edges fit one chunk)."""
     want = settings.get("NGRA_EDGE_CHUNK")
-    if want == "auto":
+    auto = want == "auto"
+    if auto:
         budget = CHUNK_BYTES_CUDA if device is not None and device.type == "cuda" else CHUNK_BYTES
         want = max(MIN_AUTO_CHUNK, budget // max(int(row_bytes), 1))
     if not want or num_edges <= want:
         return None
+    if auto:  # as few chunks as the budget allows, of equal size (no small last chunk)
+        want = -(-num_edges // -(-num_edges // want))
     return int(want)
 
 
@@ -197,15 +203,16 @@ class ChunkEdge(Edge):
 
 
 class _Sinks:
-    """The gradient of each vertex term, one ``[N, ...]`` tensor filled chunk by chunk."""
+    """The gradient of each vertex term (by its slot among the term leaves), one
+    ``[N, ...]`` tensor filled chunk by chunk."""
 
     def __init__(self) -> None:
         self.total: dict[int, torch.Tensor] = {}
 
-    def add(self, t: torch.Tensor, idx: torch.Tensor, g: torch.Tensor) -> None:
-        if id(t) not in self.total:
-            self.total[id(t)] = torch.zeros_like(t)
-        self.total[id(t)].index_add_(0, idx, g.to(t.dtype))
+    def add(self, slot: int, t: torch.Tensor, idx: torch.Tensor, g: torch.Tensor) -> None:
+        if slot not in self.total:
+            self.total[slot] = torch.zeros_like(t)
+        self.total[slot].index_add_(0, idx, g.to(t.dtype))
 
 
 class _GatherInto(torch.autograd.Function):
@@ -214,17 +221,17 @@ class _GatherInto(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, token: torch.Tensor, t: torch.Tensor, idx: torch.Tensor,
-                sinks: _Sinks) -> torch.Tensor:
-        ctx.t, ctx.sinks, ctx.token = t, sinks, (token.dtype, token.device)
+                sinks: _Sinks, slot: int) -> torch.Tensor:
+        ctx.t, ctx.sinks, ctx.slot, ctx.token = t, sinks, slot, (token.dtype, token.device)
         ctx.save_for_backward(idx)
         return t.index_select(0, idx)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         (idx,) = ctx.saved_tensors
-        ctx.sinks.add(ctx.t, idx, g)
+        ctx.sinks.add(ctx.slot, ctx.t, idx, g)
         dtype, device = ctx.token
-        return torch.zeros((), dtype=dtype, device=device), None, None, None
+        return torch.zeros((), dtype=dtype, device=device), None, None, None, None
 
 
 def _plain_take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -276,6 +283,7 @@ class _Run:
         self.out: Any = None  # softmax, in backward: the output
         self.rng: tuple = ()
         self.leaves = (0, 0)
+        self.kept: _Kept | None = None  # the last chunk, run under autograd in forward
 
     # .............................................................. forward
     def chunk(self, k: int, terms: Any, edata: Any, take: Callable) -> Any:
@@ -289,14 +297,23 @@ class _Run:
             torch.arange(b0, b1, device=indptr.device))
         return self.acc.partial(indptr, msg, drop)
 
-    def forward(self, keep: bool) -> list[torch.Tensor]:
+    def forward(self, keep: bool, grad: tuple | None = None) -> list[torch.Tensor]:
         """Every chunk merged into the state; the tensors the call returns (``keep``:
-        keep what backward needs)."""
+        keep what backward needs; ``grad``: ``(leaves, needs)`` of the call under autograd,
+        whose last chunk runs under autograd and keeps its graph for backward)."""
         self.rng = _rng_state(self.tile.indptr.device)
         name, n = self.acc.name, self.tile.num_dst
+        last = len(self.chunks.bounds) - 1
         state: Any = None
         for k, (b0, b1, lo, hi) in enumerate(self.chunks.bounds):
-            part = self.chunk(k, self.terms, _edge_rows(self.edata, b0, b1), _plain_take)
+            if grad is not None and k == last and b1 > b0:
+                leaves, needs = grad
+                nt, ne = self.leaves
+                env = _GradEnv(self, leaves[:nt], needs[:nt])
+                part, e_rows = self.grad_chunk(k, env, leaves[nt:nt + ne], needs[nt:nt + ne])
+                self.kept = _Kept(k, part, e_rows, env)
+            else:
+                part = self.chunk(k, self.terms, _edge_rows(self.edata, b0, b1), _plain_take)
             if name != "softmax":
                 fields = self._fields(part)
                 if state is None:
@@ -361,63 +378,76 @@ class _Run:
         return value
 
     # .............................................................. backward
+    def grad_chunk(self, k: int, env: _GradEnv, e_leaves: Any,
+                   needs_e: tuple[bool, ...]) -> tuple[Any, list[torch.Tensor]]:
+        """Chunk ``k``'s partial state under autograd, and its edge-data rows (leaves)."""
+        b0, b1, _, _ = self.chunks.bounds[k]
+        e_rows = [e[b0:b1].detach().requires_grad_(w) for e, w in zip(e_leaves, needs_e)]
+        edata = _rebuild_edges(self.edata, e_rows, b0, b1)
+        with torch.enable_grad():
+            return self.chunk(k, env.terms, edata, env.take), e_rows
+
     def backward(self, grads: tuple, saved: tuple, params: list[torch.Tensor],
                  needs: tuple[bool, ...]) -> list[Any]:
         """Gradients of the call's inputs: term leaves, edge-data leaves, parameters
-        (``saved``: the term and edge-data leaves, then softmax's output)."""
+        (``saved``: the term and edge-data leaves, then softmax's output). The chunk the
+        forward kept under autograd goes first (its graph is freed before any other chunk
+        is recomputed); the others are recomputed in order, from the forward's RNG state."""
         nt, ne = self.leaves
         if self.acc.name == "softmax":
             self.out = saved[nt + ne].detach()  # saved outputs keep their grad_fn
-        t_leaves = [t.detach() for t in saved[:nt]]
         e_saved = saved[nt:nt + ne]
-        terms = _rebuild(self.terms, t_leaves)
-        sinks = _Sinks()
-        token = torch.zeros((), device=self.tile.indptr.device, requires_grad=True)
-
-        def take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-            if not needs[slot_of[id(t)]]:
-                return t.index_select(0, idx)
-            return _GatherInto.apply(token, t, idx, sinks)
-
-        slot_of = {id(t): i for i, t in enumerate(t_leaves)}
+        kept, self.kept = self.kept, None  # a second backward (retain_graph) recomputes it
+        env = _GradEnv(self, saved[:nt], needs[:nt], kept.env.sinks if kept else None)
         e_grads: list[Any] = [None] * ne
         p_grads: list[Any] = [None] * len(params)
         want_p = [needs[nt + ne + i] for i in range(len(params))]
+        checked = False
+
+        def differentiate(k: int, part: Any, e_rows: list[torch.Tensor],
+                          token: torch.Tensor) -> None:
+            nonlocal checked
+            b0, b1, lo, hi = self.chunks.bounds[k]
+            with torch.enable_grad():
+                outs, gs = self._shares(k, part, grads, lo, hi)
+            if not outs:
+                return
+            inputs = [token] + [e for e in e_rows if e.requires_grad] \
+                + [p for p, w in zip(params, want_p) if w]
+            if not checked:
+                _check_leaves(outs, [token] + e_rows + params)
+                checked = True
+            got = torch.autograd.grad(outs, inputs, gs, allow_unused=True)
+            it = iter(got[1:])
+            for j, e in enumerate(e_rows):
+                if e.requires_grad:
+                    g = next(it)
+                    if g is not None:
+                        if e_grads[j] is None:
+                            e_grads[j] = torch.zeros_like(e_saved[j])
+                        e_grads[j][b0:b1] += g
+            for i, w in enumerate(want_p):
+                if w:
+                    g = next(it)
+                    if g is not None:
+                        p_grads[i] = g if p_grads[i] is None else p_grads[i].add_(g)
+
+        skip = -1
+        if kept is not None:
+            skip = kept.k
+            differentiate(kept.k, kept.part, kept.e_rows, kept.env.token)
+            del kept  # its graph is freed now
         now = _rng_state(self.tile.indptr.device)
         _set_rng_state(self.rng)
         try:
-            for k, (b0, b1, lo, hi) in enumerate(self.chunks.bounds):
-                if b1 == b0:
+            for k, (b0, b1, _, _) in enumerate(self.chunks.bounds):
+                if b1 == b0 or k == skip:
                     continue
-                e_rows = [e[b0:b1].detach().requires_grad_(needs[nt + j])
-                          for j, e in enumerate(e_saved)]
-                edata = _rebuild_edges(self.edata, e_rows, b0, b1)
-                with torch.enable_grad():
-                    part = self.chunk(k, terms, edata, take)
-                    outs, gs = self._shares(k, part, grads, lo, hi)
-                if not outs:
-                    continue
-                inputs = [token] + [e for e in e_rows if e.requires_grad] \
-                    + [p for p, w in zip(params, want_p) if w]
-                if k == 0:
-                    _check_leaves(outs, [token] + e_rows + params)
-                got = torch.autograd.grad(outs, inputs, gs, allow_unused=True)
-                it = iter(got[1:])
-                for j, e in enumerate(e_rows):
-                    if e.requires_grad:
-                        g = next(it)
-                        if g is not None:
-                            if e_grads[j] is None:
-                                e_grads[j] = torch.zeros_like(e_saved[j])
-                            e_grads[j][b0:b1] += g
-                for i, w in enumerate(want_p):
-                    if w:
-                        g = next(it)
-                        if g is not None:
-                            p_grads[i] = g if p_grads[i] is None else p_grads[i].add_(g)
+                part, e_rows = self.grad_chunk(k, env, e_saved, needs[nt:nt + ne])
+                differentiate(k, part, e_rows, env.token)
         finally:
             _set_rng_state(now)
-        t_grads = [sinks.total.get(id(t)) for t in t_leaves]
+        t_grads = [env.sinks.total.get(i) for i in range(nt)]
         return t_grads + e_grads + p_grads
 
     def _shares(self, k: int, part: Any, grads: tuple, lo: int, hi: int) -> tuple[list, list]:
@@ -438,6 +468,37 @@ class _Run:
         return outs, gs
 
 
+class _GradEnv:
+    """What chunks run under autograd read: the term leaves (detached), gathered by
+    :class:`_GatherInto` where their gradient is needed (into ``sinks``, by slot), and the
+    token that puts those gathers on each chunk's graph."""
+
+    def __init__(self, run: _Run, t_leaves: Any, needs: tuple[bool, ...],
+                 sinks: _Sinks | None = None) -> None:
+        leaves = [t.detach() for t in t_leaves]
+        self.terms = _rebuild(run.terms, leaves)
+        self.sinks = _Sinks() if sinks is None else sinks
+        self.token = torch.zeros((), device=run.tile.indptr.device, requires_grad=True)
+        self._slot = {id(t): i for i, t in enumerate(leaves)}
+        self._needs = needs
+
+    def take(self, t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        slot = self._slot[id(t)]
+        if not self._needs[slot]:
+            return t.index_select(0, idx)
+        return _GatherInto.apply(self.token, t, idx, self.sinks, slot)
+
+
+class _Kept(NamedTuple):
+    """The chunk the forward ran under autograd: its partial state (with its graph), its
+    edge-data rows and the environment it read."""
+
+    k: int
+    part: Any
+    e_rows: list[torch.Tensor]
+    env: _GradEnv
+
+
 class _ChunkedEdges(torch.autograd.Function):
     """The chunked edge stage under autograd: forward keeps the state, backward recomputes."""
 
@@ -446,8 +507,9 @@ class _ChunkedEdges(torch.autograd.Function):
         nt, ne = run.leaves
         ctx.run = run
         ctx.params = list(leaves[nt + ne:])
+        needs = tuple(t.requires_grad for t in leaves[:nt + ne])
         with torch.no_grad():
-            outs = tuple(run.forward(keep=True))
+            outs = tuple(run.forward(keep=True, grad=(leaves, needs)))
         # softmax's backward reads its output: saved, so an in-place change of it raises
         ctx.save_for_backward(*leaves[:nt + ne], *(outs if run.acc.name == "softmax" else ()))
         return outs

@@ -8,7 +8,8 @@ whole-edge path (``NGRA_EDGE_CHUNK=0``) and the plain-torch reference, forward a
 compiled plan: EdgeConvMLP's interpreted stage; on the generic plan: EdgeMLPNorm, PNA's
 mean/max/min, GatedGCN's dict-valued sum, GATv2's softmax) on the labeled graph cases and
 a hub whose in-edges span many chunks; exact max ties across chunks; a dropout inside the
-UDF drawn alike in the forward and the recomputation; eval mode; the explain line; the
+UDF drawn alike in the forward and the recomputation; the last chunk kept from the forward
+(not recomputed) and a second backward; eval mode; the explain line; the
 setting's validation; and the memory of a training step (``chunk_memory_child.py``).
 """
 
@@ -62,12 +63,17 @@ def test_chunk_bounds_cover_every_edge_and_row(degrees, size):
 
 def test_auto_chunk_size_follows_the_device(monkeypatch):
     monkeypatch.delenv("NGRA_EDGE_CHUNK", raising=False)
-    big = 10**9
+    big = 2**30  # a multiple of every budget here: equal chunks of exactly the budget
     assert chunked.chunk_edges(256, big) == chunked.CHUNK_BYTES // 256
     # a GPU pays per chunk in launches and syncs: far larger chunks there
     assert chunked.chunk_edges(256, big, torch.device("cuda")) == chunked.CHUNK_BYTES_CUDA // 256
     assert chunked.chunk_edges(10**6, big) == chunked.MIN_AUTO_CHUNK  # wide rows: a floor
     assert chunked.chunk_edges(256, chunked.CHUNK_BYTES // 256) is None  # fits one chunk
+    # as few chunks as the budget allows, of equal size: one edge over the budget makes
+    # two halves, not a full chunk and a chunk of one edge
+    want = chunked.CHUNK_BYTES // 256
+    assert chunked.chunk_edges(256, want + 1) == (want + 2) // 2
+    assert chunked.chunk_edges(256, 2 * want + 3) == (2 * want + 3 + 2) // 3
     monkeypatch.setenv("NGRA_EDGE_CHUNK", "0")
     assert chunked.chunk_edges(256, big) is None
     monkeypatch.setenv("NGRA_EDGE_CHUNK", "100")
@@ -211,6 +217,47 @@ def test_eval_mode_runs_chunked_without_autograd(monkeypatch, chunk_calls):
         got = case.layer(case.graph, case.x)
     assert chunk_calls and not got.requires_grad
     torch.testing.assert_close(got, whole, **TOL)
+
+
+class _CountedEdgeMLP(SagaLayer):
+    """A sum of ``tanh(W [x_dst, x_src])`` that counts its ``apply_edge`` calls."""
+
+    gather = "sum"
+
+    def __init__(self, f: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2 * f, f).double()
+        self.calls = 0
+
+    def apply_edge(self, edge):
+        self.calls += 1
+        return torch.tanh(self.lin(torch.cat([edge.dst, edge.src], -1)))
+
+
+def test_backward_recomputes_every_chunk_but_the_kept_last_one(monkeypatch, chunk_calls):
+    """The forward runs the last chunk under autograd and keeps its graph: backward
+    recomputes the other chunks only. A second backward (``retain_graph``) has no kept
+    graph left and recomputes every chunk, with the same gradients."""
+    monkeypatch.setenv("NGRA_EDGE_CHUNK", "6")
+    g = make_graph("skewed")
+    layer = _CountedEdgeMLP(3)
+    x = torch.randn(g.num_nodes, 3, dtype=torch.float64, requires_grad=True)
+    probe = torch.randn(g.num_nodes, 3, dtype=torch.float64)
+    with disabled():
+        loss = (layer(g, x) * probe).sum()
+    (chunks,) = chunk_calls
+    n = len(chunks)
+    assert n > 2 and layer.calls == n
+    inputs = [x, *layer.parameters()]
+    first = torch.autograd.grad(loss, inputs, retain_graph=True)
+    assert layer.calls == 2 * n - 1
+    second = torch.autograd.grad(loss, inputs)
+    assert layer.calls == 3 * n - 1
+    assert_close_all(second, first, "second backward vs first", **TOL)
+    monkeypatch.setenv("NGRA_EDGE_CHUNK", "0")
+    with disabled():
+        whole = torch.autograd.grad((layer(g, x) * probe).sum(), inputs)
+    assert_close_all(first, whole, "kept last chunk vs whole edges", **TOL)
 
 
 # ---------------------------------------------------------------- explain, setting
