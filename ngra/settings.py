@@ -128,8 +128,9 @@ _SETTINGS = (
         "NGRA_EDGE_CHUNK", "auto",
         "Edges per chunk of an edge stage that no kernel fuses (the interpreted edge stage, "
         "the generic plan's apply_edge): it runs a chunk of destination-sorted edges at a "
-        "time, and backward recomputes each chunk, so no [E, F] tensor outlives a chunk. "
-        "auto sizes a chunk's per-edge rows to about ngra.compiler.chunked.CHUNK_BYTES; "
+        "time, and backward recomputes each chunk but the last (whose graph the forward "
+        "keeps), so no [E, F] tensor outlives a chunk. auto makes as few equal chunks as "
+        "keep a chunk's per-edge rows within ngra.compiler.chunked.CHUNK_BYTES; "
         "0 runs the stage over every edge at once (the whole-edge path).",
         lambda raw: "auto" if raw == "auto" else _count(raw), "auto or an integer >= 0",
         ("ngra.compiler.chunked",)),
