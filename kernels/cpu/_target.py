@@ -15,16 +15,30 @@ it acts it sets ``NUMBA_CPU_FEATURES`` in the process's environment too (worker 
 then generate the same code) and says so in one INFO log line. numba's on-disk cache is
 keyed on the feature string, so code cached under one setting is never reused under
 another.
+
+:func:`load_implementations` loads what numba's first compile or cache load would (the NRT
+module, which LLVM compiles, and numba's registries of implementations) ahead of it, and
+without ``scipy.linalg``: ``numba.np.arraymath`` imports ``scipy.linalg.cython_blas`` at
+import only to set ``_HAVE_BLAS``, and that runs ``scipy.linalg``'s ``__init__`` (LAPACK
+and BLAS wrappers, decompositions, matrix functions): 15 MB of a rank's fixed cost (issue
+41, ``experiments/rank_fixed_cost.py``). The flag picks the inner product that njit code's
+``np.convolve`` / ``np.correlate`` use (BLAS ``dot`` or a loop); ngra's kernels call
+neither, and ``np.dot`` / ``np.linalg`` in njit code still import ``scipy.linalg`` when they
+compile. CPU ranks call it first thing (:func:`ngra.training.ranks.run_rank`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from ngra.settings import get
 
-__all__ = ["configure"]
+__all__ = ["configure", "load_implementations"]
+
+#: What ``numba.np.arraymath`` imports to ask whether BLAS exists (and runs scipy.linalg).
+_BLAS_PROBE = "scipy.linalg.cython_blas"
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +75,21 @@ def configure() -> str | None:
              "generates 512-bit vector code (NGRA_AVX512=0 leaves numba's target alone)",
              PREFER_256)
     return features
+
+
+def load_implementations() -> bool:
+    """Load numba's CPU implementations now, without ``scipy.linalg`` (see the module's
+    docstring). Returns whether it left ``scipy.linalg`` out: not where numba had already
+    loaded them or ``scipy.linalg`` was already imported (nothing to save)."""
+    from numba.core.registry import cpu_target
+
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        cpu_target.target_context.refresh()
+        return False
+    sys.modules[_BLAS_PROBE] = None  # its import raises ModuleNotFoundError, parent unrun
+    try:
+        cpu_target.target_context.refresh()
+    finally:
+        if sys.modules.get(_BLAS_PROBE, 0) is None:
+            del sys.modules[_BLAS_PROBE]
+    return True

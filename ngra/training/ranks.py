@@ -135,6 +135,16 @@ def _device(cfg: TrainConfig) -> str:
     return "cuda" if str(cfg.device).startswith("cuda") else "cpu"
 
 
+def _load_numba() -> None:
+    """numba's implementations, which a CPU rank's first kernel call would load, loaded
+    without ``scipy.linalg`` (15 MB of its fixed cost: ``ngra.kernels.cpu._target``)."""
+    try:
+        from ngra.kernels.cpu import load_implementations  # lazy: numba, CPU ranks only
+    except ImportError:  # no numba: the "ref" backend
+        return
+    load_implementations()
+
+
 def _rank_main(cfg: TrainConfig, folder: str, meta: dict[str, Any]) -> Any:
     summary, model = run_rank(cfg, Path(folder), meta)
     if dist.get_rank() != 0:
@@ -489,6 +499,8 @@ def run_rank(cfg: TrainConfig, folder: Path,
              meta: dict[str, Any] | None = None) -> tuple[dict[str, Any], torch.nn.Module]:
     """Train on this rank's shard (the default group initialized); returns the summary and
     the model (holding the selected weights). ``meta`` goes into checkpoints."""
+    if _device(cfg) == "cpu":
+        _load_numba()
     shard, layout, groups = open_shard(cfg, folder)
     resolved = cfg.resolved()
     sizes = shard.meta
