@@ -214,6 +214,13 @@ class _EdgeTensors(TorchDispatchMode):
         super().__init__()
         self.m, self.nbytes = m, 0
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless this says
+        # no, and the wrapper's first call imports torch._dynamo (with sympy, 130 MB a
+        # process: issue 41). Nothing compiles these samples.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if not func.is_view:
