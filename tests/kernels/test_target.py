@@ -37,3 +37,26 @@ def test_avx512_hosts_drop_the_256_bit_preference():
 def test_opt_out_and_user_settings_are_respected():
     assert _probe(NGRA_AVX512="0")[0] == "None"
     assert _probe(NUMBA_CPU_FEATURES="+avx2")[0] == "'+avx2'"
+
+
+#: load_implementations in a fresh process, then njit code that needs BLAS (np.dot)
+LEAN = """
+import sys
+import numpy as np
+from numba import njit
+from ngra.kernels.cpu import load_implementations
+print(load_implementations(), "scipy.linalg" in sys.modules)
+a = np.arange(6.0).reshape(2, 3)
+print(float(njit(lambda x: np.dot(x, x.T).sum())(a)) == float((a @ a.T).sum()),
+      "scipy.linalg" in sys.modules, load_implementations())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_numba_s_implementations_load_without_scipy_linalg_and_blas_still_works():
+    out = subprocess.run([sys.executable, "-c", LEAN], capture_output=True, text=True,
+                         timeout=100, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # left out, then imported by np.dot's compile, which gives the right answer; a second
+    # call has nothing left to save
+    assert out.stdout.split() == ["True", "False", "True", "True", "False"]
