@@ -7,13 +7,16 @@ What
     rank, and each walks a rank's life by hand, reading ``VmRSS`` and ``VmHWM`` after
     every phase: the interpreter, ``import torch``, the rank's modules
     (``ngra.training.ranks``, plus what a variant adds), the gloo process group, the shard,
-    the model and session, the optimizer, what the first step loads before its own work
-    (``torch.autograd.grad`` with ``grad_outputs``, which ngra's backward recomputations
-    call, imports ``torch.fx.experimental.symbolic_shapes`` and sympy; numba's first
-    function initializes LLVM), the first training step and evaluation (ngra's kernels
-    compiled or read from numba's cache, the step's own memory), and the steady state after
-    ``--steps`` steps. The variants apply the cuts one at a time, so the table shows
-    before and after in the same run:
+    the model and session, the optimizer, numba's implementations (what its first compile
+    or cache load loads: the NRT module, which LLVM compiles, and its registries; before the
+    cuts with ``scipy.linalg``, now as a CPU rank loads them,
+    ``ngra.kernels.cpu.load_implementations``), the first training step and evaluation
+    (ngra's kernels read from numba's cache, the shard's pages, the step's own memory;
+    before the cuts also sympy: ``torch.broadcast_shapes`` and ``torch.autograd.grad`` with
+    ``grad_outputs``, which the overlapped exchange's gathers and backward recomputations
+    called, import ``torch.fx.experimental.symbolic_shapes``), and the steady state after
+    ``--steps`` steps, with the median step time. The variants apply the cuts one at a
+    time, so the table shows before and after in the same run:
 
     * ``before``: ``torch.optim.Adam`` (its first call imports ``torch._dynamo``), and the
       modules a rank of the ``ngra`` console script imported before the cuts: ``spawn``
@@ -24,6 +27,8 @@ What
     * ``+ lazy cli``: ``ngra.cli`` as it is now (those commands imported when run);
     * ``+ no DTensor``: nothing more: a console-script rank now;
     * ``python -m ngra``: without ``ngra.cli`` (``spawn`` does not re-run a ``-m`` main);
+    * ``+ no sympy``: ngra's ``broadcast_shape`` and ``vjp`` (:mod:`ngra.kernels.lean`);
+    * ``+ no scipy.linalg``: numba's implementations loaded without it: a rank now;
     * ``+ 2 arenas``: also ``MALLOC_ARENA_MAX=2`` (glibc's arenas).
 
     The header also gives each rank's peak in real ``ngra train --nprocs 2`` runs (console
@@ -39,29 +44,41 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: Modules whose presence the table reports (what a rank may import without needing it).
-WATCHED = ("torch._dynamo", "sympy", "numba", "scipy", "matplotlib", "torch_geometric", "dgl",
-           "pandas", "networkx", "triton")
+WATCHED = ("torch._dynamo", "sympy", "numba", "scipy", "scipy.linalg", "matplotlib",
+           "torch_geometric", "dgl", "pandas", "networkx", "triton")
 #: What ``ngra.cli`` imported at module level before its lazy imports (matplotlib through
 #: ``ngra.characterize``), and what ``split_linears`` imported before it imported it only for
 #: a plan that splits a Linear (sympy through DTensor): the "before" variants import them.
 CLI_BEFORE = ("ngra.cli", "ngra.characterize.command", "ngra.planner.command")
 DTENSOR = ("torch.distributed.tensor.parallel",)
-#: name -> (optimizer, modules imported with the rank's, MALLOC_ARENA_MAX or None)
+#: name -> (optimizer, modules imported with the rank's, torch's broadcast_shapes and
+#: autograd.grad where ngra.kernels.lean's are now (sympy), numba's implementations loaded
+#: without scipy.linalg, MALLOC_ARENA_MAX or None)
 VARIANTS = {
-    "before": ("torch", CLI_BEFORE + DTENSOR, None),
-    "ngra Adam": ("ngra", CLI_BEFORE + DTENSOR, None),
-    "+ lazy cli": ("ngra", ("ngra.cli",) + DTENSOR, None),
-    "+ no DTensor": ("ngra", ("ngra.cli",), None),
-    "python -m ngra": ("ngra", (), None),
-    "+ 2 arenas": ("ngra", (), "2"),
+    "before": ("torch", CLI_BEFORE + DTENSOR, True, False, None),
+    "ngra Adam": ("ngra", CLI_BEFORE + DTENSOR, True, False, None),
+    "+ lazy cli": ("ngra", ("ngra.cli",) + DTENSOR, True, False, None),
+    "+ no DTensor": ("ngra", ("ngra.cli",), True, False, None),
+    "python -m ngra": ("ngra", (), True, False, None),
+    "+ no sympy": ("ngra", (), False, False, None),
+    "+ no scipy.linalg": ("ngra", (), False, True, None),
+    "+ 2 arenas": ("ngra", (), False, True, "2"),
 }
+
+
+def _os_threads() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("Threads:"))
 
 
 def _status_mb(key: str) -> float:
@@ -87,18 +104,36 @@ def train_step(s, opt) -> None:
     s.evaluate()
 
 
-def child(folder: str, optimizer: str, extra: list[str], steps: int) -> None:
+def torch_paths() -> None:
+    """Put torch's ``broadcast_shapes`` and ``autograd.grad`` back where a Cora rank's step
+    calls ngra.kernels.lean's (the overlapped exchange's gathers and tile backward): the
+    step as it was before that cut."""
+    import torch
+
+    import ngra.compiler.gather
+    import ngra.runtime.stream
+
+    ngra.compiler.gather.broadcast_shape = torch.broadcast_shapes
+    ngra.runtime.stream.vjp = torch.autograd.grad
+
+
+def child(folder: str, optimizer: str, extra: list[str], torch_fns: bool, lean: bool,
+          steps: int) -> None:
     """One rank (RANK, WORLD_SIZE, MASTER_* set by the parent): a JSON line a phase."""
     phases = []
 
     def mark(name: str) -> None:
         phases.append({"phase": name, "rss": _status_mb("VmRSS"), "hwm": _status_mb("VmHWM"),
-                       "modules": [m for m in WATCHED if m in sys.modules]})
+                       "modules": [m for m in WATCHED if m in sys.modules],
+                       "threads": threading.active_count(), "os_threads": _os_threads()})
 
     mark("interpreter")
     import torch
 
     mark("import torch")
+    import numba  # noqa: F401  (ngra.datasets imports it; here its own phase)
+
+    mark("import numba")
     from ngra.training import TrainConfig
     from ngra.training.ranks import RankSession, open_shard
 
@@ -131,20 +166,28 @@ def child(folder: str, optimizer: str, extra: list[str], steps: int) -> None:
 
         opt = Adam(s.model.parameters(), lr=hyper["lr"])
     mark("optimizer")
-    # what the first step loads before its own work, split out: torch.autograd.grad with
-    # grad_outputs (ngra's backward recomputations) imports symbolic_shapes, hence sympy;
-    # numba's first function initializes LLVM
-    import torch.fx.experimental.symbolic_shapes  # noqa: F401
-    from numba import njit
+    if torch_fns:
+        torch_paths()
+    # what the first step loads before its own work, split out: numba's implementations,
+    # with scipy.linalg (numba's own first load) or without (a rank's now)
+    if lean:
+        from ngra.kernels.cpu import load_implementations
 
-    mark("autograd.grad's sympy")
-    njit(lambda v: v + 1)(1)
-    mark("numba's LLVM")
+        load_implementations()
+    else:
+        from numba.core.registry import cpu_target
+
+        cpu_target.target_context.refresh()
+    mark("numba's implementations")
+    times = []
     for i in range(steps):
+        t0 = time.perf_counter()
         train_step(s, opt)
+        times.append(time.perf_counter() - t0)
         if i == 0:
             mark("first step")
     mark(f"after {steps} steps")
+    phases[-1]["step_s"] = statistics.median(times[1:] or times)
     torch.distributed.destroy_process_group()
     print(json.dumps(phases), flush=True)
 
@@ -153,13 +196,15 @@ def run_ranks(folder: str, variant: str, steps: int, timeout_s: float) -> list[l
     """Both ranks of ``variant`` as fresh processes; each rank's phases."""
     from ngra.distributed.launch import free_port
 
-    optimizer, extra, arenas = VARIANTS[variant]
+    optimizer, extra, torch_fns, lean, arenas = VARIANTS[variant]
     env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
     if arenas:
         env["MALLOC_ARENA_MAX"] = arenas
     procs = [subprocess.Popen([sys.executable, __file__, "--child", folder, "--optimizer",
-                               optimizer, "--steps", str(steps), "--extra", ",".join(extra)],
+                               optimizer, "--steps", str(steps), "--extra", ",".join(extra),
+                               *(["--torch-paths"] if torch_fns else []),
+                               *(["--lean"] if lean else [])],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, text=True) for r in range(2)]
     outs = []
@@ -172,9 +217,9 @@ def run_ranks(folder: str, variant: str, steps: int, timeout_s: float) -> list[l
 
 
 def real_run_peaks(data_root: str | None, epochs: int, timeout_s: float,
-                   module: bool) -> list[float]:
-    """Each rank's peak (MB) in ``ngra train --nprocs 2`` on Cora, started as the ``ngra``
-    console script or (``module``) as ``python -m ngra``."""
+                   module: bool) -> tuple[list[float], list[float]]:
+    """Each rank's peak (MB) and median step (s) in ``ngra train --nprocs 2`` on Cora,
+    started as the ``ngra`` console script or (``module``) as ``python -m ngra``."""
     head = ([sys.executable, "-m", "ngra"] if module
             else [str(Path(sys.executable).with_name("ngra"))])
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,7 +229,47 @@ def real_run_peaks(data_root: str | None, epochs: int, timeout_s: float,
                *(["--data-root", data_root] if data_root else [])]
         subprocess.run(cmd, check=True, timeout=timeout_s, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
-        return [m["peak_rss"] / 2**20 for m in json.loads(out.read_text())["memory_per_rank"]]
+        summary = json.loads(out.read_text())
+        return ([m["peak_rss"] / 2**20 for m in summary["memory_per_rank"]],
+                summary["epoch_time_s_per_rank"])
+
+
+#: The variant that is a rank as it is now (``+ 2 arenas`` is not: ranks keep glibc's default)
+NOW = "+ no scipy.linalg"
+#: What each phase of a rank as it is now holds (the last variant's column), for the summary
+PHASE_NOTE = {
+    "interpreter": "the interpreter",
+    "import torch": "`import torch` (libtorch's pages, its operator registrations, torch's "
+                    "Python modules)",
+    "import numba": "`import numba` (libllvmlite's pages: LLVM's static initializers; "
+                    "numba's modules; scipy's top level, which numba imports for its version)",
+    "rank modules": "ngra's modules",
+    "gloo group": "the gloo process group",
+    "shard": "the shard",
+    "model, session": "the model and session",
+    "optimizer": "the optimizer",
+    "numba's implementations": "numba's implementations (the NRT module compiled by LLVM: "
+                               "LLVM's code pages; numba's registries)",
+    "first step": "the first step (ngra's kernels read from numba's cache, the shard's "
+                  "features paged in, activations)",
+}
+
+
+def remaining(ranks: list[list[dict]], variant: str) -> list[str]:
+    """The summary under the table: what a rank holds now, phase by phase (MB, the larger
+    rank's RSS growth), against the 380 MB target."""
+    a, b = ranks
+    out = []
+    for i, (pa, pb) in enumerate(zip(a, b)):
+        grow = max(pa["rss"] - (a[i - 1]["rss"] if i else 0),
+                   pb["rss"] - (b[i - 1]["rss"] if i else 0))
+        if round(grow) >= 1:
+            out.append(f"{PHASE_NOTE.get(pa['phase'], pa['phase'])} {grow:.0f}")
+    peak = max(a[-1]["hwm"], b[-1]["hwm"])
+    return [f"Now ({variant}): a rank peaks at {peak:.0f} MB against the 380 MB target "
+            f"({'met' if peak <= 380 else 'missed'}). What it holds, phase by phase (MB): "
+            + "; ".join(out) + f". It runs {a[-1]['os_threads']} threads "
+            f"({a[-1]['threads']} of them Python's)."]
 
 
 def main() -> int:
@@ -197,9 +282,12 @@ def main() -> int:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--optimizer", default="ngra", help=argparse.SUPPRESS)
     ap.add_argument("--extra", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-paths", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--lean", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.optimizer, [m for m in args.extra.split(",") if m], args.steps)
+        child(args.child, args.optimizer, [m for m in args.extra.split(",") if m],
+              args.torch_paths, args.lean, args.steps)
         return 0
 
     from _bench_util import machine_info, markdown_table
@@ -224,6 +312,9 @@ def main() -> int:
                       + (f" (+{', '.join(new)})" if new else ""))
         rows.append(row)
         print(row, flush=True)
+    rows.append({"phase": "median step (ms)", **{
+        v: f"{1e3 * max(r[-1]['step_s'] for r in got[v]):.1f}" for v in variants}})
+    now = NOW if NOW in variants else variants[-1]
     info = machine_info()
     lines = ["# A rank's fixed cost, phase by phase (issue 41)", "",
              "Regenerate: `" + " ".join(["python experiments/rank_fixed_cost.py", *sys.argv[1:]])
@@ -234,11 +325,13 @@ def main() -> int:
              "the script's docstring says. Real runs, "
              f"`--nprocs 2 --threads 1 --epochs {args.steps}` on Cora, each rank's peak "
              "(`memory_per_rank`): "
-             + "; ".join(f"{how} {' and '.join(f'{p:.0f}' for p in peaks)} MB"
-                         for how, peaks in real.items()) + ". "
+             + "; ".join(f"{how} {' and '.join(f'{p:.0f}' for p in peaks)} MB (median step "
+                         f"{' and '.join(f'{1e3 * t:.1f}' for t in times)} ms)"
+                         for how, (peaks, times) in real.items()) + ". "
              f"The machine was shared (load {os.getloadavg()[0]:.1f}); memory does not depend "
              "on it.", "",
-             markdown_table(rows, [("phase", "phase"), *((v, v) for v in variants)]), ""]
+             markdown_table(rows, [("phase", "phase"), *((v, v) for v in variants)]), "",
+             *remaining(got[now], now), ""]
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}")
     return 0

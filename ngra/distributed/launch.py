@@ -23,16 +23,24 @@ Ctrl-C itself (the terminal's whole process group) leaves without a message, and
 hold no named semaphores (tqdm's lock) that a stopped rank would leak.
 
 Fixed cost: a rank is a fresh interpreter (``spawn``), and what it imports it pays for
-before any data. A Cora GCN rank on the CPU peaks at about 426 MB
-(``experiments/rank_fixed_cost.py``, torch 2.13): the interpreter 14, ``import torch`` 205,
-numba (with scipy, which numba imports) and ngra's modules 75, gloo 2, the shard 2, sympy
-33 (imported by ``torch.autograd.grad`` with ``grad_outputs``, which ngra's backward
-recomputations call), numba's LLVM 62, the first step's kernels and activations 31, later
-steps 2-4. Kept out, 134 MB: ``torch._dynamo``
-(``torch.optim``'s wrappers import it; ngra trains with :class:`ngra.training.optim.Adam`),
-matplotlib (a rank of the ``ngra`` console script re-imports ``ngra.cli``, which loads its
-plotting commands only when they run) and DTensor (only for plans that split a Linear).
-A first run on a machine also calibrates the link, DTensor's cost included, and caches it.
+before any data. A Cora GCN rank on the CPU peaks at about 377 MB
+(``experiments/rank_fixed_cost.py``, torch 2.13, numba 0.63; the target is 380): the
+interpreter 15, ``import torch`` 205 (libtorch's pages, its operator registrations, torch's
+Python modules), ``import numba`` 56 (mostly libllvmlite's pages), ngra's modules 19, gloo
+2, the shard 2, numba's implementations 42 (the NRT module, which LLVM compiles even when
+every kernel comes from numba's cache, and numba's registries), the first step 32 (kernels
+read from numba's cache, the shard's features paged in, activations), later steps 2-3.
+These are what is left; glibc arenas (``MALLOC_ARENA_MAX=2``) change nothing at one thread.
+A first run after a kernel changed compiles it instead, about 20 MB more. Kept out, 180 MB:
+``torch._dynamo`` (``torch.optim``'s wrappers import it; ngra trains with
+:class:`ngra.training.optim.Adam`), matplotlib (a rank of the ``ngra`` console script
+re-imports ``ngra.cli``, which loads its plotting commands only when they run), DTensor
+(only for plans that split a Linear), sympy 35 (``torch.broadcast_shapes`` and
+``torch.autograd.grad`` with ``grad_outputs`` import it: ngra calls
+:mod:`ngra.kernels.lean`'s instead) and ``scipy.linalg`` 14 (numba imports it to ask
+whether BLAS exists: :func:`ngra.training.ranks.run_rank` loads numba's implementations
+without it). A first run on a machine also calibrates the link, DTensor's cost included,
+and caches it.
 """
 
 from __future__ import annotations

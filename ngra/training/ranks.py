@@ -47,8 +47,10 @@ before); freshly mapped pages fault in every step: 2 ranks, R-MAT 2^20 872 -> 98
 epoch, ego-Twitter 63 -> 65-67 ms (from 1 MiB: 80 ms, its 1-8 MiB temporaries mapped too);
 4 ranks on 2 cores, R-MAT 2^20 904 -> 1,161 ms.
 
-A rank's fixed cost (its peak on an empty partition) is about 410 MB on the CPU, mostly
-torch and numba (:mod:`ngra.distributed.launch` itemizes it and what is kept out).
+A rank's fixed cost is mostly torch and numba: a Cora GCN rank on the CPU peaks at about
+377 MB (:mod:`ngra.distributed.launch` itemizes it and what is kept out). A CPU rank loads
+numba's implementations first, without ``scipy.linalg``
+(``ngra.kernels.cpu.load_implementations``).
 """
 
 from __future__ import annotations
