@@ -49,7 +49,7 @@ class _SegmentReduce(torch.autograd.Function):
     def forward(ctx, indptr, values, reduce):
         ctx.backend = current_backend()
         out, arg = lookup("segment_reduce", values.device)(indptr, values, reduce)
-        ctx.reduce = reduce
+        ctx.reduce, ctx.rows = reduce, values.shape[0]
         ctx.save_for_backward(indptr, arg)
         return out
 
@@ -63,6 +63,6 @@ class _SegmentReduce(torch.autograd.Function):
     def _backward(ctx, grad_out):
         indptr, arg = ctx.saved_tensors
         grad = lookup("segment_reduce_backward", grad_out.device)(
-            indptr, grad_out.contiguous(), arg, ctx.reduce
+            indptr, grad_out.contiguous(), arg, ctx.reduce, ctx.rows
         )
         return None, grad, None

@@ -81,7 +81,8 @@ def segment_reduce(
 
 @register("segment_reduce_backward", "cpu")
 def segment_reduce_backward(
-    indptr: torch.Tensor, grad_out: torch.Tensor, arg: torch.Tensor | None, reduce: str
+    indptr: torch.Tensor, grad_out: torch.Tensor, arg: torch.Tensor | None, reduce: str,
+    num_rows: int | None = None,
 ) -> torch.Tensor:
     """See :func:`ngra.kernels.ref.segment_reduce.segment_reduce_backward`."""
     grad = torch.empty((int(indptr[-1]), grad_out.shape[1]), dtype=grad_out.dtype)

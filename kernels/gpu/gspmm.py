@@ -37,13 +37,13 @@ NO_EDGE, HEAD_EDGE, FULL_EDGE = (tl.constexpr(i) for i in range(3))
            triton.Config({"BLOCK_E": 32, "BLOCK_F": 128}, num_warps=4),
            triton.Config({"BLOCK_E": 64, "BLOCK_F": 128}, num_warps=8),
            triton.Config({"BLOCK_E": 64, "BLOCK_F": 32}, num_warps=1)],
-          key=["F", "D", "REDUCE", "EDGE", "SCALED", "AVG_DEG"],
+          key=["F", "D", "REDUCE", "EDGE", "SCALED", "IDENTITY", "AVG_DEG"],
           interpret=triton.Config({"BLOCK_E": 64, "BLOCK_F": 128}, num_warps=8))
 @triton.jit
 def _spmm(indptr, indices, eperm, src, edge, arg, s_src, s_dst, out, out_arg, F, D, H, AVG_DEG,
           REDUCE: tl.constexpr, EDGE: tl.constexpr, HAS_PERM: tl.constexpr,
-          MASKED: tl.constexpr, SCALED: tl.constexpr, BLOCK_E: tl.constexpr,
-          BLOCK_F: tl.constexpr):
+          MASKED: tl.constexpr, SCALED: tl.constexpr, IDENTITY: tl.constexpr,
+          BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     v = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     cmask = cols < F
@@ -63,7 +63,10 @@ def _spmm(indptr, indices, eperm, src, edge, arg, s_src, s_dst, out, out_arg, F,
         e = j + tl.arange(0, BLOCK_E)
         emask = e < end
         m2 = emask[:, None] & cmask[None, :]
-        u = tl.load(indices + e, mask=emask, other=0).to(tl.int64)
+        if IDENTITY:  # segment reduction: edge e reads row e itself
+            u = e.to(tl.int64)
+        else:
+            u = tl.load(indices + e, mask=emask, other=0).to(tl.int64)
         if HAS_PERM:
             eid = tl.load(eperm + e, mask=emask, other=0).to(tl.int64)
         else:
@@ -161,7 +164,30 @@ def spmm(indptr, indices, src, edge, reduce: str, eperm=None, arg=None, scale=No
                 src if edge is None else edge, out_arg if arg is None else arg, s_src, s_dst,
                 out, out_arg, width, dim, heads, _avg_degree(indptr, indices.numel()),
                 REDUCE=_CODES[reduce], EDGE=mode, HAS_PERM=eperm is not None,
-                MASKED=arg is not None, SCALED=scale is not None)
+                MASKED=arg is not None, SCALED=scale is not None, IDENTITY=False)
+    return out, (out_arg if ext else None)
+
+
+def segment_rows(indptr: torch.Tensor, values: torch.Tensor, reduce: str
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``reduce`` of each segment ``values[indptr[s]:indptr[s + 1]]`` (``values`` ``[E, F]``):
+    the g-SpMM walk with row ``e`` as edge ``e``'s source, so no index array and no
+    ``[E]`` segment ids. Returns ``(out [S, F], arg [S, F] int64 or None)``, ``arg`` the
+    row of each first extreme (-1 for an empty segment), as the reference's."""
+    num_seg = indptr.numel() - 1
+    rows, width = values.shape
+    out = values.new_empty((num_seg, width))
+    ext = reduce in ("max", "min")
+    out_arg = (torch.empty((num_seg, width), dtype=torch.int64, device=values.device) if ext
+               else out)
+    if num_seg and width:
+        def grid(meta):
+            return (num_seg, triton.cdiv(width, meta["BLOCK_F"]))
+
+        _spmm[grid](indptr, indptr, indptr, values, values, out_arg, values, values, out,
+                    out_arg, width, width, 1, _avg_degree(indptr, rows),
+                    REDUCE=_CODES[reduce], EDGE=NO_EDGE.value, HAS_PERM=False, MASKED=False,
+                    SCALED=False, IDENTITY=True)
     return out, (out_arg if ext else None)
 
 

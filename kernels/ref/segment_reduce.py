@@ -31,10 +31,12 @@ def segment_reduce(
 
 @register("segment_reduce_backward", "ref")
 def segment_reduce_backward(
-    indptr: torch.Tensor, grad_out: torch.Tensor, arg: torch.Tensor | None, reduce: str
+    indptr: torch.Tensor, grad_out: torch.Tensor, arg: torch.Tensor | None, reduce: str,
+    num_rows: int | None = None,
 ) -> torch.Tensor:
     """Gradient w.r.t. ``values`` [E, F]: copy back (sum), divided by the count
-    (mean), or routed to the ``arg`` row (max/min)."""
+    (mean), or routed to the ``arg`` row (max/min). ``num_rows`` (``E``, when the caller
+    knows it) is for backends that would otherwise read it back from the device."""
     seg = dst_ids(indptr)
     if reduce in ("sum", "mean"):
         g = grad_out

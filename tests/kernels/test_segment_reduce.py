@@ -72,3 +72,21 @@ def test_gradcheck(backend, reduce, gen):
             return segment_reduce(indptr, x, reduce)
 
     assert torch.autograd.gradcheck(fn, (values.requires_grad_(),), fast_mode=True)
+
+
+@pytest.mark.parametrize("case", ["random", "empty", "isolated", "self_loops", "skewed"])
+@pytest.mark.parametrize("reduce", REDUCES)
+def test_gpu_matches_ref(case, reduce, gen):
+    """The gpu backend (Triton's interpreter on CPU tensors here): the g-SpMM walk with
+    each row its own source forward, device-side segment ids backward."""
+    indptr, indices, _ = graph_case(case, gen)
+    values = torch.randn((indices.numel(), 2, 3), dtype=torch.float64, generator=gen)
+
+    def fn(x):
+        return segment_reduce(indptr, x, reduce)
+
+    out_ref, grads_ref, grad_out = run("ref", fn, [values], gen=gen)
+    out_gpu, grads_gpu, _ = run("gpu", fn, [values], grad_out)
+    assert out_gpu.shape == (indptr.numel() - 1, 2, 3)
+    assert_same([out_ref, *grads_ref], [out_gpu, *grads_gpu], torch.float64,
+                max_degree(indptr))

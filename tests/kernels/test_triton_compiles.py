@@ -66,18 +66,22 @@ ptr = {"indptr": "*i64", "indices": "*i32", "eperm": "*i32", "src": "*fp32", "ed
        "arg": "*i64", "s_src": "*fp32", "s_dst": "*fp32", "out": "*fp32", "out_arg": "*i64"}
 sig = {**ptr, "F": "i32", "D": "i32", "H": "i32", "AVG_DEG": "i32",
        **{k: "constexpr" for k in ("REDUCE", "EDGE", "HAS_PERM", "MASKED", "SCALED",
-                                   "BLOCK_E", "BLOCK_F")}}
+                                   "IDENTITY", "BLOCK_E", "BLOCK_F")}}
 names = list(sig)
 for reduce in G._CODES.values():
     for edge in (G.NO_EDGE, G.HEAD_EDGE, G.FULL_EDGE):
-        # GCN's factored weights: sum/mean without edge data
-        for scaled in (False, True) if edge == G.NO_EDGE and reduce <= G.MEAN.value else (False,):
+        # GCN's factored weights: sum/mean without edge data; segment reduction (each row
+        # its own source): without edge data
+        for scaled, identity in ([(False, False), (True, False), (False, True)]
+                                 if edge == G.NO_EDGE else [(False, False)]):
+            if scaled and reduce > G.MEAN.value:
+                continue
             cx = {"REDUCE": reduce, "EDGE": edge.value, "HAS_PERM": False, "MASKED": False,
-                  "SCALED": scaled, "BLOCK_E": 16, "BLOCK_F": 64}
+                  "SCALED": scaled, "IDENTITY": identity, "BLOCK_E": 16, "BLOCK_F": 64}
             src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v
                                                               for k, v in cx.items()})
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-            assert kernel.asm["cubin"], (reduce, edge, scaled)
+            assert kernel.asm["cubin"], (reduce, edge, scaled, identity)
 print("compiled")
 """
 
