@@ -57,6 +57,7 @@ from ngra.compiler.tile import TileView
 from ngra.graph import EdgeFactors, Graph
 from ngra.kernels.checks import vouch
 from ngra.kernels.dropout import EdgeDropout, seed_device
+from ngra.kernels.lean import vjp
 from ngra.runtime.budget import row_bytes
 from ngra.runtime.device_schedule import (
     RowBytes,
@@ -417,7 +418,7 @@ class StreamedLayer(torch.autograd.Function):
                     raw, xd = c.x_chunk(col, grad=True) if c.reads_x else ([], None)
                     y = c.post(xd, a, col)
                 xs = [t for t in raw if t.requires_grad]
-                gs = torch.autograd.grad(y, [a, *xs, *c.params], g, allow_unused=True)
+                gs = vjp(y, [a, *xs, *c.params], g, allow_unused=True)
                 link.d2h(gs[0] if gs[0] is not None else torch.zeros_like(a),
                          g_acc_host[lo:hi])
                 if xs:
@@ -540,7 +541,7 @@ def _pre_backward(c: _Call, r: int, raw: list[torch.Tensor], terms: list[torch.T
     xs = [t for t in raw if t.requires_grad]
     gx: list[torch.Tensor | None] = [None] * len(xs)
     if outs:
-        gs = torch.autograd.grad(outs, [*xs, *c.params], grads, allow_unused=True)
+        gs = vjp(outs, [*xs, *c.params], grads, allow_unused=True)
         gx = list(gs[:len(xs)])
         add_params(gs[len(xs):])
     post = g_x_post.pop(r, None)
