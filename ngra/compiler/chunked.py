@@ -51,6 +51,7 @@ from ngra.compiler.gather import Accumulator, PerFieldAccumulator
 from ngra.compiler.tile import TileView
 from ngra.edge import Edge
 from ngra.graph import EdgeFactors
+from ngra.kernels.lean import vjp
 
 __all__ = ["CHUNK_BYTES", "CHUNK_BYTES_CUDA", "Chunks", "chunk_edges", "chunk_line",
            "chunks_for", "run_chunked"]
@@ -417,7 +418,7 @@ class _Run:
             if not checked:
                 _check_leaves(outs, [token] + e_rows + params)
                 checked = True
-            got = torch.autograd.grad(outs, inputs, gs, allow_unused=True)
+            got = vjp(outs, inputs, gs, allow_unused=True)
             it = iter(got[1:])
             for j, e in enumerate(e_rows):
                 if e.requires_grad:
