@@ -28,12 +28,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from ngra.graph import Graph
 
 __all__ = ["ONE_DIRECTION_BELOW", "add_missing_reverses", "check_direction", "has_reverse",
-           "in_sorted", "loading_spec", "reciprocity", "symmetric_spec",
+           "loading_spec", "reciprocity", "symmetric_spec",
            "warn_if_one_direction"]
 
 log = logging.getLogger(__name__)
@@ -138,49 +137,18 @@ def _reciprocity_walked(indptr: np.ndarray, indices: np.ndarray, n: int) -> floa
     ``d`` is among the (sorted) sources of column ``s`` (a binary search an edge, in a
     numba kernel on every thread: no temporaries; R-MAT 2^26's 1.06 billion edges took
     17 minutes as lockstep numpy bisections over chunks)."""
-    from ngra.kernels.cpu.util import row_threads, run_rows  # lazy: numba/triton load with the first kernel call
+    from ngra.kernels.cpu.csc_search import count_reverses  # lazy: numba loads with it
+    from ngra.kernels.cpu.util import row_threads, run_rows  # lazy: with the kernel
 
     indptr = np.asarray(indptr)
     idx = _sources_sorted(indptr, indices, n)
     threads = row_threads(indptr)
     counts = [(np.zeros(2, dtype=np.int64),) for _ in range(threads)]
-    run_rows(_count_reverses, indptr, indptr, idx, per_thread=counts)
+    run_rows(count_reverses, indptr, indptr, idx, per_thread=counts)
     found = sum(int(c[0][0]) for c in counts)
     loops = sum(int(c[0][1]) for c in counts)
     total = idx.size - loops
     return None if total == 0 else (found - loops) / total
-
-
-@njit(cache=True, nogil=True, inline="always")
-def in_sorted(vals, a, b, v):
-    """Whether ``v`` is among ``vals[a:b]`` (sorted): a binary search for its lower bound.
-    The one search behind every "is ``u -> v`` an edge" test on a CSC with sorted columns
-    (reciprocity here, negatives' rejection and :func:`~ngra.datasets.negatives.in_columns`)."""
-    end = b
-    while a < b:
-        mid = (a + b) >> 1
-        if vals[mid] < v:
-            a = mid + 1
-        else:
-            b = mid
-    return a < end and vals[a] == v
-
-
-@njit(cache=True, nogil=True)
-def _count_reverses(indptr, idx, counts, v0, v1):
-    """Adds to ``counts`` the edges into columns ``[v0, v1)`` whose reverse is an edge
-    (``[0]``, self-loops included) and the self-loops among them (``[1]``)."""
-    found = 0
-    loops = 0
-    for d in range(v0, v1):
-        for j in range(indptr[d], indptr[d + 1]):
-            s = idx[j]
-            if s == d:
-                loops += 1
-            if in_sorted(idx, indptr[s], indptr[s + 1], d):  # d among column s's sources
-                found += 1
-    counts[0] += found
-    counts[1] += loops
 
 
 def _sources_sorted(indptr: np.ndarray, indices: np.ndarray, n: int) -> np.ndarray:

@@ -44,12 +44,11 @@ import logging
 
 import numpy as np
 import torch
-from numba import njit
 
 from ngra.errors import DatasetError
 from ngra.graph import Graph
 
-from .direction import _sources_sorted, in_sorted
+from .direction import _sources_sorted
 
 __all__ = ["DEGREE_POWER", "MAX_ROUNDS", "NegativeSampler", "degree_weights", "in_columns",
            "is_edge", "sample_negatives", "sorted_sources"]
@@ -77,65 +76,6 @@ def _mix(z: int) -> int:
 def _stream_key(seed: int, epoch: int, endpoint: str, rnd: int) -> int:
     return _mix(_mix(_mix(_mix(int(seed) & _MASK) ^ (int(epoch) & _MASK)) ^ _STREAMS[endpoint])
                 ^ rnd)
-
-
-@njit(cache=True, nogil=True)
-def _hash_uniform(key, i):
-    """A float64 in ``[0, 1)``: splitmix64 at counter ``i`` of stream ``key`` (uint64
-    throughout: it wraps as splitmix64 wants), its top 53 bits."""
-    z = np.uint64(i) + np.uint64(1)
-    z = z * np.uint64(_GOLDEN) + key
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-
-
-@njit(cache=True, nogil=True)
-def _vertex(u, n, cdf, use_cdf):
-    """:meth:`NegativeSampler.ids` of one uniform."""
-    if not use_cdf:
-        return min(np.int64(u * n), n - 1)
-    a, b = 0, cdf.size
-    while a < b:  # first position whose cdf exceeds u (searchsorted, side="right")
-        mid = (a + b) >> 1
-        if cdf[mid] <= u:
-            a = mid + 1
-        else:
-            b = mid
-    return min(a, n - 1)
-
-
-@njit(cache=True, nogil=True)
-def _draw_sources(verts, starts, offset, bounds, keys, n, cdf, use_cdf, indptr, idx,
-                  has_exclude, self_loops, pairs, index, ok, t0, t1):
-    """The pairs of destinations ``verts[bounds[t0]:bounds[t1]]``: each one's negatives
-    ``starts[d] <= i < starts[d + 1]``, written from ``offset`` of its position in
-    ``verts``; each source is round ``r``'s draw (stream ``keys[r]``) until one is
-    neither a self-loop (unless allowed) nor an excluded edge (binary search among the
-    sorted sources of the destination's column)."""
-    with_index = index.size > 0
-    for k in range(bounds[t0], bounds[t1]):
-        d = verts[k]
-        o = offset[k]
-        a0, b0 = (indptr[d], indptr[d + 1]) if has_exclude else (0, 0)
-        for i in range(starts[d], starts[d + 1]):
-            good = False
-            s = 0
-            for r in range(keys.size):
-                s = _vertex(_hash_uniform(keys[r], i), n, cdf, use_cdf)
-                if not self_loops and s == d:
-                    continue
-                if has_exclude and in_sorted(idx, a0, b0, s):
-                    continue
-                good = True
-                break
-            pairs[0, o] = s
-            pairs[1, o] = d
-            if with_index:
-                index[o] = i
-            ok[o] = good
-            o += 1
 
 
 class NegativeSampler:
@@ -185,27 +125,18 @@ def degree_weights(graph: Graph, power: float = DEGREE_POWER) -> np.ndarray:
     return deg ** power
 
 
-@njit(cache=True, nogil=True)
-def _in_columns(indptr, vals, col, val, out, lo, hi):
-    """``out[i]``: whether ``val[i]`` is among ``vals[indptr[c]:indptr[c + 1]]`` (sorted),
-    ``c = col[i]``: a binary search within one column (queries grouped by column walk the
-    columns in order, the fast case)."""
-    for i in range(lo, hi):
-        c = col[i]
-        out[i] = in_sorted(vals, indptr[c], indptr[c + 1], val[i])
-
-
 def in_columns(indptr: np.ndarray, vals: np.ndarray, col: np.ndarray,
                val: np.ndarray) -> np.ndarray:
     """``[len(col)]`` bool: whether ``val[i]`` is in column ``col[i]`` of a CSC-like
     ``(indptr, vals)`` whose columns are sorted; parallel over the queries."""
+    from ngra.kernels.cpu.csc_search import in_columns_rows  # lazy: numba loads with it
     from ngra.kernels.cpu.util import run_ranges  # lazy: settings read on import
 
     col = np.ascontiguousarray(col, dtype=np.int64)
     val = np.ascontiguousarray(val, dtype=np.int64)
     out = np.empty(col.size, dtype=np.bool_)
     if col.size:
-        run_ranges(_in_columns, col.size, torch.get_num_threads(),
+        run_ranges(in_columns_rows, col.size, torch.get_num_threads(),
                    np.ascontiguousarray(indptr, dtype=np.int64), vals, col, val, out)
     return out
 
@@ -287,6 +218,7 @@ def sample_negatives(
                            f"num_nodes={n}.")
     # the numba backend reads NGRA_* settings when imported: a bad value fails a draw,
     # not `import ngra.datasets`
+    from ngra.kernels.cpu.csc_search import draw_sources  # lazy: numba loads with it
     from ngra.kernels.cpu.util import run_ranges  # lazy: settings read on import
 
     draw = NegativeSampler(n, kind, degrees)
@@ -316,7 +248,7 @@ def sample_negatives(
     pairs = np.empty((2, total), dtype=np.int64)
     index = np.empty(total if return_index else 0, dtype=np.int64)
     ok = np.empty(total, dtype=np.bool_)
-    run_ranges(_draw_sources, threads, threads, verts, starts, offset, bounds, keys, n, cdf,
+    run_ranges(draw_sources, threads, threads, verts, starts, offset, bounds, keys, n, cdf,
                draw.cdf is not None, indptr, idx, exclude is not None, bool(self_loops),
                pairs, index, ok)
     if not ok.all():

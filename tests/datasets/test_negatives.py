@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -137,3 +140,17 @@ def test_both_endpoints_follow_the_distribution(kind):
         np.testing.assert_allclose(share, p, atol=0.01)
     joint = np.bincount((pairs[0] * n + pairs[1]).numpy(), minlength=n * n) / num
     np.testing.assert_allclose(joint, np.outer(p, p).ravel(), atol=0.006)
+
+
+def test_loading_datasets_does_not_load_numba():
+    """The searches and draws are numba kernels in ``ngra.kernels.cpu.csc_search``,
+    imported when one first runs: ``import ngra.datasets`` (every ``ngra`` command, a GPU
+    rank) does not pay numba's 56 MB; drawing negatives loads it."""
+    code = ("import sys, ngra.datasets as d\n"
+            "assert 'numba' not in sys.modules, 'import ngra.datasets loaded numba'\n"
+            "d.sample_negatives(20, 30, seed=0)\n"
+            "print('numba' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "True"
