@@ -47,7 +47,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["LiveStorage", "LiveTensors", "step_peak"]
+__all__ = ["LeanDispatchMode", "LiveStorage", "LiveTensors", "step_peak"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 #: frames in installed packages (torch, triton's interpreter, numpy) are never the site
@@ -78,7 +78,19 @@ class LiveStorage:
         return f"{self.nbytes / 2**20:10.3f} MiB  [{shape}] {self.dtype}  {self.op}{where}"
 
 
-class LiveTensors(TorchDispatchMode):
+class LeanDispatchMode(TorchDispatchMode):
+    """A dispatch mode that does not import ``torch._dynamo``: torch wraps a mode's
+    ``__torch_dispatch__`` in ``torch._disable_dynamo`` unless the class's
+    ``_should_skip_dynamo`` says no, and the wrapper's first call imports ``torch._dynamo``
+    (with sympy: 130 MB a process, which a memory measurement would then count). ngra's
+    modes only count and sample; nothing they see is compiled."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+class LiveTensors(LeanDispatchMode):
     """Count live tensor storages on ``device`` while inside the ``with`` block.
 
     Args:

@@ -62,7 +62,6 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_leaves
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ngra.compiler.plan import Plan
 from ngra.compiler.tile import TileView
@@ -71,6 +70,7 @@ from ngra.idtype import idtype_for
 from ngra.kernels.lean import vjp
 from ngra.kernels.registry import thread_setting
 from ngra.kernels.transpose import prefer_csc_walk
+from ngra.livetensors import LeanDispatchMode
 from ngra.partition import GridChoice, TileBytes, choose_grid, default_bounds, parse_bytes
 from ngra.runtime.staging import GATHER_FRACTION, flatten, plan_parameters, unflatten
 from ngra.runtime.stream import stager_for
@@ -207,19 +207,12 @@ def row_bytes(x: Any) -> int:
     return 0
 
 
-class _EdgeTensors(TorchDispatchMode):
+class _EdgeTensors(LeanDispatchMode):
     """Counts the bytes of every new (not a view) tensor with ``m`` rows the ops create."""
 
     def __init__(self, m: int) -> None:
         super().__init__()
         self.m, self.nbytes = m, 0
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless this says
-        # no, and the wrapper's first call imports torch._dynamo (with sympy, 130 MB a
-        # process: issue 41). Nothing compiles these samples.
-        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
