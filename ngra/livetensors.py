@@ -82,7 +82,7 @@ class LeanDispatchMode(TorchDispatchMode):
     """A dispatch mode that does not import ``torch._dynamo``: torch wraps a mode's
     ``__torch_dispatch__`` in ``torch._disable_dynamo`` unless the class's
     ``_should_skip_dynamo`` says no, and the wrapper's first call imports ``torch._dynamo``
-    (with sympy: 130 MB a process, which a memory measurement would then count). ngra's
+    (with sympy: 130 MB of the process's peak, which a peak measurement would count). ngra's
     modes only count and sample; nothing they see is compiled."""
 
     @classmethod
