@@ -6,8 +6,8 @@ A rank's in-edges split in two tiles over its ``D`` owned destinations
 asynchronously (:func:`~ngra.distributed.halo.start_exchange`: gloo's threads move
 the rows), runs the inner tile's edge stage on the owned rows, waits for the halo,
 runs the boundary tile, and merges the two partial states with the gather's own
-combine rule (sum, mean, max, min and softmax merge tiles as a chunked column does),
-then finalizes. Backward (:class:`OverlappedPropagation`) differentiates the boundary
+combine rule (sum, mean, max, min and softmax merge tiles as a chunked column does; a
+gather per field merges field by field and returns its dict of fields), then finalizes. Backward (:class:`OverlappedPropagation`) differentiates the boundary
 tile first, starts the reverse exchange of the halo rows' gradients
 (:func:`~ngra.distributed.halo.start_reverse`), differentiates the inner tile
 meanwhile, then waits and adds the returned gradients into the owned rows they were
@@ -38,6 +38,7 @@ method or graph) its first step is exact (:mod:`ngra.training.ranks` says so).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,7 +158,7 @@ def build_split(num_own: int, num_halo: int, indptr: torch.Tensor,
 
 class _Context:
     __slots__ = ("plan", "halo", "split", "in_deg", "t_spec", "nt", "e_spec", "ne", "np",
-                 "src", "dst", "drop", "record", "stale")
+                 "src", "dst", "drop", "record", "stale", "fields")
 
     def __init__(self, plan, halo, split, in_deg, t_spec, nt, e_spec, ne, np_, src, dst, drop,
                  record, stale=None):
@@ -165,6 +166,7 @@ class _Context:
         self.t_spec, self.nt, self.e_spec, self.ne, self.np = t_spec, nt, e_spec, ne, np_
         self.src, self.dst = sorted(src), dst
         self.drop, self.record, self.stale = drop, record, stale
+        self.fields: list | None = None  # a per-field accumulator's keys (forward sets them)
 
     def drop_of(self, view: TileView) -> Any:
         return None if self.drop is None else self.drop.take(view.edge_ids)
@@ -237,16 +239,20 @@ class OverlappedPropagation(torch.autograd.Function):
         e_leaves = list(leaves[c.nt: c.nt + c.ne])
         with torch.no_grad():
             out, state, rng, halo = _walk(c, t_leaves, e_leaves, keep=True)
-        if not isinstance(out, torch.Tensor):
+        if isinstance(out, Mapping) and all(isinstance(v, torch.Tensor)
+                                            for v in out.values()):
+            c.fields = list(out)  # per-field gathers: one output a field
+        elif not isinstance(out, torch.Tensor):
             raise NotTensorAccumulator(type(out).__name__)
         ctx.c, ctx.rng, ctx.halo = c, rng, halo
         ctx.final = c.plan.accumulator.final_stats(state, out)
         ctx.save_for_backward(*leaves[: c.nt + c.ne])
-        return out
+        return out if c.fields is None else tuple(out[k] for k in c.fields)
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grad_outs: torch.Tensor) -> tuple[Any, ...]:
         c: _Context = ctx.c
+        grad_out = grad_outs[0] if c.fields is None else dict(zip(c.fields, grad_outs))
         plan, split = c.plan, c.split
         saved = ctx.saved_tensors
         t_vals, e_vals = list(saved[: c.nt]), list(saved[c.nt:])
@@ -341,8 +347,9 @@ def overlapped_propagate(halo: HaloPlan, split: SplitPlan, plan: Plan, terms: An
     ``stale``: the layer's :class:`StaleHalo` for a step one exchange late (a call
     without autograd settles it and runs exact).
 
-    Raises :class:`NotTensorAccumulator` after the forward walk when a differentiable
-    call's accumulator is a dict of fields: every rank runs the same layer, so every rank
+    A per-field accumulator (a gather per field: a dict of tensors) comes back as that
+    dict. Raises :class:`NotTensorAccumulator` after the forward walk when a differentiable
+    call's accumulator is anything else: every rank runs the same layer, so every rank
     raises at the same point, and the caller may run the blocking halo instead."""
     t_leaves, t_spec = flatten(terms)
     e_leaves, e_spec = flatten(edata)
@@ -356,6 +363,7 @@ def overlapped_propagate(halo: HaloPlan, split: SplitPlan, plan: Plan, terms: An
     c = _Context(plan, halo, split, in_deg, t_spec, len(t_leaves), e_spec, len(e_leaves),
                  len(params), src, dst, drop, record, stale)
     if training:
-        return OverlappedPropagation.apply(c, *t_leaves, *e_leaves, *params)
+        out = OverlappedPropagation.apply(c, *t_leaves, *e_leaves, *params)
+        return out if c.fields is None else dict(zip(c.fields, out))
     with torch.no_grad():
         return _walk(c, t_leaves, e_leaves, keep=False)[0]

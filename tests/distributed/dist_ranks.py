@@ -107,6 +107,34 @@ class UserNet(torch.nn.Module):
         return self.l2(graph, dropout(h, 0.5, self.training))
 
 
+class FieldsLayer(__import__("ngra").SagaLayer):
+    """A gather per field (PNA-style): the mean and the max of one message."""
+
+    gather = {"mean": "mean", "max": "max"}
+
+    def __init__(self, f_in: int, f_out: int) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(f_in, f_out)
+        self.out = torch.nn.Linear(2 * f_out, f_out)
+
+    def apply_edge(self, edge):
+        m = torch.relu(self.a(edge.src))
+        return {"mean": m, "max": m}
+
+    def apply_vertex(self, vertex, acc):
+        return self.out(torch.cat([acc["mean"], acc["max"]], -1))
+
+
+class FieldsNet(UserNet):
+    def __init__(self, f_in: int, hidden: int, classes: int) -> None:
+        torch.nn.Module.__init__(self)
+        self.l1, self.l2 = FieldsLayer(f_in, hidden), FieldsLayer(hidden, classes)
+
+
+#: the test-only models by name (the rest are the zoo's)
+USER_NETS = {"user": UserNet, "fields": FieldsNet}
+
+
 def user_steps(graph, x, y, mask, steps: int, seed: int, reduce=None, n_train=None,
                row_ids=None, fail_at: int | None = None, classes: int = 7) -> list[float]:
     """Adam steps of UserNet; on ranks, the loss is summed over ranks (``reduce``)."""
@@ -194,7 +222,7 @@ def train_and_inspect(jobs: list) -> list:
 
 def overlap_steps(jobs: list, seed: int) -> list:
     """For each ``(model, shard folder)``: one training-mode forward and backward with the
-    halo blocking, then overlapped (``model``: a zoo name or ``"user"``, :class:`UserNet`),
+    halo blocking, then overlapped (``model``: a zoo name or one of :data:`USER_NETS`),
     as :func:`model_step` returns them, with each layer's exchange stats; rank 0's list of
     ``{False: blocking, True: overlapped}``, the outputs gathered from every rank."""
     import torch.nn.functional as F
@@ -211,8 +239,8 @@ def overlap_steps(jobs: list, seed: int) -> list:
             sh = load_shard(folder, r, k, exchange="halo", overlap=overlap)
             m = sh.meta
             torch.manual_seed(seed)
-            if model == "user":
-                net = UserNet(m["num_features"], 16, m["num_classes"])
+            if model in USER_NETS:
+                net = USER_NETS[model](m["num_features"], 16, m["num_classes"])
             else:
                 net = build_model(model, m["num_features"], m["num_classes"],
                                   num_edge_types=m["num_edge_types"])

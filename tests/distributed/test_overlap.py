@@ -1,6 +1,6 @@
 """The overlapped halo exchange equals the blocking one and one process: the inner /
-boundary split of a rank's edges, one training step of GCN, GAT, G-GCN and a user layer
-on 2 gloo ranks over METIS and range partitions, and ``--no-halo-overlap`` in a run."""
+boundary split of a rank's edges, one training step of GCN, GAT, G-GCN, a user layer and
+one with a gather per field on 2 gloo ranks over METIS and range partitions, and ``--no-halo-overlap`` in a run."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ngra.training.data import as_dataset, prepare_dataset
 from ngra.training.ranks import prepare_shards
 from ngra.training.run import train
 
-MODELS = ("gcn", "gat", "ggcn", "user")
+MODELS = ("gcn", "gat", "ggcn", "user", "fields")
 METHODS = ("metis", "range")
 
 
@@ -32,9 +32,9 @@ def data(shared_data, tmp_path_factory):
 
 
 def _cfg(data, model, **kw):
-    # the user layer reads no edge data: shards of a model prepared the same way (sage's)
-    return TrainConfig(model="sage" if model == "user" else model, dataset="cora",
-                       data_root=data, seed=0, progress=False, **kw)
+    # the user layers read no edge data: shards of a model prepared the same way (sage's)
+    return TrainConfig(model="sage" if model in dist_ranks.USER_NETS else model,
+                       dataset="cora", data_root=data, seed=0, progress=False, **kw)
 
 
 def test_split_holds_each_local_edge_once():
@@ -74,8 +74,8 @@ def _one_process(data, model, seed):
                          normalize=cfg.resolved()["normalize_features"])
     graph, edata = prepare(cfg.model_name, ds.graph, ds.edge_type, ds.num_edge_types)
     torch.manual_seed(seed)
-    if model == "user":
-        net = dist_ranks.UserNet(ds.x.shape[1], 16, ds.num_classes)
+    if model in dist_ranks.USER_NETS:
+        net = dist_ranks.USER_NETS[model](ds.x.shape[1], 16, ds.num_classes)
     else:
         net = build_model(model, ds.x.shape[1], ds.num_classes,
                           num_edge_types=ds.num_edge_types)
