@@ -7,8 +7,9 @@ asynchronously (:func:`~ngra.distributed.halo.start_exchange`: gloo's threads mo
 the rows), runs the inner tile's edge stage on the owned rows, waits for the halo,
 runs the boundary tile, and merges the two partial states with the gather's own
 combine rule (sum, mean, max, min and softmax merge tiles as a chunked column does; a
-gather per field merges field by field and returns its dict of fields), then finalizes. Backward (:class:`OverlappedPropagation`) differentiates the boundary
-tile first, starts the reverse exchange of the halo rows' gradients
+gather per field merges field by field and returns its dict of fields), then
+finalizes. Backward (:class:`OverlappedPropagation`) differentiates the boundary tile
+first, starts the reverse exchange of the halo rows' gradients
 (:func:`~ngra.distributed.halo.start_reverse`), differentiates the inner tile
 meanwhile, then waits and adds the returned gradients into the owned rows they were
 sent from. Each tile is differentiated as a chunked stream does
@@ -38,7 +39,6 @@ method or graph) its first step is exact (:mod:`ngra.training.ranks` says so).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,8 +106,9 @@ class StaleHalo:
 
 
 class NotTensorAccumulator(Exception):
-    """The layer's accumulator is not one tensor (a dict of fields): the overlapped
-    backward does not cover it, and the caller runs the blocking halo instead."""
+    """The layer's accumulator is neither one tensor nor a dict of them (a gather per
+    field's): the overlapped backward does not cover it, and the caller runs the blocking
+    halo instead."""
 
 
 @dataclass
@@ -158,7 +159,7 @@ def build_split(num_own: int, num_halo: int, indptr: torch.Tensor,
 
 class _Context:
     __slots__ = ("plan", "halo", "split", "in_deg", "t_spec", "nt", "e_spec", "ne", "np",
-                 "src", "dst", "drop", "record", "stale", "fields")
+                 "src", "dst", "drop", "record", "stale", "out_spec")
 
     def __init__(self, plan, halo, split, in_deg, t_spec, nt, e_spec, ne, np_, src, dst, drop,
                  record, stale=None):
@@ -166,7 +167,7 @@ class _Context:
         self.t_spec, self.nt, self.e_spec, self.ne, self.np = t_spec, nt, e_spec, ne, np_
         self.src, self.dst = sorted(src), dst
         self.drop, self.record, self.stale = drop, record, stale
-        self.fields: list | None = None  # a per-field accumulator's keys (forward sets them)
+        self.out_spec: Any = None  # the accumulator's flatten spec (forward sets it)
 
     def drop_of(self, view: TileView) -> Any:
         return None if self.drop is None else self.drop.take(view.edge_ids)
@@ -239,20 +240,19 @@ class OverlappedPropagation(torch.autograd.Function):
         e_leaves = list(leaves[c.nt: c.nt + c.ne])
         with torch.no_grad():
             out, state, rng, halo = _walk(c, t_leaves, e_leaves, keep=True)
-        if isinstance(out, Mapping) and all(isinstance(v, torch.Tensor)
-                                            for v in out.values()):
-            c.fields = list(out)  # per-field gathers: one output a field
-        elif not isinstance(out, torch.Tensor):
-            raise NotTensorAccumulator(type(out).__name__)
+        try:  # one tensor, or a gather per field's dict: one output a field
+            outs, c.out_spec = flatten(out)
+        except TypeError:
+            raise NotTensorAccumulator(type(out).__name__) from None
         ctx.c, ctx.rng, ctx.halo = c, rng, halo
         ctx.final = c.plan.accumulator.final_stats(state, out)
         ctx.save_for_backward(*leaves[: c.nt + c.ne])
-        return out if c.fields is None else tuple(out[k] for k in c.fields)
+        return tuple(outs)
 
     @staticmethod
     def backward(ctx: Any, *grad_outs: torch.Tensor) -> tuple[Any, ...]:
         c: _Context = ctx.c
-        grad_out = grad_outs[0] if c.fields is None else dict(zip(c.fields, grad_outs))
+        grad_out = unflatten(c.out_spec, list(grad_outs))
         plan, split = c.plan, c.split
         saved = ctx.saved_tensors
         t_vals, e_vals = list(saved[: c.nt]), list(saved[c.nt:])
@@ -342,8 +342,9 @@ def overlapped_propagate(halo: HaloPlan, split: SplitPlan, plan: Plan, terms: An
     """The accumulator ``[D, ...]`` of ``plan`` over this rank's in-edges, the halo
     arriving while the inner edges compute (differentiable; see the module docstring).
     ``terms``: the owned rows of ``pre``'s terms; ``edata``: edge data in local CSC
-    order, or factored weights over the local rows (not differentiable); ``drop``: a softmax gather's attention dropout over
-    the local CSC edges, or ``None``; ``record``: where bytes and waits are added;
+    order, or factored weights over the local rows (not differentiable); ``drop``: a
+    softmax gather's attention dropout over the local CSC edges, or ``None``; ``record``:
+    where bytes and waits are added;
     ``stale``: the layer's :class:`StaleHalo` for a step one exchange late (a call
     without autograd settles it and runs exact).
 
@@ -363,7 +364,7 @@ def overlapped_propagate(halo: HaloPlan, split: SplitPlan, plan: Plan, terms: An
     c = _Context(plan, halo, split, in_deg, t_spec, len(t_leaves), e_spec, len(e_leaves),
                  len(params), src, dst, drop, record, stale)
     if training:
-        out = OverlappedPropagation.apply(c, *t_leaves, *e_leaves, *params)
-        return out if c.fields is None else dict(zip(c.fields, out))
+        outs = OverlappedPropagation.apply(c, *t_leaves, *e_leaves, *params)
+        return unflatten(c.out_spec, list(outs))
     with torch.no_grad():
         return _walk(c, t_leaves, e_leaves, keep=False)[0]

@@ -145,7 +145,7 @@ def _wait(reqs: list[Any], record: ExchangeRecord | None = None,
 
 class _Context:
     __slots__ = ("ring", "plan", "in_deg", "t_spec", "nt", "e_spec", "ne", "np", "src", "dst",
-                 "drop", "record")
+                 "drop", "record", "out_spec")
 
     def __init__(self, ring, plan, in_deg, t_spec, nt, e_spec, ne, np_, src, dst, drop,
                  record=None):
@@ -153,6 +153,7 @@ class _Context:
         self.t_spec, self.nt, self.e_spec, self.ne, self.np = t_spec, nt, e_spec, ne, np_
         self.src, self.dst, self.drop = src, dst, drop
         self.record = record
+        self.out_spec: Any = None  # the accumulator's flatten spec (forward sets it)
 
     def drop_of(self, view: TileView) -> Any:
         """The attention dropout on tile ``view``'s edges (its counters), or ``None``."""
@@ -197,18 +198,22 @@ class RingPropagation(torch.autograd.Function):
         e_leaves = list(leaves[c.nt: c.nt + c.ne])
         with torch.no_grad():
             out, state, rng = _walk(c, t_leaves, e_leaves, keep=True)
-        if not isinstance(out, torch.Tensor):
+        try:  # one tensor, or a gather per field's dict: one output a field
+            outs, c.out_spec = flatten(out)
+        except TypeError:
             raise NotImplementedError(
-                "ring streaming supports tensor-valued accumulators; this layer's apply_edge "
-                f"returns {type(out).__name__}. Use the halo exchange (--exchange halo).")
+                "ring streaming supports accumulators of one tensor or a dict of tensors; "
+                f"this layer's gather makes {type(out).__name__}. Use the halo exchange "
+                "(--exchange halo).") from None
         ctx.c, ctx.rng = c, rng
         ctx.final = c.plan.accumulator.final_stats(state, out)
         ctx.save_for_backward(*leaves[: c.nt + c.ne])
-        return out
+        return tuple(outs)
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grad_outs: torch.Tensor) -> tuple[Any, ...]:
         c: _Context = ctx.c
+        grad_out = unflatten(c.out_spec, list(grad_outs))
         ring, plan = c.ring, c.plan
         k, r = ring.world_size, ring.rank
         saved = ctx.saved_tensors
@@ -303,6 +308,7 @@ def ring_propagate(ring: RingPlan, plan: Plan, terms: Any, edata: Any,
     c = _Context(ring, plan, in_deg, t_spec, len(t_leaves), e_spec, len(e_leaves),
                  len(params), src, dst, drop, record)
     if torch.is_grad_enabled() and (params or any(t.requires_grad for t in t_leaves + e_leaves)):
-        return RingPropagation.apply(c, *t_leaves, *e_leaves, *params)
+        outs = RingPropagation.apply(c, *t_leaves, *e_leaves, *params)
+        return unflatten(c.out_spec, list(outs))
     with torch.no_grad():
         return _walk(c, t_leaves, e_leaves, keep=False)[0]

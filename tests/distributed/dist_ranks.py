@@ -235,8 +235,10 @@ def overlap_steps(jobs: list, seed: int) -> list:
     out = []
     for model, folder in jobs:
         both = {}
-        for overlap in (False, True):
-            sh = load_shard(folder, r, k, exchange="halo", overlap=overlap)
+        # the layer with a gather per field also over the ring (key "ring")
+        for overlap in (False, True) + (("ring",) if model == "fields" else ()):
+            sh = load_shard(folder, r, k, exchange="ring" if overlap == "ring" else "halo",
+                            overlap=overlap is True)
             m = sh.meta
             torch.manual_seed(seed)
             if model in USER_NETS:

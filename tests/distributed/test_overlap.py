@@ -1,6 +1,7 @@
 """The overlapped halo exchange equals the blocking one and one process: the inner /
 boundary split of a rank's edges, one training step of GCN, GAT, G-GCN, a user layer and
-one with a gather per field on 2 gloo ranks over METIS and range partitions, and ``--no-halo-overlap`` in a run."""
+one with a gather per field (also over the ring) on 2 gloo ranks over METIS and range
+partitions, and ``--no-halo-overlap`` in a run."""
 
 from __future__ import annotations
 
@@ -99,8 +100,9 @@ def test_overlapped_equals_blocking_and_one_process(data):
     for (model, folder), both in zip(jobs, got):
         where = f"{model} ({folder.split('/shards')[0].rsplit('-', 3)[1]})"
         ref_out, ref_loss, ref_grads = _one_process(data, model, 5)
-        for overlap, res in both.items():
-            at = f"{where}, {'overlapped' if overlap else 'blocking'}"
+        for overlap, res in both.items():  # the fields layer: "ring" too
+            mode = "ring" if overlap == "ring" else "overlapped" if overlap else "blocking"
+            at = f"{where}, {mode}"
             torch.testing.assert_close(res["out"], ref_out[res["ids"]], rtol=1e-4, atol=1e-5,
                                        msg=at)
             assert res["loss"] == pytest.approx(ref_loss, rel=1e-5), at
@@ -108,8 +110,8 @@ def test_overlapped_equals_blocking_and_one_process(data):
                 torch.testing.assert_close(res["grads"][n], g, rtol=1e-4, atol=1e-5,
                                            msg=f"{at}: {n}")
             stats = res["stats"]
-            assert [s["how"] for s in stats] == [
-                "halo" if overlap else "halo (blocking)"] * 2, at
+            how = "ring" if overlap == "ring" else "halo" if overlap else "halo (blocking)"
+            assert [s["how"] for s in stats] == [how] * 2, at
             assert all(s["calls"] == 1 and s["forward_bytes"] > 0 and s["backward_bytes"] > 0
                        and s["wait_s"] >= 0 for s in stats), at
         off, on = both[False], both[True]
