@@ -11,7 +11,7 @@ which, per layer (:mod:`ngra.distributed.cost`):
   the edge stage reads on the source side and computes the edges whose sources the rank
   owns while it travels (:mod:`ngra.distributed.overlap`; backward likewise);
 * **halo**, blocking (``overlap=False``, or under a memory budget or a forced grid, or
-  for an accumulator that is a dict of fields): exchanges those terms
+  for an accumulator that is neither a tensor nor a dict of them): exchanges those terms
   (:func:`~ngra.distributed.halo.exchange_rows`: one ``all_to_all``), pads the others
   (read only at destinations, all owned) with zero halo rows, walks the local graph with
   the ordinary executor (the 1 x 1 grid, or under a memory budget the grid that fits it:
@@ -110,7 +110,7 @@ class DistGraph(Partitioned):
         self._stale: dict[tuple[int, int], StaleHalo] = {}
         self._restored: list[dict[str, Any]] = []  # a checkpoint's stale halos, to take up
         self._split: SplitPlan | None = None
-        self._blocking: set[int] = set()  # layers whose dict accumulator cannot overlap
+        self._blocking: set[int] = set()  # layers whose accumulator cannot overlap
         self._records: dict[tuple[int, int], list[ExchangeRecord]] = {}
         self._how: dict[tuple[int, int], str] = {}  # each layer's last exchange as run
         self._weights: torch.Tensor | None = None  # factored weights per edge, for the ring
@@ -365,8 +365,8 @@ class DistGraph(Partitioned):
                     f", stale {self.staleness}" if self.staleness else "")
                 return out
             except NotTensorAccumulator as err:  # every rank raises here alike
-                log.info("%s: its accumulator is a %s, not one tensor: the halo exchange "
-                         "blocks", type(plan.layer).__name__, err)
+                log.info("%s: its accumulator is a %s, not a tensor or a dict of them: the "
+                         "halo exchange blocks", type(plan.layer).__name__, err)
                 self._blocking.add(id(plan.layer))
                 if record is not None:
                     self._records[key].pop()
