@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
+from fresh_python import fresh_python
 
 from ngra.datasets import DatasetError, sample_negatives
 from ngra.datasets.negatives import is_edge
@@ -150,7 +148,4 @@ def test_loading_datasets_does_not_load_numba():
             "assert 'numba' not in sys.modules, 'import ngra.datasets loaded numba'\n"
             "d.sample_negatives(20, 30, seed=0)\n"
             "print('numba' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=False)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "True"
+    assert fresh_python(code) == "True"
